@@ -1,0 +1,140 @@
+"""Command line: ``mfu-exporter [run]`` starts the daemon. Flags follow Prometheus style; each has an env var."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Callable
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.config import ConfigError, Invalid, listen_address, load_config
+from exporter.runtime import Paths, Runtime, build_runtime, build_sources
+from exporter.server import create_app
+
+log = logging.getLogger("exporter")
+
+EXIT_CONFIG = 2
+
+
+def env_name(flag: str) -> str:
+    return "MFU_EXPORTER_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
+
+
+def add_flag(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs) -> None:
+    """A flag whose default comes from its env var (``--web.listen-address`` ↔ MFU_EXPORTER_WEB_LISTEN_ADDRESS)."""
+    env = env_name(flag)
+    default = os.environ.get(env, kwargs.pop("default", None))
+    shown = f" (env {env}" + (f", default {kwargs['metavar_default']}" if "metavar_default" in kwargs else "") + ")"
+    kwargs.pop("metavar_default", None)
+    parser.add_argument(flag, default=default, help=help + shown, **kwargs)
+
+
+def add_daemon_flags(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "--config", "YAML config file; every key optional", metavar="FILE")
+    add_flag(parser, "--web.listen-address", "HOST:PORT to serve on; overrides web.listen_address",
+             dest="listen_address", metavar="HOST:PORT", metavar_default=":9495")
+    add_flag(parser, "--web.config.file", "exporter-toolkit web config (TLS, basic auth)", dest="web_config_file", metavar="FILE")
+    add_flag(parser, "--path.sysfs", "sysfs mount point", dest="sysfs", default="/sys", metavar="DIR", metavar_default="/sys")
+    add_flag(parser, "--path.procfs", "procfs mount point", dest="procfs", default="/proc", metavar="DIR", metavar_default="/proc")
+    add_flag(parser, "--log.level", "debug, info, warning or error", dest="log_level", default="info",
+             choices=["debug", "info", "warning", "error"], metavar_default="info")
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None]):
+    def register(run: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = (help, configure, run)
+        return run
+
+    return register
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mfu-exporter",
+        description="Prometheus exporter and live MFU monitor for LLM training nodes. With no command, runs the daemon.",
+    )
+    parser.add_argument("--version", action="version", version=f"mfu-exporter {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, configure, run) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        configure(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def load_daemon_config(args: argparse.Namespace) -> dict:
+    config = load_config(args.config)
+    if args.listen_address:
+        try:
+            config["web"]["listen_address"] = listen_address(args.listen_address)
+        except Invalid as exc:
+            raise ConfigError("--web.listen-address", "", exc.expected, args.listen_address) from None
+    if args.web_config_file:
+        config["web"]["config_file"] = args.web_config_file
+    return config
+
+
+def split_listen_address(address: str) -> tuple[str | None, int]:
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    return (host or None), int(port)
+
+
+async def serve(runtime: Runtime, on_started: Callable[[list[str]], None] | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or ``stop``), then shut down within a few seconds."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    app = create_app(runtime)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None)
+    await runner.setup()
+    host, port = split_listen_address(runtime.config["web"]["listen_address"])
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise SystemExit(f"mfu-exporter: cannot listen on {runtime.config['web']['listen_address']}: {exc.strerror}") from None
+    urls = [f"http://{'localhost' if host in (None, '0.0.0.0', '::') else host}:{port}/"]
+    log.info("mfu-exporter %s listening on %s", __version__, runtime.config["web"]["listen_address"])
+    if on_started:
+        on_started(urls)
+    await stop.wait()
+    log.info("shutting down")
+    await runner.cleanup()
+
+
+@command("run", "Run the exporter daemon (the default command).", add_daemon_flags)
+def run_daemon(args: argparse.Namespace) -> int:
+    config = load_daemon_config(args)
+    runtime = build_runtime(config, build_sources(config, Paths(args.sysfs, args.procfs)))
+    asyncio.run(serve(runtime))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv.insert(0, "run")
+    args = build_parser().parse_args(argv)
+    setup_logging(getattr(args, "log_level", None) or "info")
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"mfu-exporter: {exc}", file=sys.stderr)
+        return EXIT_CONFIG

@@ -1,0 +1,326 @@
+"""The YAML config: a declarative schema, defaults for every key, and errors that name file, key and expected form.
+
+Every key is optional. Unknown keys are errors, because a typo that passes silently (``intreval: 5s``) costs an
+operator an afternoon. ``load_config`` returns plain nested dicts with defaults filled in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import yaml
+
+from exporter.quantities import parse_duration, parse_quantity
+
+DEFAULT_LISTEN_ADDRESS = ":9495"
+JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+JOB_NAME_FORM = "a job name of 1–128 letters, digits and _ . : @ + - starting with a letter or digit"
+
+
+class ConfigError(Exception):
+    """A config problem, worded for the person who wrote the file: ``file: key.path: expected X, got Y``."""
+
+    def __init__(self, file: str, path: str, expected: str, got: Any = ..., problem: str = ""):
+        self.file, self.path, self.expected = file, path, expected
+        self.detail = f"{problem}expected {expected}"
+        if got is not ...:
+            self.detail += f", got {_show(got)}"
+        super().__init__(f"{file}: {path}: {self.detail}" if path else f"{file}: {self.detail}")
+
+
+class Invalid(Exception):
+    """Raised by a field validator; ``load_config`` adds the file and key path."""
+
+    def __init__(self, expected: str, path_suffix: str = "", got: Any = ...):
+        super().__init__(expected)
+        self.expected = expected
+        self.path_suffix = path_suffix
+        self.got = got
+
+
+def _show(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+Validator = Callable[[Any], Any]
+
+
+def quantity(value: Any) -> float:
+    try:
+        return parse_quantity(value)
+    except ValueError:
+        raise Invalid('a number like 7e10 or "70B"') from None
+
+
+def positive_quantity(value: Any) -> float:
+    number = quantity(value)
+    if number <= 0:
+        raise Invalid('a positive number like 7e10 or "70B"')
+    return number
+
+
+def duration(value: Any) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise Invalid('a duration like "30s", "5m" or "1h"') from None
+    if seconds <= 0:
+        raise Invalid('a positive duration like "30s", "5m" or "1h"')
+    return seconds
+
+
+def positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise Invalid("a positive whole number")
+    return value
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise Invalid("true or false")
+    return value
+
+
+def ratio(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise Invalid("a ratio between 0 and 1, like 0.45")
+    return float(value)
+
+
+def string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise Invalid("a non-empty string")
+    return value
+
+
+def optional(validator: Validator) -> Validator:
+    def check(value: Any) -> Any:
+        return None if value is None else validator(value)
+
+    return check
+
+
+def choice(*options: str) -> Validator:
+    def check(value: Any) -> str:
+        if value is True or value is False:
+            value = "true" if value else "false"
+        if value not in options:
+            raise Invalid("one of " + ", ".join(options))
+        return value
+
+    return check
+
+
+def regex_list(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise Invalid("a list of regular expressions")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise Invalid("a regular expression string", f"[{index}]", item)
+        try:
+            re.compile(item)
+        except re.error as exc:
+            raise Invalid(f"a valid regular expression ({exc})", f"[{index}]", item) from None
+    return value
+
+
+def listen_address(value: Any) -> str:
+    if not isinstance(value, str) or not re.match(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}$", value):
+        raise Invalid('HOST:PORT such as ":9495" or "127.0.0.1:9495"')
+    if not 0 < int(value.rsplit(":", 1)[1]) < 65536:
+        raise Invalid("a port between 1 and 65535")
+    return value
+
+
+def job_gpus(value: Any) -> int | list[int | str]:
+    """A GPU count, or a list of GPU indices and/or UUIDs."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, list) and value and all(
+        (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (isinstance(v, str) and v) for v in value
+    ):
+        return value
+    raise Invalid("a GPU count like 8, or a list of GPU indices or UUIDs like [0, 1, 2, 3]")
+
+
+@dataclass(frozen=True)
+class Section:
+    """A mapping with known keys, each with a validator (or a nested Section) and a default."""
+
+    fields: dict[str, tuple[Any, Any]]
+
+
+@dataclass(frozen=True)
+class MapOf:
+    """A mapping from names (validated by ``key``) to sections, e.g. ``jobs: {llama: {...}}``."""
+
+    key: Validator
+    key_form: str
+    value: Section
+
+
+@dataclass(frozen=True)
+class ListOf:
+    value: Section
+
+
+def _enabled_interval(**extra: tuple[Any, Any]) -> Section:
+    return Section({
+        "enabled": (choice("auto", "true", "false"), "auto"),
+        "interval": (duration, 1.0),
+        "timeout": (duration, 5.0),
+        **extra,
+    })
+
+
+def _job_name(value: Any) -> str:
+    if not isinstance(value, str) or not JOB_NAME_PATTERN.match(value):
+        raise Invalid(JOB_NAME_FORM)
+    return value
+
+
+JOB_SECTION = Section({
+    "params": (optional(positive_quantity), None),
+    "layers": (optional(positive_int), None),
+    "heads": (optional(positive_int), None),
+    "head_dim": (optional(positive_int), None),
+    "seq_len": (optional(positive_int), None),
+    "causal_attention": (boolean, False),
+    "dtype": (choice("bf16", "fp16", "fp8", "tf32"), "bf16"),
+    "gpus": (optional(job_gpus), None),
+    "target_tokens": (optional(positive_quantity), None),
+    "peak_tflops": (optional(positive_quantity), None),
+    "expected_mfu": (optional(ratio), None),
+})
+
+WATCH_SECTION = Section({
+    "path": (string, None),
+    "job": (_job_name, None),
+    "done_marker": (optional(string), None),
+    "quiet_period": (duration, 30.0),
+    "poll": (boolean, False),
+})
+
+SCHEMA = Section({
+    "web": (Section({
+        "listen_address": (listen_address, DEFAULT_LISTEN_ADDRESS),
+        "config_file": (optional(string), None),
+    }), None),
+    "sources": (Section({
+        "gpu": (_enabled_interval(retry_interval=(duration, 60.0)), None),
+        "rdma": (_enabled_interval(
+            devices_include=(regex_list, [".*"]),
+            devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
+        ), None),
+        "ethtool": (_enabled_interval(
+            interfaces_include=(regex_list, []),
+            interfaces_exclude=(regex_list, [r"^lo$", r"^(br|docker|virbr|veth|cni|flannel|cali|vxlan)"]),
+            stats_include=(regex_list, []),
+        ), None),
+        "checkpoint": (_enabled_interval(
+            watch=(ListOf(WATCH_SECTION), []),
+            started_timeout=(duration, 7200.0),
+        ), None),
+    }), None),
+    "mfu": (Section({"window": (duration, 60.0)}), None),
+    "jobs": (MapOf(_job_name, JOB_NAME_FORM, JOB_SECTION), {}),
+    "ingest": (Section({
+        "token_file": (optional(string), None),
+        "max_jobs": (positive_int, 32),
+        "max_body_bytes": (positive_int, 64 * 1024),
+        "job_ttl": (duration, 86400.0),
+    }), None),
+})
+
+
+def _validate(spec: Any, value: Any, file: str, path: str) -> Any:
+    if isinstance(spec, Section):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(file, path, "a mapping of keys", value)
+        unknown = [k for k in value if k not in spec.fields]
+        if unknown:
+            key = unknown[0]
+            raise ConfigError(file, _join(path, str(key)), "one of " + ", ".join(spec.fields), problem="unknown key; ")
+        return {key: _validate(sub, value.get(key, default) if key in value else _default(sub, default), file, _join(path, key))
+                for key, (sub, default) in spec.fields.items()}
+    if isinstance(spec, MapOf):
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(file, path, "a mapping of names to sections", value)
+        result = {}
+        for name, item in value.items():
+            try:
+                spec.key(name)
+            except Invalid:
+                raise ConfigError(file, _join(path, str(name)), f"the name to be {spec.key_form}", name) from None
+            result[name] = _validate(spec.value, item, file, _join(path, name))
+        return result
+    if isinstance(spec, ListOf):
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ConfigError(file, path, "a list", value)
+        items = [_validate(spec.value, item, file, f"{path}[{i}]") for i, item in enumerate(value)]
+        for i, item in enumerate(items):
+            missing = [k for k, v in item.items() if v is None and spec.value.fields[k][1] is None
+                       and not _is_optional(spec.value.fields[k][0])]
+            if missing:
+                raise ConfigError(file, f"{path}[{i}].{missing[0]}", "a value (this key is required)")
+        return items
+    try:
+        return spec(value)
+    except Invalid as exc:
+        raise ConfigError(file, path + exc.path_suffix, exc.expected, value if exc.got is ... else exc.got) from None
+
+
+def _is_optional(validator: Any) -> bool:
+    return getattr(validator, "__qualname__", "").startswith("optional.")
+
+
+def _default(spec: Any, default: Any) -> Any:
+    if isinstance(spec, Section) and default is None:
+        return {}
+    return default
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def validate(raw: Any, file: str = "<config>") -> dict:
+    """Validate a parsed YAML document; ``ConfigError`` names the first bad key."""
+    return _validate(SCHEMA, raw, file, "")
+
+
+def validate_job_facts(raw: dict, where: str = "job") -> dict:
+    """The model facts of one job, as in ``jobs:`` of the config; also used by the progress API."""
+    return _validate(JOB_SECTION, raw, where, "")
+
+
+def defaults() -> dict:
+    return validate({})
+
+
+def load_config(path: str | None) -> dict:
+    """Read and validate ``path``; with no path, every default."""
+    if path is None:
+        return defaults()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except OSError as exc:
+        raise ConfigError(path, "", f"a readable YAML file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(path, "", f"valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return validate(raw, path)

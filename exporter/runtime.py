@@ -1,0 +1,83 @@
+"""Wires config, sources, jobs and the registry together: the objects one exporter process runs with."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry
+
+from exporter.collector import ExporterCollector
+from exporter.daemon import Daemon
+from exporter.exposition import MetricsCache
+from exporter.jobs import GpuInfo, JobTracker
+from exporter.sources.base import Source
+
+
+@dataclass
+class Paths:
+    sysfs: str = "/sys"
+    procfs: str = "/proc"
+
+
+@dataclass
+class Runtime:
+    config: dict
+    daemon: Daemon
+    jobs: JobTracker
+    registry: CollectorRegistry
+    cache: MetricsCache
+    clock: Callable[[], float] = time.time
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "time": now,
+            "ready": self.daemon.ready,
+            "sources": [s.as_json(now) for s in self.daemon.states.values()],
+            "jobs": [v.as_json() for v in self.jobs.views()],
+        }
+
+
+def gpu_inventory_from(daemon: Daemon, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
+    """This node's GPUs as the GPU source last saw them; None while it is down or absent."""
+
+    def inventory() -> list[GpuInfo] | None:
+        state = daemon.states.get(source_name)
+        if state is None or state.snapshot is None:
+            return None
+        return state.snapshot.data.get("inventory")
+
+    return inventory
+
+
+def build_sources(config: dict, paths: Paths) -> list[Source]:
+    """Every source enabled in the config (``auto`` and ``true`` both try; a source that cannot work reports down)."""
+    sources: list[Source] = []
+    for name, factory in SOURCE_FACTORIES.items():
+        section = config["sources"][name]
+        if section["enabled"] == "false":
+            continue
+        sources.append(factory(section, paths))
+    return sources
+
+
+SOURCE_FACTORIES: dict[str, Callable[[dict, Paths], Source]] = {}
+
+
+def build_runtime(config: dict, sources: list[Source], clock: Callable[[], float] = time.time) -> Runtime:
+    daemon = Daemon(sources, clock=clock)
+    jobs = JobTracker(
+        configured=config["jobs"],
+        window=config["mfu"]["window"],
+        max_jobs=config["ingest"]["max_jobs"],
+        job_ttl=config["ingest"]["job_ttl"],
+        gpu_inventory=gpu_inventory_from(daemon),
+        clock=clock,
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(daemon, jobs, clock=clock))
+    cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation)
+    return Runtime(config, daemon, jobs, registry, cache, clock)

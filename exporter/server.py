@@ -1,0 +1,134 @@
+"""HTTP: /metrics, the landing page, health endpoints and the ingest API. Knows nothing about NVML or sysfs."""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.jobs import TooManyJobs, ValidationError, parse_progress
+from exporter.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+RUNTIME = web.AppKey("runtime", Runtime)
+
+
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    payload: dict[str, Any] = {"error": message}
+    if field is not None:
+        payload["field"] = field
+    return web.json_response(payload, status=status)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body; raises ValidationError (→ 400) for anything that is not valid JSON."""
+    raw = await request.read()
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise ValidationError("", "the body must be UTF-8 JSON") from None
+    except (ValueError, RecursionError) as exc:
+        raise ValidationError("", f"the body is not valid JSON: {exc}") from None
+
+
+@web.middleware
+async def api_errors(request: web.Request, handler):
+    """Map domain errors to JSON 4xx answers so every API error names its field."""
+    try:
+        return await handler(request)
+    except ValidationError as exc:
+        return _error(400, exc.message, exc.field)
+    except TooManyJobs as exc:
+        return _error(429, str(exc), "job")
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error(413, f"the body is larger than the limit of {exc.max_size} bytes (ingest.max_body_bytes)")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    body, headers = await runtime.cache.render(request.headers.get("Accept"), request.headers.get("Accept-Encoding"))
+    return web.Response(body=body, headers=headers)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[RUNTIME].daemon.ready:
+        return web.Response(text="ready\n")
+    return web.Response(text="not ready: no sample cycle has completed yet\n", status=503)
+
+
+async def post_progress(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    report = parse_progress(await read_json(request), time.time())
+    view = runtime.jobs.report(report)
+    return web.json_response(view.as_json())
+
+
+async def get_jobs(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    return web.json_response({"jobs": [v.as_json() for v in runtime.jobs.views()]})
+
+
+async def get_status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RUNTIME].status())
+
+
+def _percent(ratio: float | None) -> str:
+    return "" if ratio is None else f"{100 * ratio:.1f}%"
+
+
+async def landing(request: web.Request) -> web.Response:
+    status = request.app[RUNTIME].status()
+    rows = "".join(
+        f"<tr><td>{html.escape(s['source'])}</td><td>{'up' if s['up'] else 'down'}</td>"
+        f"<td>{html.escape(str(s['reason'] or ''))} {html.escape(s['detail'])}</td></tr>"
+        for s in status["sources"]
+    )
+    jobs = "".join(
+        f"<tr><td>{html.escape(j['job'])}</td><td>{_percent(j['mfu'])}</td>"
+        f"<td>{html.escape(j['reason'] or '')}</td></tr>"
+        for j in status["jobs"]
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mfu-exporter</title></head><body>
+<h1>mfu-exporter {html.escape(__version__)}</h1>
+<p><a href="/metrics">/metrics</a> · <a href="/api/v1/jobs">/api/v1/jobs</a> · <a href="/api/v1/status">/api/v1/status</a>
+· <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></p>
+<h2>Sources</h2><table><tr><th>source</th><th>state</th><th>reason</th></tr>{rows}</table>
+<h2>Jobs</h2><table><tr><th>job</th><th>MFU</th><th>note</th></tr>{jobs}</table>
+</body></html>"""
+    return web.Response(text=page, content_type="text/html")
+
+
+def create_app(runtime: Runtime) -> web.Application:
+    app = web.Application(middlewares=[api_errors], client_max_size=runtime.config["ingest"]["max_body_bytes"])
+    app[RUNTIME] = runtime
+    app.router.add_get("/", landing)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_post("/api/v1/progress", post_progress)
+    app.router.add_get("/api/v1/jobs", get_jobs)
+    app.router.add_get("/api/v1/status", get_status)
+
+    async def start_daemon(app: web.Application) -> None:
+        await runtime.daemon.start()
+
+    async def stop_daemon(app: web.Application) -> None:
+        await runtime.daemon.stop()
+
+    app.on_startup.append(start_daemon)
+    app.on_cleanup.append(stop_daemon)
+    return app

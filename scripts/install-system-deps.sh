@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Debian tools the tests drive for real: promtool/prometheus, ethtool and iproute2 (veth), Chromium (status page),
+# Alertmanager's amtool. Installs only what is missing, and only as root; otherwise says what is missing.
+set -euo pipefail
+declare -A need=(
+  [promtool]=prometheus
+  [prometheus]=prometheus
+  [ethtool]=ethtool
+  [ip]=iproute2
+  [chromium]=chromium
+  [chromedriver]=chromium-driver
+  [amtool]=prometheus-alertmanager
+  [prometheus-node-exporter]=prometheus-node-exporter
+)
+missing=()
+for tool in "${!need[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("${need[$tool]}")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-system-deps: not root; missing Debian packages: ${missing[*]} (tests that need them will say so)" >&2
+  exit 0
+fi
+echo "install-system-deps: apt-get install ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
