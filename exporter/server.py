@@ -50,8 +50,9 @@ async def api_errors(request: web.Request, handler):
         return _error(400, exc.message, exc.field)
     except TooManyJobs as exc:
         return _error(429, str(exc), "job")
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error(413, f"the body is larger than the limit of {exc.max_size} bytes (ingest.max_body_bytes)")
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[RUNTIME].config["ingest"]["max_body_bytes"]
+        return _error(413, f"the body is larger than the limit of {limit} bytes (ingest.max_body_bytes)")
 
 
 async def metrics(request: web.Request) -> web.Response:

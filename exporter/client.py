@@ -1,0 +1,131 @@
+"""Training-side client: report token progress to the node's exporter without ever slowing or breaking the job.
+
+    reporter = ProgressReporter("http://127.0.0.1:9495", job="llama3-70b", model={"params": "70B"}, gpus=8)
+    ...
+    reporter.update(tokens_total=tokens_seen, step=step)   # returns at once, never raises
+    ...
+    reporter.close()                                        # flushes the newest totals
+
+Totals are cumulative, so only the newest one matters: a slow or absent exporter makes the reporter keep just the
+latest totals and retry with backoff, never queueing the job's history.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import requests
+
+log = logging.getLogger(__name__)
+
+
+class ProgressReporter:
+    def __init__(
+        self,
+        url: str,
+        job: str,
+        *,
+        model: dict[str, Any] | None = None,
+        dtype: str | None = None,
+        gpus: int | list | None = None,
+        target_tokens: float | str | None = None,
+        peak_tflops: float | None = None,
+        token: str | None = None,
+        timeout: float = 2.0,
+        max_backoff: float = 30.0,
+        session: requests.Session | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self._base = url.rstrip("/")
+        self.job = job
+        # Model facts ride along with every report, so a restarted exporter has everything back after one report.
+        self._facts = {k: v for k, v in {"model": model, "dtype": dtype, "gpus": gpus, "target_tokens": target_tokens,
+                                          "peak_tflops": peak_tflops}.items() if v is not None}
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = timeout
+        self._max_backoff = max_backoff
+        self._session = session or requests.Session()
+        self._clock = clock
+        self._wake = threading.Condition()
+        self._pending: dict[str, Any] | None = None
+        self._closing = False
+        self._warned: set[str] = set()
+        self.sent = 0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name=f"mfu-reporter-{job}", daemon=True)
+        self._thread.start()
+
+    def update(self, tokens_total: float, step: int | None = None) -> None:
+        """Record the job's running token total (node-local); sent in the background. Never blocks, never raises."""
+        try:
+            payload: dict[str, Any] = {"job": self.job, "tokens_total": tokens_total, "time": self._clock(), **self._facts}
+            if step is not None:
+                payload["step"] = step
+            with self._wake:
+                self._pending = payload
+                self._wake.notify()
+        except Exception:  # noqa: BLE001 - the training step must never see a monitoring error
+            log.debug("progress update dropped", exc_info=True)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is pending (best effort, at most ``timeout`` seconds) and stop the background thread."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "ProgressReporter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _take(self) -> dict[str, Any] | None:
+        with self._wake:
+            while self._pending is None and not self._closing:
+                self._wake.wait()
+            payload, self._pending = self._pending, None
+            return payload
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            payload = self._take()
+            if payload is None:
+                return
+            if self._post("/api/v1/progress", payload):
+                backoff = 0.5
+                continue
+            with self._wake:
+                if self._pending is None:
+                    self._pending = payload  # keep it unless a newer total arrived meanwhile
+                if self._closing:
+                    return
+                self._wake.wait(backoff)
+            backoff = min(backoff * 2, self._max_backoff)
+
+    def _post(self, path: str, payload: dict[str, Any]) -> bool:
+        """True when the exporter took the report or rejected it for good (a 4xx other than 429: retrying won't help)."""
+        try:
+            response = self._session.post(self._base + path, json=payload, headers=self._headers, timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001 - any transport error means "retry later"
+            self.failures += 1
+            self._warn_once("unreachable", f"mfu-exporter at {self._base} unreachable ({type(exc).__name__}); will retry")
+            return False
+        if response.status_code < 300:
+            self.sent += 1
+            return True
+        self.failures += 1
+        if 400 <= response.status_code < 500 and response.status_code != 429:
+            self._warn_once(f"rejected-{response.status_code}", f"mfu-exporter rejected a report: {response.status_code} {response.text[:200]}")
+            return True
+        self._warn_once(f"status-{response.status_code}", f"mfu-exporter answered {response.status_code}; will retry")
+        return False
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
