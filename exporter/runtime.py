@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
+from exporter import __version__
 from exporter.collector import ExporterCollector
 from exporter.daemon import Daemon
 from exporter.exposition import MetricsCache
+from exporter.history import MfuHistory
 from exporter.jobs import GpuInfo, JobTracker
 from exporter.sources.base import Source
 
@@ -29,16 +32,25 @@ class Runtime:
     registry: CollectorRegistry
     cache: MetricsCache
     clock: Callable[[], float] = time.time
-    extras: dict[str, Any] = field(default_factory=dict)
+    history: MfuHistory = field(default_factory=MfuHistory)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
+        views = self.jobs.views()
         return {
+            "version": __version__,
             "time": now,
             "ready": self.daemon.ready,
             "sources": [s.as_json(now) for s in self.daemon.states.values()],
-            "jobs": [v.as_json() for v in self.jobs.views()],
+            "jobs": [v.as_json() for v in views],
+            "history": {v.name: self.history.of(v.name) for v in views},
         }
+
+    async def record_history(self) -> None:
+        """Sample every job's MFU into the status page history, forever (cancelled at shutdown)."""
+        while True:
+            self.history.record(self.clock(), self.jobs.views())
+            await asyncio.sleep(self.history.step)
 
 
 def gpu_inventory_from(daemon: Daemon, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:

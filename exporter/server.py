@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import html
+import asyncio
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from exporter import __version__
 from exporter.jobs import TooManyJobs, ValidationError, parse_progress
 from exporter.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 RUNTIME = web.AppKey("runtime", Runtime)
+HISTORY_TASK = web.AppKey("history_task", asyncio.Task)
 
 
 def _error(status: int, message: str, field: str | None = None) -> web.Response:
@@ -87,36 +88,18 @@ async def get_status(request: web.Request) -> web.Response:
     return web.json_response(request.app[RUNTIME].status())
 
 
-def _percent(ratio: float | None) -> str:
-    return "" if ratio is None else f"{100 * ratio:.1f}%"
+STATIC = Path(__file__).parent / "static"
 
 
-async def landing(request: web.Request) -> web.Response:
-    status = request.app[RUNTIME].status()
-    rows = "".join(
-        f"<tr><td>{html.escape(s['source'])}</td><td>{'up' if s['up'] else 'down'}</td>"
-        f"<td>{html.escape(str(s['reason'] or ''))} {html.escape(s['detail'])}</td></tr>"
-        for s in status["sources"]
-    )
-    jobs = "".join(
-        f"<tr><td>{html.escape(j['job'])}</td><td>{_percent(j['mfu'])}</td>"
-        f"<td>{html.escape(j['reason'] or '')}</td></tr>"
-        for j in status["jobs"]
-    )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mfu-exporter</title></head><body>
-<h1>mfu-exporter {html.escape(__version__)}</h1>
-<p><a href="/metrics">/metrics</a> · <a href="/api/v1/jobs">/api/v1/jobs</a> · <a href="/api/v1/status">/api/v1/status</a>
-· <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></p>
-<h2>Sources</h2><table><tr><th>source</th><th>state</th><th>reason</th></tr>{rows}</table>
-<h2>Jobs</h2><table><tr><th>job</th><th>MFU</th><th>note</th></tr>{jobs}</table>
-</body></html>"""
-    return web.Response(text=page, content_type="text/html")
+async def status_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC / "index.html")
 
 
 def create_app(runtime: Runtime) -> web.Application:
     app = web.Application(middlewares=[api_errors], client_max_size=runtime.config["ingest"]["max_body_bytes"])
     app[RUNTIME] = runtime
-    app.router.add_get("/", landing)
+    app.router.add_get("/", status_page)
+    app.router.add_static("/static/", STATIC)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -126,8 +109,10 @@ def create_app(runtime: Runtime) -> web.Application:
 
     async def start_daemon(app: web.Application) -> None:
         await runtime.daemon.start()
+        app[HISTORY_TASK] = asyncio.create_task(runtime.record_history())
 
     async def stop_daemon(app: web.Application) -> None:
+        app[HISTORY_TASK].cancel()
         await runtime.daemon.stop()
 
     app.on_startup.append(start_daemon)

@@ -138,7 +138,16 @@ async def test_unavailable_source_reports_down_and_others_keep_serving(make_clie
     assert scripted_source.calls == 1  # retry_after: no retry storm
     status = await (await client.get("/api/v1/status")).json()
     assert status["sources"][0]["reason"] == "library_not_found"
-    assert "library_not_found" in await (await client.get("/")).text()
+
+
+async def test_status_page_and_its_assets_are_served_locally(make_client):
+    client = await make_client()
+    page = await (await client.get("/")).text()
+    assert "<title>mfu-exporter</title>" in page
+    for asset in ("/static/status.js", "/static/status.css"):
+        assert asset in page
+        assert (await client.get(asset)).status == 200
+    assert "http" not in page.replace('href="/', "").split("<nav>")[0]  # no CDN, no external fonts
 
 
 async def test_health_and_readiness(make_client, scripted_source):

@@ -1,0 +1,124 @@
+// The status page: polls /api/v1/status and redraws. No framework, no external assets: the page works offline.
+"use strict";
+
+const REFRESH_MS = 2000;
+const MFU_LOW = 0.25, MFU_GOOD = 0.45;  // the guide's sub-25% stall line and the achievable 45%
+
+const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const pct = (r, digits = 1) => (r === null || r === undefined) ? "–" : (100 * r).toFixed(digits) + "%";
+const num = (v, digits = 0) => (v === null || v === undefined) ? "–" : Number(v).toLocaleString(undefined, {maximumFractionDigits: digits});
+const si = (v, unit) => {
+  if (v === null || v === undefined) return "–";
+  const steps = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+  for (const [scale, prefix] of steps) if (Math.abs(v) >= scale) return (v / scale).toFixed(2) + " " + prefix + unit;
+  return Number(v).toFixed(1) + " " + unit;
+};
+const duration = (s) => {
+  if (s === null || s === undefined) return "–";
+  if (s >= 2 * 86400) return (s / 86400).toFixed(1) + " d";
+  if (s >= 3600) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " m";
+  if (s >= 60) return Math.floor(s / 60) + " m " + Math.floor(s % 60) + " s";
+  return s.toFixed(0) + " s";
+};
+const mfuClass = (r) => r === null || r === undefined ? "muted" : r < MFU_LOW ? "bad" : r < MFU_GOOD ? "warn" : "good";
+
+function chart(points) {
+  const w = 400, h = 90, top = 0.7;  // y axis 0–70% MFU
+  const values = points.filter((p) => p[1] !== null);
+  if (values.length < 2) return '<p class="muted">chart: collecting history…</p>';
+  const t0 = points[0][0], t1 = points[points.length - 1][0], span = Math.max(t1 - t0, 1);
+  const x = (t) => ((t - t0) / span) * w;
+  const y = (r) => h - (Math.min(r, top) / top) * h;
+  const path = values.map((p, i) => (i ? "L" : "M") + x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join(" ");
+  return `<svg class="chart" viewBox="0 0 ${w} ${h}" preserveAspectRatio="none" role="img" aria-label="MFU over the last ${Math.round(span / 60)} minutes">
+    <line class="ref high" x1="0" x2="${w}" y1="${y(MFU_GOOD)}" y2="${y(MFU_GOOD)}"/><text x="2" y="${y(MFU_GOOD) - 2}">45%</text>
+    <line class="ref low" x1="0" x2="${w}" y1="${y(MFU_LOW)}" y2="${y(MFU_LOW)}"/><text x="2" y="${y(MFU_LOW) - 2}">25%</text>
+    <path class="line" d="${path}"/></svg>`;
+}
+
+function jobCard(job, history) {
+  const facts = [
+    ["tokens/s", num(job.tokens_per_second)],
+    ["tokens", si(job.tokens_total, "")],
+    ["step", num(job.step)],
+    ["GPUs here", num(job.gpus)],
+    ["peak", si(job.peak_flops, "FLOP/s")],
+    ["ETA", duration(job.eta_seconds)],
+  ];
+  if (job.checkpoint) facts.push(["checkpoint", esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
+  const cause = job.bottleneck && job.bottleneck.cause && job.bottleneck.cause !== "none"
+    ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why MFU is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";
+  return `<div class="card" data-job="${esc(job.job)}">
+    <h3>${esc(job.job)}</h3>
+    <div class="mfu ${mfuClass(job.mfu)}" data-mfu="${job.mfu ?? ""}">${pct(job.mfu)}</div>
+    ${job.reason ? `<div class="muted">${esc(job.reason)}</div>` : ""}
+    ${cause}
+    <dl class="facts">${facts.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("")}</dl>
+    ${chart(history || [])}
+  </div>`;
+}
+
+function table(rows, columns) {
+  if (!rows.length) return '<p class="muted">nothing to show</p>';
+  const head = columns.map((c) => `<th>${esc(c[0])}</th>`).join("");
+  const body = rows.map((r) => "<tr>" + columns.map((c) => `<td class="${c[2] || ""}">${c[1](r)}</td>`).join("") + "</tr>").join("");
+  return `<table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table>`;
+}
+
+const bar = (r) => r === null || r === undefined ? "–" : `<span class="bar" style="width:${Math.round(60 * Math.min(r, 1))}px"></span>${pct(r, 0)}`;
+
+function render(status) {
+  document.getElementById("version").textContent = status.version || "";
+  document.getElementById("updated").textContent = "updated " + new Date(status.time * 1000).toLocaleTimeString();
+  const sources = Object.fromEntries(status.sources.map((s) => [s.source, s]));
+  const jobs = document.getElementById("jobs");
+  if (status.jobs.length) jobs.innerHTML = status.jobs.map((j) => jobCard(j, (status.history || {})[j.job])).join("");
+
+  const gpu = sources.gpu;
+  const gpus = gpu && gpu.status && gpu.status.gpus ? Object.values(gpu.status.gpus) : [];
+  document.getElementById("gpus").innerHTML = gpu && !gpu.up && !gpus.length
+    ? `<p class="muted">GPU source down: ${esc(gpu.reason)} ${esc(gpu.detail)}</p>`
+    : table(gpus, [
+      ["GPU", (g) => esc(g.index)], ["name", (g) => esc(g.name)],
+      ["state", (g) => g.up === false ? '<span class="chip down">lost</span>' : '<span class="chip up">up</span>'],
+      ["utilization", (g) => bar(g.utilization)], ["tensor active", (g) => bar(g.tensor_active)],
+      ["SM clock", (g) => si(g.sm_clock_hz, "Hz"), "num"], ["temp", (g) => g.temperature_celsius == null ? "–" : g.temperature_celsius + " °C", "num"],
+      ["power", (g) => g.power_watts == null ? "–" : num(g.power_watts) + " W", "num"],
+      ["throttle", (g) => esc((g.throttle || []).join(", ")) || "–"],
+    ]) + (gpu && gpu.status && gpu.status.notes ? gpu.status.notes.map((n) => `<p class="muted">${esc(n)}</p>`).join("") : "");
+
+  const eth = sources.ethtool;
+  const nics = eth && eth.status && eth.status.interfaces ? Object.values(eth.status.interfaces) : [];
+  document.getElementById("nics").innerHTML = eth && !eth.up && !nics.length
+    ? `<p class="muted">NIC statistics unavailable: ${esc(eth.reason)} ${esc(eth.detail)}</p>`
+    : table(nics, [
+      ["interface", (n) => esc(n.interface)],
+      ["pause ratio", (n) => pct(n.pause_ratio, 2), "num"],
+      ["pause frames/s", (n) => num(n.pause_frames_per_second, 1), "num"],
+      ["discards/s", (n) => num(n.discards_per_second, 1), "num"],
+      ["storm events", (n) => num(n.pause_storm_events), "num"],
+    ]);
+
+  document.getElementById("sources").innerHTML = table(status.sources, [
+    ["source", (s) => esc(s.source)],
+    ["state", (s) => s.up ? '<span class="chip up">up</span>' : '<span class="chip down">down</span>'],
+    ["reason", (s) => esc([s.reason, s.detail].filter(Boolean).join(": "))],
+    ["last sample", (s) => s.last_sample_duration_seconds == null ? "–" : (1000 * s.last_sample_duration_seconds).toFixed(1) + " ms", "num"],
+    ["age", (s) => s.sample_age_seconds == null ? "–" : s.sample_age_seconds.toFixed(1) + " s", "num"],
+  ]);
+}
+
+async function refresh() {
+  try {
+    const response = await fetch("/api/v1/status", {cache: "no-store"});
+    if (!response.ok) throw new Error(response.status + " " + response.statusText);
+    render(await response.json());
+    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+  } catch (err) {
+    document.getElementById("updated").textContent = "update failed: " + err.message;
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+refresh();
