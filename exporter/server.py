@@ -74,7 +74,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def post_progress(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    report = parse_progress(await read_json(request), time.time())
+    report = parse_progress(await read_json(request), runtime.clock())
     view = runtime.jobs.report(report)
     return web.json_response(view.as_json())
 
