@@ -213,7 +213,7 @@ SCHEMA = Section({
         "config_file": (optional(string), None),
     }), None),
     "sources": (Section({
-        "gpu": (_enabled_interval(retry_interval=(duration, 60.0)), None),
+        "gpu": (_enabled_interval(retry_interval=(duration, 60.0), gpm=(boolean, True)), None),
         "rdma": (_enabled_interval(
             devices_include=(regex_list, [".*"]),
             devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import pynvml
 from prometheus_client import CollectorRegistry
 
 from exporter import __version__
@@ -16,6 +17,7 @@ from exporter.exposition import MetricsCache
 from exporter.history import MfuHistory
 from exporter.jobs import GpuInfo, JobTracker
 from exporter.sources.base import Source
+from exporter.sources.gpu import GpuSource
 
 
 @dataclass
@@ -76,7 +78,13 @@ def build_sources(config: dict, paths: Paths) -> list[Source]:
     return sources
 
 
-SOURCE_FACTORIES: dict[str, Callable[[dict, Paths], Source]] = {}
+def _gpu_source(section: dict, paths: Paths) -> Source:
+    return GpuSource.from_config(section, pynvml)  # importing pynvml needs no driver; nvmlInit finds out
+
+
+SOURCE_FACTORIES: dict[str, Callable[[dict, Paths], Source]] = {
+    "gpu": _gpu_source,
+}
 
 
 def build_runtime(config: dict, sources: list[Source], clock: Callable[[], float] = time.time) -> Runtime:

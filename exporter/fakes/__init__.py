@@ -1,0 +1,1 @@
+"""In-repo fakes of hardware libraries, shared by the tests, the demo and the benchmarks."""

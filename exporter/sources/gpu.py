@@ -1,0 +1,689 @@
+"""GPU source: NVML through pynvml (nvidia-ml-py), with GPM tensor activity, throttling, Xid errors and ECC.
+
+The NVML module is injected: production passes ``pynvml``, tests and the demo pass ``exporter.fakes.nvml``.
+
+Cheap by construction: NVML is initialised once; handles, Xid event sets, GPM samples and the GPM request struct
+are opened once per GPU and reused; a call NVML answers NOT_SUPPORTED, FUNCTION_NOT_FOUND or NO_PERMISSION is
+remembered per GPU and not made again; label tuples are built once per GPU.
+
+Faults stay local to one GPU: a GPU that answers GPU_IS_LOST, RESET_REQUIRED or UNKNOWN is marked down (its
+readings disappear, ``mfu_gpu_up`` is 0, a ``gpu_lost`` error is counted) while the others keep reporting; every
+``retry_interval`` while a GPU is missing, NVML is shut down and initialised again to find it. GPUs are keyed by
+UUID, so a GPU keeps its ``gpu`` label (the index NVML gave it when first seen) across re-initialisations.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import Counter
+from functools import partial
+from typing import Any, Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from exporter.jobs import GpuInfo
+from exporter.mfu import gpu_model
+from exporter.sources.base import Snapshot, SourceUnavailable
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+# NVML docs: two GPM samples must be more than 100 ms apart, the hardware's internal refresh period.
+MIN_GPM_INTERVAL = 0.1
+# Bounds the Xid drain per GPU and cycle; the rest stay queued in NVML for the next cycle.
+MAX_XIDS_PER_CYCLE = 64
+
+# Clock-event reason bits of nvml.h (nvmlClocksEventReason*, formerly nvmlClocksThrottleReason*).
+THROTTLE_REASONS = (
+    ("idle", 0x1),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake", 0x80),
+)
+
+ALL_LINKS = 0xFFFFFFFF  # nvml.h: a scopeId of UINT_MAX sums an NVLink throughput field over all links
+# Cumulative byte counters read as NVML field values: (reading key, field ID, scope ID, bytes per unit).
+# IDs are nvml.h's NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB) and NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES.
+FIELD_COUNTERS = (
+    ("nvlink_transmit_bytes", 138, ALL_LINKS, 1024),
+    ("nvlink_receive_bytes", 139, ALL_LINKS, 1024),
+    ("pcie_transmit_bytes", 197, 0, 1),
+    ("pcie_receive_bytes", 198, 0, 1),
+)
+# GPM metrics (nvml.h nvmlGpmMetricId_t), in percent: ANY_TENSOR_UTIL, SM_UTIL, SM_OCCUPANCY, DRAM_BW_UTIL.
+GPM_ACTIVITY = (("tensor_active", 5), ("sm_active", 2), ("sm_occupancy", 3), ("dram_active", 10))
+# GPM rates in MiB/s (PCIE_TX/RX_PER_SEC, NVLINK_TOTAL_TX/RX_PER_SEC), integrated into byte counters on GPUs
+# whose NVML field values lack that counter (Hopper has no PCIe byte fields).
+GPM_RATES = {"pcie_transmit_bytes": 20, "pcie_receive_bytes": 21, "nvlink_transmit_bytes": 61, "nvlink_receive_bytes": 60}
+
+GAUGES = (
+    ("mfu_gpu_utilization_ratio", "Share of the last NVML sample period (1/6 s to 1 s) in which a kernel ran; absent in MIG mode.", "utilization"),
+    ("mfu_gpu_memory_utilization_ratio", "Share of the last NVML sample period in which device memory was read or written.", "memory_utilization"),
+    ("mfu_gpu_memory_used_bytes", "Device memory in use.", "memory_used_bytes"),
+    ("mfu_gpu_memory_total_bytes", "Device memory installed.", "memory_total_bytes"),
+    ("mfu_gpu_sm_clock_hertz", "Current SM clock.", "sm_clock_hz"),
+    ("mfu_gpu_sm_clock_max_hertz", "Maximum SM clock.", "sm_clock_max_hz"),
+    ("mfu_gpu_power_watts", "Power draw.", "power_watts"),
+    ("mfu_gpu_power_limit_watts", "Enforced power limit.", "power_limit_watts"),
+    ("mfu_gpu_temperature_celsius", "GPU core temperature.", "temperature"),
+    ("mfu_gpu_tensor_active_ratio", "Share of time the SMs issued any tensor-core instruction (NVML GPM ANY_TENSOR_UTIL; Hopper and newer).", "tensor_active"),
+    ("mfu_gpu_sm_active_ratio", "Share of SMs busy (NVML GPM SM_UTIL; Hopper and newer).", "sm_active"),
+    ("mfu_gpu_sm_occupancy_ratio", "Resident warps over the theoretical maximum (NVML GPM SM_OCCUPANCY; Hopper and newer).", "sm_occupancy"),
+    ("mfu_gpu_dram_active_ratio", "Device memory bandwidth used over its maximum (NVML GPM DRAM_BW_UTIL; Hopper and newer).", "dram_active"),
+    ("mfu_gpu_hardware_flops_utilization_ratio",
+     "Estimate: tensor active × SM clock ÷ the SKU's reference tensor clock; a hardware cross-check of the formula MFU.",
+     "hardware_flops_utilization"),
+)
+COUNTERS = (
+    ("mfu_gpu_energy_joules", "Energy used by the GPU since the driver loaded.", "energy_joules"),
+    ("mfu_gpu_nvlink_transmit_bytes", "NVLink data bytes sent, all links.", "nvlink_transmit_bytes"),
+    ("mfu_gpu_nvlink_receive_bytes", "NVLink data bytes received, all links.", "nvlink_receive_bytes"),
+    ("mfu_gpu_pcie_transmit_bytes", "PCIe bytes sent by the GPU.", "pcie_transmit_bytes"),
+    ("mfu_gpu_pcie_receive_bytes", "PCIe bytes received by the GPU.", "pcie_receive_bytes"),
+)
+
+READING_KEYS = tuple(key for _, _, key in GAUGES + COUNTERS) + ("ecc_corrected", "ecc_uncorrected", "clocks_event_reasons")
+
+GPM_NOT_SUPPORTED = "not supported by this GPU (NVML GPM needs Hopper or newer)"
+GPM_MIG = "not read in MIG mode (GPM is per GPU instance there; per-instance metrics are not implemented)"
+GPM_OFF = "off (sources.gpu.gpm is false)"
+
+
+def decode_throttle_reasons(mask: int) -> list[str]:
+    """The names of the clock-event reasons set in an NVML bitmask, in THROTTLE_REASONS order."""
+    return [name for name, bit in THROTTLE_REASONS if mask & bit]
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _cuda_version(number: int) -> str:
+    """NVML's CUDA driver version integer (12080) as "12.8"."""
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Gpm:
+    """One GPU's GPM state: two samples swapped each cycle and one request struct, all allocated once."""
+
+    def __init__(self, nvml: Any, previous: Any, current: Any, taken_at: float):
+        self.previous = previous
+        self.current = current
+        self.taken_at = taken_at
+        self.request = nvml.c_nvmlGpmMetricsGet_t()
+        self.request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        self.keys: tuple[str, ...] = ()
+        self.ratios: dict[str, float] = {}
+
+    def request_metrics(self, metrics: list[tuple[str, int]]) -> None:
+        # Only the IDs wanted: numMetrics is the count requested, never NVML_GPM_METRIC_MAX (older drivers reject it).
+        self.keys = tuple(key for key, _ in metrics)
+        self.request.numMetrics = len(metrics)
+        for slot, (_, metric_id) in enumerate(metrics):
+            self.request.metrics[slot].metricId = metric_id
+        self.ratios = {k: v for k, v in self.ratios.items() if k in self.keys}
+
+
+class _Gpu:
+    """What the source keeps of one GPU across cycles and NVML sessions."""
+
+    def __init__(self, index: int, uuid: str, name: str, pci_bus_id: str):
+        self.index = index
+        self.uuid = uuid
+        self.name = name
+        self.pci_bus_id = pci_bus_id
+        label = str(index)
+        self.label = label
+        self.labels = (label,)
+        self.identity = {"uuid": uuid, "name": name, "pci_bus_id": pci_bus_id}
+        self.throttle_labels = tuple((label, reason) for reason, _ in THROTTLE_REASONS)
+        self.ecc_labels = ((label, "corrected"), (label, "uncorrected"))
+        model = gpu_model(name)
+        self.peak_rows = tuple(((label, dtype), tflops * 1e12) for dtype, tflops in model.tflops.items()) if model else ()
+        self.peak_clock_hz = model.peak_clock_mhz * 1e6 if model and model.peak_clock_mhz else None
+        self.handle: Any = None
+        self.lost_reason: str | None = None
+        self.mig = False
+        self.sm_clock_max_hz: float | None = None
+        self.unsupported: dict[str, str] = {}  # call or field key -> why NVML refused it
+        self.event_set: Any = None
+        self.xids: dict[int, list] = {}  # Xid -> [label tuple, count]
+        self.xid_rows: tuple = ()  # frozen (labels, count) pairs, replaced on change so snapshots can share it
+        self.xid_total = 0
+        self.gpm: _Gpm | None = None
+        self.gpm_note = "not opened"
+        self.integrated: dict[str, float] = {}  # byte counters integrated from GPM rates
+        self.field_specs: tuple = ()
+        self.field_request: list = []
+        self.planned = False
+
+    @property
+    def up(self) -> bool:
+        return self.handle is not None
+
+
+class GpuSource:
+    """Samples every GPU of the node through NVML; see the module docstring for costs and fault handling."""
+
+    name = "gpu"
+
+    def __init__(self, nvml: Any, interval: float = 1.0, timeout: float = 5.0, retry_interval: float = 60.0,
+                 gpm: bool = True, monotonic: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self.timeout = timeout
+        self.retry_interval = retry_interval
+        self._nvml = nvml
+        self._gpm_enabled = gpm
+        self._monotonic = monotonic
+        codes = nvml
+        self._absent_codes = frozenset({codes.NVML_ERROR_NOT_SUPPORTED, codes.NVML_ERROR_FUNCTION_NOT_FOUND, codes.NVML_ERROR_NO_PERMISSION})
+        self._lost_codes = frozenset({codes.NVML_ERROR_GPU_IS_LOST, codes.NVML_ERROR_RESET_REQUIRED, codes.NVML_ERROR_UNKNOWN})
+        self._init_reasons = {
+            codes.NVML_ERROR_LIBRARY_NOT_FOUND: "library_not_found",
+            codes.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
+            codes.NVML_ERROR_NO_PERMISSION: "no_permission",
+            codes.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_library_mismatch",
+        }
+        self._clock_reasons_call = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self._initialized = False
+        self._gpus: dict[str, _Gpu] = {}
+        self._ordered: list[_Gpu] = []
+        self._inventory: list[GpuInfo] = []
+        self._unreachable: dict[int, str] = {}
+        self._driver: tuple[str, str] | None = None
+        self._reinit_at: float | None = None
+        self._logged: set[str] = set()
+        self._errors: Counter = Counter()
+        self._blank = dict.fromkeys(READING_KEYS)
+
+    @classmethod
+    def from_config(cls, section: dict, nvml: Any) -> GpuSource:
+        return cls(nvml, interval=section["interval"], timeout=section["timeout"],
+                   retry_interval=section["retry_interval"], gpm=section["gpm"])
+
+    # --- the cycle ------------------------------------------------------------------------------------------
+
+    def sample(self) -> Snapshot:
+        errors = self._errors = Counter()
+        now = self._monotonic()
+        if self._initialized and self._reinit_at is not None and now >= self._reinit_at:
+            log.info("re-initialising NVML to look for lost GPUs")
+            self._close_session()
+        if not self._initialized:
+            self._open(now)
+        rows = []
+        for gpu in self._ordered:
+            self._poll_xids(gpu)
+            reading = None
+            if gpu.up:
+                try:
+                    reading = self._sample_gpu(gpu, now)
+                except self._nvml.NVMLError as exc:
+                    if exc.value not in self._lost_codes:
+                        raise
+                    self._lose(gpu, exc, now)
+            rows.append((gpu, reading or self._down_reading(gpu), gpu.xid_rows))
+        rows = tuple(rows)
+        return Snapshot(
+            render=partial(_render, rows, self._driver),
+            errors=errors,
+            status=self._status(rows),
+            data={"inventory": self._inventory, "gpus": {gpu.index: reading for gpu, reading, _ in rows}},
+        )
+
+    def _sample_gpu(self, gpu: _Gpu, now: float) -> dict[str, Any]:
+        nvml, handle, call = self._nvml, gpu.handle, self._call
+        mig = call(gpu, "mig_mode", nvml.nvmlDeviceGetMigMode, handle)
+        if mig is not None and bool(mig[0]) != gpu.mig:
+            self._mig_changed(gpu, bool(mig[0]), now)
+        if not gpu.planned:
+            self._plan(gpu)
+        reading = self._blank.copy()
+        reading.update(index=gpu.index, uuid=gpu.uuid, name=gpu.name, up=True, mig=gpu.mig,
+                       throttle_reasons=[], xid_count=gpu.xid_total, sm_clock_max_hz=gpu.sm_clock_max_hz)
+        utilization = call(gpu, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
+        if utilization is not None:
+            reading["utilization"] = utilization.gpu / 100
+            reading["memory_utilization"] = utilization.memory / 100
+        memory = call(gpu, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+        if memory is not None:
+            reading["memory_used_bytes"] = float(memory.used)
+            reading["memory_total_bytes"] = float(memory.total)
+        clock = call(gpu, "sm_clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
+        if clock is not None:
+            reading["sm_clock_hz"] = clock * 1e6
+        power = call(gpu, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+        if power is not None:
+            reading["power_watts"] = power / 1000  # NVML reports milliwatts
+        limit = call(gpu, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        if limit is not None:
+            reading["power_limit_watts"] = limit / 1000
+        energy = call(gpu, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        if energy is not None:
+            reading["energy_joules"] = energy / 1000  # millijoules
+        temperature = call(gpu, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
+        if temperature is not None:
+            reading["temperature"] = float(temperature)
+        mask = call(gpu, "clocks_event_reasons", self._clock_event_reasons, handle)
+        if mask is not None:
+            reading["clocks_event_reasons"] = mask
+            reading["throttle_reasons"] = decode_throttle_reasons(mask)
+        for key, error_type in (("ecc_corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                                ("ecc_uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+            # Volatile counts: since the driver loaded, updated live (the aggregate ones lag in the infoROM).
+            count = call(gpu, key, nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, nvml.NVML_VOLATILE_ECC)
+            if count is not None:
+                reading[key] = float(count)
+        self._read_fields(gpu, reading)
+        self._read_gpm(gpu, now, reading)
+        tensor, sm_clock = reading["tensor_active"], reading["sm_clock_hz"]
+        if tensor is not None and sm_clock is not None and gpu.peak_clock_hz:
+            reading["hardware_flops_utilization"] = tensor * sm_clock / gpu.peak_clock_hz
+        return reading
+
+    def _down_reading(self, gpu: _Gpu) -> dict[str, Any]:
+        reading = self._blank.copy()
+        reading.update(index=gpu.index, uuid=gpu.uuid, name=gpu.name, up=False, mig=gpu.mig,
+                       throttle_reasons=[], xid_count=gpu.xid_total)
+        return reading
+
+    # --- NVML calls -----------------------------------------------------------------------------------------
+
+    def _call(self, gpu: _Gpu, key: str, function: Callable, *args: Any) -> Any:
+        """``function(*args)``, or None when NVML cannot answer it for this GPU (remembered) or failed this once."""
+        if key in gpu.unsupported:
+            return None
+        try:
+            return function(*args)
+        except self._nvml.NVMLError as exc:
+            self._refused(gpu, key, exc)
+            return None
+
+    def _refused(self, gpu: _Gpu, key: str, exc: Exception) -> None:
+        """File an NVML error on ``key``: remember it as unsupported, count it, or raise it when the GPU is lost."""
+        if exc.value in self._lost_codes:
+            raise exc
+        if exc.value in self._absent_codes:
+            gpu.unsupported[key] = str(exc)
+            gpu.planned = False
+        else:
+            self._errors[self._reason(exc)] += 1
+
+    def _reason(self, exc: Exception) -> str:
+        """A bounded error label from the NVML error class: NVMLError_Timeout -> nvml_timeout."""
+        name = type(exc).__name__
+        if name.startswith("NVMLError_"):
+            return "nvml_" + _snake(name[len("NVMLError_"):])
+        return f"nvml_error_{exc.value}"
+
+    def _clock_event_reasons(self, handle: Any) -> int:
+        try:
+            return self._clock_reasons_call(handle)
+        except self._nvml.NVMLError as exc:
+            older = self._nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+            if exc.value != self._nvml.NVML_ERROR_FUNCTION_NOT_FOUND or self._clock_reasons_call is older:
+                raise
+            self._clock_reasons_call = older  # drivers before R535 know only the older name
+            return older(handle)
+
+    def _quietly(self, function: Callable, *args: Any) -> None:
+        """Release calls during cleanup: a GPU that is gone may refuse them, which changes nothing for us."""
+        try:
+            function(*args)
+        except self._nvml.NVMLError:
+            pass
+
+    def _plan(self, gpu: _Gpu) -> None:
+        """Which field values and GPM metrics to request, given what this GPU refused so far."""
+        gpu.field_specs = tuple(spec for spec in FIELD_COUNTERS if spec[0] not in gpu.unsupported)
+        gpu.field_request = [(field_id, scope) for _, field_id, scope, _ in gpu.field_specs]
+        if gpu.gpm is not None:
+            metrics = [(key, metric_id) for key, metric_id in GPM_ACTIVITY if f"gpm:{key}" not in gpu.unsupported]
+            metrics += [(key, GPM_RATES[key]) for key, _, _, _ in FIELD_COUNTERS
+                        if key in gpu.unsupported and f"gpm:{key}" not in gpu.unsupported]
+            if metrics:
+                gpu.gpm.request_metrics(metrics)
+            else:
+                self._close_gpm(gpu, "no GPM metric wanted here is supported by this GPU")
+        gpu.planned = True
+
+    def _read_fields(self, gpu: _Gpu, reading: dict[str, Any]) -> None:
+        if gpu.field_request:
+            try:
+                values = self._nvml.nvmlDeviceGetFieldValues(gpu.handle, gpu.field_request)
+            except self._nvml.NVMLError as exc:
+                if exc.value in self._absent_codes:
+                    for key, _, _, _ in gpu.field_specs:
+                        self._refused(gpu, key, exc)
+                else:
+                    self._refused(gpu, "fields", exc)
+                return
+            for (key, _, _, scale), value in zip(gpu.field_specs, values):
+                if value.nvmlReturn == self._nvml.NVML_SUCCESS:
+                    reading[key] = float(_field_number(value) * scale)
+                else:
+                    self._refused(gpu, key, self._nvml.NVMLError(value.nvmlReturn))
+
+    # --- GPM ------------------------------------------------------------------------------------------------
+
+    def _open_gpm(self, gpu: _Gpu, now: float) -> None:
+        nvml = self._nvml
+        if not self._gpm_enabled:
+            gpu.gpm_note = GPM_OFF
+            return
+        if gpu.mig:
+            gpu.gpm_note = GPM_MIG
+            return
+        support = self._call(gpu, "gpm", nvml.nvmlGpmQueryDeviceSupport, gpu.handle)
+        if support is None:
+            gpu.gpm_note = "unavailable: " + gpu.unsupported.get("gpm", "the support query failed")
+            return
+        if not support.isSupportedDevice:  # the struct itself is always truthy
+            gpu.gpm_note = GPM_NOT_SUPPORTED
+            return
+        samples: list[Any] = []
+        try:
+            samples.append(nvml.nvmlGpmSampleAlloc())
+            samples.append(nvml.nvmlGpmSampleAlloc())
+            nvml.nvmlGpmSampleGet(gpu.handle, samples[0])
+        except nvml.NVMLError as exc:
+            for sample in samples:
+                self._quietly(nvml.nvmlGpmSampleFree, sample)
+            gpu.gpm_note = f"unavailable: {exc}"
+            self._refused(gpu, "gpm", exc)
+            return
+        gpu.gpm = _Gpm(nvml, samples[0], samples[1], now)
+        gpu.gpm_note = "active"
+        gpu.planned = False
+
+    def _close_gpm(self, gpu: _Gpu, note: str) -> None:
+        if gpu.gpm is not None:
+            self._quietly(self._nvml.nvmlGpmSampleFree, gpu.gpm.previous)
+            self._quietly(self._nvml.nvmlGpmSampleFree, gpu.gpm.current)
+            gpu.gpm = None
+        gpu.gpm_note = note
+
+    def _read_gpm(self, gpu: _Gpu, now: float, reading: dict[str, Any]) -> None:
+        gpm = gpu.gpm
+        if gpm is None:
+            return
+        elapsed = now - gpm.taken_at
+        if elapsed >= MIN_GPM_INTERVAL:
+            nvml = self._nvml
+            try:
+                nvml.nvmlGpmSampleGet(gpu.handle, gpm.current)
+                gpm.request.sample1 = gpm.previous
+                gpm.request.sample2 = gpm.current
+                nvml.nvmlGpmMetricsGet(gpm.request)
+            except nvml.NVMLError as exc:
+                self._refused(gpu, "gpm", exc)
+                if "gpm" in gpu.unsupported:
+                    self._close_gpm(gpu, "unavailable: " + gpu.unsupported["gpm"])
+                # A passing failure: no activity this cycle; the previous sample stays, so the next interval is longer.
+                gpm.ratios = {}
+                return
+            gpm.previous, gpm.current = gpm.current, gpm.previous
+            gpm.taken_at = now
+            for slot, key in enumerate(gpm.keys):
+                metric = gpm.request.metrics[slot]
+                if metric.nvmlReturn != nvml.NVML_SUCCESS:
+                    self._refused(gpu, f"gpm:{key}", nvml.NVMLError(metric.nvmlReturn))
+                    gpm.ratios.pop(key, None)
+                elif key in GPM_RATES:
+                    gpu.integrated[key] = gpu.integrated.get(key, 0.0) + metric.value * MIB * elapsed
+                else:
+                    gpm.ratios[key] = metric.value / 100
+        reading.update(gpm.ratios)
+        for key, total in gpu.integrated.items():
+            if key in gpu.unsupported:  # the field value is missing on this GPU: the integrated counter stands in
+                reading[key] = total
+
+    # --- Xid events -----------------------------------------------------------------------------------------
+
+    def _open_events(self, gpu: _Gpu) -> None:
+        nvml = self._nvml
+        event_set = self._call(gpu, "xid_events", nvml.nvmlEventSetCreate)
+        if event_set is None:
+            return
+        try:
+            nvml.nvmlDeviceRegisterEvents(gpu.handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+        except nvml.NVMLError as exc:
+            self._quietly(nvml.nvmlEventSetFree, event_set)
+            self._refused(gpu, "xid_events", exc)
+            return
+        gpu.event_set = event_set
+
+    def _poll_xids(self, gpu: _Gpu) -> None:
+        """Drain queued Xid events without waiting. A lost GPU's set is still drained: its last Xid (79) matters."""
+        if gpu.event_set is None:
+            return
+        nvml = self._nvml
+        for _ in range(MAX_XIDS_PER_CYCLE):
+            try:
+                event = nvml.nvmlEventSetWait(gpu.event_set, 0)
+            except nvml.NVMLError as exc:
+                if exc.value != nvml.NVML_ERROR_TIMEOUT and gpu.up:  # TIMEOUT: nothing queued
+                    self._errors[self._reason(exc)] += 1
+                return
+            if event.eventType & nvml.nvmlEventTypeXidCriticalError:
+                self._count_xid(gpu, int(event.eventData))
+
+    def _count_xid(self, gpu: _Gpu, xid: int) -> None:
+        entry = gpu.xids.get(xid)
+        if entry is None:
+            entry = gpu.xids[xid] = [(gpu.label, str(xid)), 0]
+        entry[1] += 1
+        gpu.xid_total += 1
+        gpu.xid_rows = tuple((labels, float(count)) for _, (labels, count) in sorted(gpu.xids.items()))
+        log.warning("GPU %d (%s): Xid %d", gpu.index, gpu.uuid, xid)
+
+    # --- session: open, lose, re-open, close ----------------------------------------------------------------
+
+    def _unavailable(self, reason: str, detail: str) -> SourceUnavailable:
+        if reason not in self._logged:
+            self._logged.add(reason)
+            level = logging.INFO if reason == "library_not_found" else logging.WARNING
+            log.log(level, "no GPU metrics: %s; retrying every %gs", detail, self.retry_interval)
+        return SourceUnavailable(reason, detail, retry_after=self.retry_interval)
+
+    def _open(self, now: float) -> None:
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            reason = self._init_reasons.get(exc.value, "nvml_init_failed")
+            detail = "NVML library libnvidia-ml.so.1 not found" if reason == "library_not_found" else f"nvmlInit failed: {exc}"
+            raise self._unavailable(reason, detail) from None
+        self._initialized = True
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            self._close_session()
+            raise self._unavailable("nvml_init_failed", f"nvmlDeviceGetCount failed: {exc}") from None
+        try:
+            self._driver = (nvml.nvmlSystemGetDriverVersion(), _cuda_version(nvml.nvmlSystemGetCudaDriverVersion()))
+        except nvml.NVMLError as exc:
+            self._errors[self._reason(exc)] += 1
+        self._unreachable = {}
+        for nvml_index in range(count):
+            self._open_gpu(nvml_index, now)
+        for gpu in self._gpus.values():
+            if not gpu.up and gpu.lost_reason is None:
+                self._lose(gpu, "not found after NVML was re-initialised", now)
+        self._ordered = sorted(self._gpus.values(), key=lambda g: g.index)
+        self._inventory = [GpuInfo(g.index, g.uuid, g.name) for g in self._ordered]
+        missing = self._unreachable or any(not g.up for g in self._ordered)
+        self._reinit_at = now + self.retry_interval if missing else None
+        if not self._gpus:
+            self._close_session()
+            raise self._unavailable("no_gpus", "NVML found no GPU" if not self._unreachable else
+                                    "NVML lists GPUs but none answers: " + "; ".join(self._unreachable.values()))
+        self._logged.clear()  # a later outage is news again
+
+    def _open_gpu(self, nvml_index: int, now: float) -> None:
+        nvml = self._nvml
+        gpu = None
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(nvml_index)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            gpu = self._gpus.get(uuid)
+            if gpu is None:
+                name = nvml.nvmlDeviceGetName(handle)
+                pci_bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+                gpu = self._gpus[uuid] = _Gpu(self._free_index(nvml_index), uuid, name, pci_bus_id)
+            elif gpu.lost_reason is not None:
+                log.warning("GPU %d (%s) answers NVML again", gpu.index, gpu.uuid)
+            gpu.handle = handle
+            gpu.lost_reason = None
+            max_clock = self._call(gpu, "sm_clock_max", nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM)
+            gpu.sm_clock_max_hz = max_clock * 1e6 if max_clock is not None else None
+            mig = self._call(gpu, "mig_mode", nvml.nvmlDeviceGetMigMode, handle)
+            gpu.mig = bool(mig and mig[0])
+            self._open_events(gpu)
+            self._open_gpm(gpu, now)
+            gpu.planned = False
+        except nvml.NVMLError as exc:
+            self._unreachable[nvml_index] = f"NVML index {nvml_index}: {exc}"
+            if gpu is not None:
+                self._lose(gpu, exc, now)
+            else:
+                self._errors["gpu_lost" if exc.value in self._lost_codes else self._reason(exc)] += 1
+                log.warning("GPU at NVML index %d cannot be opened: %s", nvml_index, exc)
+
+    def _free_index(self, nvml_index: int) -> int:
+        """NVML's index for a GPU first seen now, unless a known (lost) GPU holds that label already."""
+        taken = {g.index for g in self._gpus.values()}
+        if nvml_index not in taken:
+            return nvml_index
+        return next(i for i in range(len(taken) + 1) if i not in taken)
+
+    def _mig_changed(self, gpu: _Gpu, mig: bool, now: float) -> None:
+        log.info("GPU %d (%s): MIG mode %s", gpu.index, gpu.uuid, "enabled" if mig else "disabled")
+        gpu.mig = mig
+        # What NVML supports depends on the mode: forget what it refused in the other mode.
+        gpu.unsupported = {k: v for k, v in gpu.unsupported.items() if k == "mig_mode"}
+        self._close_gpm(gpu, GPM_MIG)
+        if not mig:
+            self._open_gpm(gpu, now)
+        gpu.planned = False
+
+    def _lose(self, gpu: _Gpu, why: Exception | str, now: float) -> None:
+        gpu.handle = None
+        gpu.lost_reason = str(why)
+        self._errors["gpu_lost"] += 1
+        log.warning("GPU %d (%s) lost: %s; the other GPUs keep reporting; NVML is re-initialised every %gs to find it",
+                    gpu.index, gpu.uuid, why, self.retry_interval)
+        if self._reinit_at is None:
+            self._reinit_at = now + self.retry_interval
+
+    def _close_session(self) -> None:
+        nvml = self._nvml
+        for gpu in self._gpus.values():
+            self._close_gpm(gpu, "not opened")
+            if gpu.event_set is not None:
+                self._quietly(nvml.nvmlEventSetFree, gpu.event_set)
+                gpu.event_set = None
+            gpu.handle = None
+        if self._initialized:
+            self._quietly(nvml.nvmlShutdown)
+            self._initialized = False
+
+    def close(self) -> None:
+        self._close_session()
+
+    # --- status ---------------------------------------------------------------------------------------------
+
+    def _status(self, rows: tuple) -> dict[str, Any]:
+        notes: dict[str, list[int]] = {}
+        gpus = []
+        for gpu, reading, _ in rows:
+            gpus.append({
+                "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
+                "up": reading["up"], "lost_reason": gpu.lost_reason, "mig": gpu.mig, "gpm": gpu.gpm_note,
+                "unsupported": dict(gpu.unsupported), "xid_errors": gpu.xid_total,
+            })
+            if not reading["up"]:
+                notes.setdefault(f"lost ({gpu.lost_reason}); NVML is re-initialised every {self.retry_interval:g}s to find it", []).append(gpu.index)
+                continue
+            if gpu.mig:
+                notes.setdefault("in MIG mode: NVML reports no utilization and GPM is per instance there (not read yet); "
+                                 "identity, memory, clocks, power, temperature, throttling and errors are still exported", []).append(gpu.index)
+            elif gpu.gpm_note != "active":
+                notes.setdefault(f"no tensor/SM/DRAM activity series: GPM {gpu.gpm_note}", []).append(gpu.index)
+            elif gpu.peak_clock_hz is None:
+                notes.setdefault(f"no hardware FLOPs estimate: the reference tensor clock of {gpu.name} is not in the peak table", []).append(gpu.index)
+        lines = [f"GPU{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}: {text}" for text, indices in notes.items()]
+        lines += [f"cannot open {detail}" for detail in self._unreachable.values()]
+        return {
+            "driver_version": self._driver[0] if self._driver else None,
+            "cuda_driver_version": self._driver[1] if self._driver else None,
+            "gpus": gpus,
+            "notes": lines,
+        }
+
+
+def _field_number(value: Any) -> float:
+    """The number in an nvmlFieldValue_t, read through the union member its valueType names."""
+    return getattr(value.value, _VALUE_MEMBERS[value.valueType])
+
+
+# nvml.h nvmlValueType_t: DOUBLE, UNSIGNED_INT, UNSIGNED_LONG, UNSIGNED_LONG_LONG, SIGNED_LONG_LONG, SIGNED_INT, UNSIGNED_SHORT.
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
+    """Metric families of one snapshot; a lost GPU keeps only its identity, ``mfu_gpu_up`` 0 and its Xid counts."""
+    gpu_label = ["gpu"]
+    info = InfoMetricFamily("mfu_gpu", "Identity of each GPU NVML has shown this exporter.", labels=gpu_label)
+    up = GaugeMetricFamily("mfu_gpu_up", "1 while the GPU answers NVML, 0 once it is lost.", labels=gpu_label)
+    gauges = [(GaugeMetricFamily(name, text, labels=gpu_label), key) for name, text, key in GAUGES]
+    counters = [(CounterMetricFamily(name, text, labels=gpu_label), key) for name, text, key in COUNTERS]
+    throttle = GaugeMetricFamily("mfu_gpu_throttle_active", "1 while this clock-event reason holds the SM clock down.", labels=["gpu", "reason"])
+    xid = CounterMetricFamily("mfu_gpu_xid_errors", "Xid errors NVML reported for the GPU since the exporter started.", labels=["gpu", "xid"])
+    ecc = CounterMetricFamily("mfu_gpu_ecc_errors", "ECC memory errors since the driver loaded.", labels=["gpu", "kind"])
+    peak = GaugeMetricFamily("mfu_gpu_peak_flops", "Dense tensor peak FLOP/s of the GPU's model for each dtype (the peak table).", labels=["gpu", "dtype"])
+    for gpu, reading, xid_rows in rows:
+        info.add_metric(gpu.labels, gpu.identity)
+        up.add_metric(gpu.labels, 1.0 if reading["up"] else 0.0)
+        for labels, count in xid_rows:
+            xid.add_metric(labels, count)
+        if not reading["up"]:
+            continue
+        for family, key in gauges:
+            value = reading[key]
+            if value is not None:
+                family.add_metric(gpu.labels, value)
+        for family, key in counters:
+            value = reading[key]
+            if value is not None:
+                family.add_metric(gpu.labels, value)
+        mask = reading["clocks_event_reasons"]
+        if mask is not None:
+            for labels, (_, bit) in zip(gpu.throttle_labels, THROTTLE_REASONS):
+                throttle.add_metric(labels, 1.0 if mask & bit else 0.0)
+        for labels, key in zip(gpu.ecc_labels, ("ecc_corrected", "ecc_uncorrected")):
+            if reading[key] is not None:
+                ecc.add_metric(labels, reading[key])
+        for labels, flops in gpu.peak_rows:
+            peak.add_metric(labels, flops)
+    yield info
+    yield up
+    for family, _ in gauges:
+        yield family
+    for family, _ in counters:
+        yield family
+    yield from (throttle, xid, ecc, peak)
+    if driver is not None:
+        driver_info = InfoMetricFamily("mfu_exporter_driver", "NVIDIA driver and the CUDA version it supports.")
+        driver_info.add_metric([], {"driver_version": driver[0], "cuda_driver_version": driver[1]})
+        yield driver_info
