@@ -35,13 +35,17 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs) ->
     parser.add_argument(flag, default=default, help=help + shown, **kwargs)
 
 
+def add_path_flags(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "--path.sysfs", "sysfs mount point", dest="sysfs", default="/sys", metavar="DIR", metavar_default="/sys")
+    add_flag(parser, "--path.procfs", "procfs mount point", dest="procfs", default="/proc", metavar="DIR", metavar_default="/proc")
+
+
 def add_daemon_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--config", "YAML config file; every key optional", metavar="FILE")
     add_flag(parser, "--web.listen-address", "HOST:PORT to serve on; overrides web.listen_address",
              dest="listen_address", metavar="HOST:PORT", metavar_default=":9495")
     add_flag(parser, "--web.config.file", "exporter-toolkit web config (TLS, basic auth)", dest="web_config_file", metavar="FILE")
-    add_flag(parser, "--path.sysfs", "sysfs mount point", dest="sysfs", default="/sys", metavar="DIR", metavar_default="/sys")
-    add_flag(parser, "--path.procfs", "procfs mount point", dest="procfs", default="/proc", metavar="DIR", metavar_default="/proc")
+    add_path_flags(parser)
     add_flag(parser, "--log.level", "debug, info, warning or error", dest="log_level", default="info",
              choices=["debug", "info", "warning", "error"], metavar_default="info")
 
