@@ -404,7 +404,9 @@ def test_unit_runs_sandboxed_as_a_dedicated_user():
     for key, value in {"ProtectSystem": "strict", "ProtectHome": "yes", "NoNewPrivileges": "yes",
                        "ReadOnlyPaths": "/sys", "DevicePolicy": "closed", "RestartPreventExitStatus": "2"}.items():
         assert values.get(key) == value, key
-    assert ("DeviceAllow", "char-nvidia rw") in settings, "NVML needs /dev/nvidiactl and /dev/nvidia<N>"
+    # NVML needs /dev/nvidiactl and /dev/nvidia<N>, named per driver version in /proc/devices.
+    for group in ("nvidia", "nvidiactl", "nvidia-frontend"):
+        assert ("DeviceAllow", f"char-{group} rw") in settings, group
     executable, *argv = shlex.split(values["ExecStart"])
     assert executable.endswith("/mfu-exporter")
     assert daemon_args(argv[1:] if argv[:1] == ["run"] else argv).config == "/etc/mfu-exporter/config.yaml"
