@@ -1,0 +1,565 @@
+"""RDMA ports (InfiniBand and RoCE v2) from sysfs: state, data and packet counters, and every counter file.
+
+Layout read, under the configurable sysfs root (``--path.sysfs``)::
+
+    class/infiniband/<device>/device            -> the PCI function (its name is the PCI address)
+    class/infiniband/<device>/device/numa_node
+    class/infiniband/<device>/device/physfn     (present on SR-IOV virtual functions)
+    class/infiniband/<device>/ports/<n>/{state,phys_state,rate,link_layer}
+    class/infiniband/<device>/ports/<n>/gid_attrs/ndevs/<index>   (the netdev of a RoCE port)
+    class/infiniband/<device>/ports/<n>/counters/*     (PMA port counters)
+    class/infiniband/<device>/ports/<n>/hw_counters/*  (driver counters: mlx5 Q-counters, congestion)
+
+Every counter file is optional (firmware decides which groups exist) and read through a file descriptor kept
+open across samples: one ``pread`` per file per sample. A file the device does not support (EOPNOTSUPP,
+EINVAL, ``N/A (no PMA)``) is counted once as an error and not read again until the ports are rediscovered,
+which happens when the device list changes or a read finds its device gone (hot unplug, driver reload).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Pattern
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from exporter.counters import Changes, CounterHistory
+from exporter.sources.base import Snapshot, SourceUnavailable
+
+STATE_ACTIVE = "ACTIVE"
+# port_rcv_data / port_xmit_data count 4-octet words: the kernel ABI says "divided by 4 (lanes)", and mlx5
+# literally shifts the octet count right by 2. The factor is always 4, never the link width.
+OCTETS_PER_DATA_WORD = 4
+RETRY_WHEN_NO_PORTS = 30.0
+DEFAULT_MAX_OPEN_FILES = 512
+
+DATA_COUNTERS = {"port_rcv_data": "received", "port_xmit_data": "transmitted"}
+PACKET_COUNTERS = {"port_rcv_packets": "received", "port_xmit_packets": "transmitted"}
+# Not a counter: how long the kernel caches hw_counters between firmware queries.
+NOT_COUNTERS = frozenset({"lifespan"})
+
+# counters/ that mean lost or corrupted traffic; a non-zero delta is worth showing.
+PORT_ERROR_COUNTERS = frozenset({
+    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors", "port_rcv_discards", "port_xmit_discards", "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped",
+})
+# hw_counters/ that mean drops, retransmissions or broken connections on a supposedly lossless fabric.
+HW_ERROR_COUNTERS = frozenset({
+    "out_of_buffer", "out_of_sequence", "packet_seq_err", "implied_nak_seq_err", "local_ack_timeout_err",
+    "rnr_nak_retry_err", "duplicate_request", "req_cqe_error", "resp_cqe_error", "req_remote_invalid_request",
+    "req_remote_access_errors", "resp_remote_access_errors", "resp_local_length_error",
+    "req_transport_retries_exceeded", "req_rnr_retries_exceeded", "rx_icrc_encapsulated", "roce_adp_retrans",
+    "roce_adp_retrans_to",
+})
+# DCQCN: ECN marks seen and CNPs sent by the notification point, CNPs acted on or ignored by the reaction point.
+CONGESTION_COUNTERS = frozenset({"np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored"})
+
+# Counters narrower than 64 bits, which wrap. mlx5 Q-counters are 32-bit (read with be32_to_cpu); the
+# congestion counters and rx_icrc_encapsulated are 64-bit. The narrow PMA error fields (symbol_error is 16 bits,
+# link_downed 8) saturate instead of wrapping, so a decrease there is a reset and needs no width.
+PORT_COUNTER_WIDTHS = {"port_xmit_wait": 32}
+HW_COUNTER_WIDTHS = dict.fromkeys((
+    "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect", "out_of_buffer",
+    "out_of_sequence", "duplicate_request", "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err",
+    "local_ack_timeout_err", "resp_local_length_error", "resp_cqe_error", "req_cqe_error",
+    "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors", "resp_cqe_flush_error",
+    "req_cqe_flush_error", "req_transport_retries_exceeded", "req_rnr_retries_exceeded", "roce_adp_retrans",
+    "roce_adp_retrans_to", "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
+), 32)
+
+_RATE_GBPS = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
+_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_DIGITS = re.compile(r"(\d+)")
+_UNSUPPORTED_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.EINVAL})
+_GONE_ERRNOS = frozenset({errno.ENODEV, errno.ENOENT, errno.ENXIO})
+_DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """One port of an RDMA device as sysfs describes it. Fields sysfs lacks are None."""
+
+    device: str  # IB device name, e.g. mlx5_0
+    port: int
+    link_layer: str | None  # "InfiniBand" or "Ethernet" (RoCE)
+    netdev: str | None  # the RoCE port's network interface, from gid_attrs/ndevs
+    state: str | None  # "ACTIVE", "DOWN", "INIT", "ARMED"...
+    physical_state: str | None  # "LinkUp", "Disabled", "Polling"...
+    rate: str | None  # as sysfs writes it: "400 Gb/sec (4X NDR)"
+    rate_gbps: float | None
+    pci_address: str | None  # of the device's PCI function, e.g. 0000:3b:00.0
+    numa_node: int | None
+    virtual_function: bool  # an SR-IOV VF seen from the host (its PCI function has physfn)
+    path: str  # the port directory
+
+    @property
+    def active(self) -> bool:
+        return self.state == STATE_ACTIVE
+
+    @property
+    def key(self) -> str:
+        return f"{self.device}/{self.port}"
+
+
+class NameFilter:
+    """Include/exclude regex lists on names; a name passes when an include pattern and no exclude pattern matches.
+
+    Patterns are searched (``re.search``), so ``^lo$`` and ``.*vf.*`` both mean what they say.
+    """
+
+    def __init__(self, include: Iterable[str | Pattern], exclude: Iterable[str | Pattern] = ()):
+        self._include = _any_of(include)
+        self._exclude = _any_of(exclude)
+
+    def __call__(self, name: str) -> bool:
+        if self._include is None or not self._include.search(name):
+            return False
+        return self._exclude is None or not self._exclude.search(name)
+
+
+def _any_of(patterns: Iterable[str | Pattern]) -> Pattern | None:
+    sources = [p.pattern if isinstance(p, re.Pattern) else p for p in patterns]
+    return re.compile("|".join(f"(?:{s})" for s in sources)) if sources else None
+
+
+def natural_key(name: str) -> tuple:
+    """mlx5_2 before mlx5_10."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _state_name(text: str | None) -> str | None:
+    """``4: ACTIVE`` -> ``ACTIVE``."""
+    if not text:
+        return None
+    return text.split(":", 1)[1].strip() if ":" in text else text
+
+
+def parse_rate_gbps(rate: str | None) -> float | None:
+    match = _RATE_GBPS.match(rate) if rate else None
+    return float(match.group(1)) if match else None
+
+
+def _port_netdev(port_path: str) -> str | None:
+    """The netdev of the port's first populated GID entry (RoCE). Unpopulated entries fail to read."""
+    ndevs = os.path.join(port_path, "gid_attrs", "ndevs")
+    try:
+        indices = sorted((name for name in os.listdir(ndevs) if name.isdigit()), key=int)
+    except OSError:
+        return None
+    for index in indices:
+        name = _read_text(os.path.join(ndevs, index))
+        if name:
+            return name
+    return None
+
+
+def _pci_function(device_path: str) -> tuple[str | None, int | None, bool]:
+    """PCI address, NUMA node and whether it is a virtual function, from the device's ``device`` link."""
+    link = os.path.join(device_path, "device")
+    try:
+        address = os.path.basename(os.readlink(link))
+    except OSError:
+        address = None
+    if address is not None and not _PCI_ADDRESS.match(address):
+        address = None
+    numa_text = _read_text(os.path.join(link, "numa_node"))
+    try:
+        numa_node = int(numa_text) if numa_text is not None else None
+    except ValueError:
+        numa_node = None
+    if numa_node is not None and numa_node < 0:
+        numa_node = None
+    return address, numa_node, os.path.lexists(os.path.join(link, "physfn"))
+
+
+def list_devices(sysfs_root: str) -> list[str] | None:
+    """Names under ``class/infiniband`` in natural order; None when the directory does not exist."""
+    try:
+        return sorted(os.listdir(os.path.join(sysfs_root, "class", "infiniband")), key=natural_key)
+    except OSError:
+        return None
+
+
+def discover_ports(sysfs_root: str, include: Iterable[str | Pattern] = (".*",),
+                   exclude: Iterable[str | Pattern] = (), *, virtual_functions: bool = False) -> list[RdmaPort]:
+    """Every port of the RDMA devices under ``<sysfs_root>/class/infiniband`` whose device name passes the filters.
+
+    ``include``/``exclude`` are regexes searched in the device name. Virtual functions seen from the host are
+    left out unless ``virtual_functions`` (inside a guest a passed-through VF looks like any device and stays).
+    Never raises: a device or file sysfs lacks yields fewer ports or None fields.
+    """
+    accept = NameFilter(include, exclude)
+    ports: list[RdmaPort] = []
+    for device in list_devices(sysfs_root) or []:
+        if not accept(device):
+            continue
+        device_path = os.path.join(sysfs_root, "class", "infiniband", device)
+        pci_address, numa_node, virtual_function = _pci_function(device_path)
+        if virtual_function and not virtual_functions:
+            continue
+        ports_path = os.path.join(device_path, "ports")
+        try:
+            numbers = sorted(int(name) for name in os.listdir(ports_path) if name.isdigit())
+        except OSError:
+            continue
+        for number in numbers:
+            path = os.path.join(ports_path, str(number))
+            link_layer = _read_text(os.path.join(path, "link_layer")) or None
+            rate = _read_text(os.path.join(path, "rate")) or None
+            ports.append(RdmaPort(
+                device=device,
+                port=number,
+                link_layer=link_layer,
+                netdev=_port_netdev(path) if link_layer != "InfiniBand" else None,
+                state=_state_name(_read_text(os.path.join(path, "state"))),
+                physical_state=_state_name(_read_text(os.path.join(path, "phys_state"))),
+                rate=rate,
+                rate_gbps=parse_rate_gbps(rate),
+                pci_address=pci_address,
+                numa_node=numa_node,
+                virtual_function=virtual_function,
+                path=path,
+            ))
+    return ports
+
+
+class _Gone(Exception):
+    """The port's device disappeared while it was being read."""
+
+
+class _SysfsFile:
+    """One sysfs attribute, read with pread on a kept descriptor, or opened per read when over the fd budget."""
+
+    __slots__ = ("name", "path", "fd")
+
+    def __init__(self, name: str, path: str, fd: int | None):
+        self.name, self.path, self.fd = name, path, fd
+
+    def read(self) -> bytes:
+        if self.fd is not None:
+            return os.pread(self.fd, 128, 0)
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.read(fd, 128)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _FileBudget:
+    """How many more descriptors the source may keep open (the process soft limit is often 1024)."""
+
+    def __init__(self, limit: int):
+        self.left = limit
+
+    def open(self, name: str, path: str, errors: Counter) -> _SysfsFile | None:
+        fd = None
+        if self.left > 0:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self.left -= 1
+            except OSError as exc:
+                if exc.errno in _DENIED_ERRNOS:
+                    errors["unreadable"] += 1
+                    return None
+                if exc.errno in _GONE_ERRNOS:
+                    errors["missing"] += 1
+                    return None
+                # EMFILE/ENFILE and friends: read this one by path instead.
+        return _SysfsFile(name, path, fd)
+
+
+@dataclass
+class PortReading:
+    """One port in one sample: its latest values and what changed since the previous sample.
+
+    ``counters`` and ``hw_counters`` are raw, as sysfs reports them (``port_rcv_data`` in 4-octet words); use the
+    ``*_bytes_per_second`` properties for bytes.
+    """
+
+    port: RdmaPort
+    counters: dict[str, int]
+    hw_counters: dict[str, int]
+    counter_changes: Changes
+    hw_counter_changes: Changes
+
+    @property
+    def receive_bytes_per_second(self) -> float | None:
+        return self.counter_changes.rate("port_rcv_data", OCTETS_PER_DATA_WORD)
+
+    @property
+    def transmit_bytes_per_second(self) -> float | None:
+        return self.counter_changes.rate("port_xmit_data", OCTETS_PER_DATA_WORD)
+
+    @property
+    def error_deltas(self) -> dict[str, int]:
+        """Error counters (counters/ and hw_counters/) that grew since the previous sample, by name."""
+        grown = {n: d for n, d in self.counter_changes.deltas.items() if d and n in PORT_ERROR_COUNTERS}
+        grown.update((n, d) for n, d in self.hw_counter_changes.deltas.items() if d and n in HW_ERROR_COUNTERS)
+        return grown
+
+    @property
+    def congestion_rates(self) -> dict[str, float]:
+        """Per-second rates of the DCQCN counters the device has (ECN marks, CNPs sent, handled, ignored)."""
+        elapsed = self.hw_counter_changes.elapsed
+        if not elapsed:
+            return {}
+        return {n: d / elapsed for n, d in self.hw_counter_changes.deltas.items() if n in CONGESTION_COUNTERS}
+
+    @property
+    def resets(self) -> list[str]:
+        return self.counter_changes.resets + self.hw_counter_changes.resets
+
+    def as_json(self) -> dict:
+        port = self.port
+        return {
+            "device": port.device, "port": port.port, "netdev": port.netdev, "link_layer": port.link_layer,
+            "state": port.state, "rate": port.rate, "rate_gbps": port.rate_gbps, "pci_address": port.pci_address,
+            "numa_node": port.numa_node,
+            "receive_bytes_per_second": self.receive_bytes_per_second,
+            "transmit_bytes_per_second": self.transmit_bytes_per_second,
+            "error_deltas": self.error_deltas,
+            "congestion_rates": self.congestion_rates,
+            "counter_resets": self.resets,
+        }
+
+
+class _OpenPort:
+    """A discovered port with its files open and the label tuples its series reuse every sample."""
+
+    def __init__(self, port: RdmaPort, budget: _FileBudget, errors: Counter):
+        self.port = port
+        self.labels = (port.device, str(port.port))
+        self.state_file = budget.open("state", os.path.join(port.path, "state"), errors)
+        self.rate_file = budget.open("rate", os.path.join(port.path, "rate"), errors)
+        self.counter_files = self._open_dir(os.path.join(port.path, "counters"), budget, errors)
+        self.hw_files = self._open_dir(os.path.join(port.path, "hw_counters"), budget, errors)
+        self.counter_labels = {f.name: (*self.labels, f.name) for f in self.counter_files + self.hw_files}
+
+    @staticmethod
+    def _open_dir(path: str, budget: _FileBudget, errors: Counter) -> list[_SysfsFile]:
+        try:
+            names = sorted(os.listdir(path))
+        except OSError:
+            return []  # Broadcom bnxt_re has no counters/; older kernels no hw_counters/
+        files = []
+        for name in names:
+            if name in NOT_COUNTERS:
+                continue
+            opened = budget.open(name, os.path.join(path, name), errors)
+            if opened is not None:
+                files.append(opened)
+        return files
+
+    def close(self) -> None:
+        for handle in (self.state_file, self.rate_file, *self.counter_files, *self.hw_files):
+            if handle is not None:
+                handle.close()
+
+
+def _read_counters(files: list[_SysfsFile], errors: Counter) -> dict[str, int]:
+    """Values of ``files``; files that turn out unsupported are closed and dropped from the list."""
+    values: dict[str, int] = {}
+    dropped: list[_SysfsFile] = []
+    for handle in files:
+        try:
+            raw = handle.read()
+        except OSError as exc:
+            if exc.errno in _GONE_ERRNOS:
+                raise _Gone from exc
+            if exc.errno in _UNSUPPORTED_ERRNOS:
+                errors["not_supported"] += 1
+                dropped.append(handle)
+            elif exc.errno in _DENIED_ERRNOS:
+                errors["unreadable"] += 1
+                dropped.append(handle)
+            else:
+                errors["read_failed"] += 1
+            continue
+        try:
+            values[handle.name] = int(raw)
+        except ValueError:
+            if b"N/A" in raw:  # "N/A (no PMA)": iWARP and ConnectX-3 VFs on older kernels
+                errors["no_pma"] += 1
+                dropped.append(handle)
+            else:
+                errors["unparsable"] += 1
+    for handle in dropped:
+        handle.close()
+        files.remove(handle)
+    return values
+
+
+def _read_attribute(handle: _SysfsFile | None) -> str | None:
+    if handle is None:
+        return None
+    try:
+        return handle.read().decode("utf-8", "replace").strip() or None
+    except OSError as exc:
+        if exc.errno in _GONE_ERRNOS:
+            raise _Gone from exc
+        return None
+
+
+class RdmaSource:
+    """Samples every RDMA port under the sysfs root; see the module docstring for the layout and error rules."""
+
+    name = "rdma"
+
+    def __init__(self, sysfs_root: str = "/sys", devices_include: Iterable[str] = (".*",),
+                 devices_exclude: Iterable[str] = (), virtual_functions: bool = False,
+                 interval: float = 1.0, timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 max_open_files: int = DEFAULT_MAX_OPEN_FILES):
+        self.interval = interval
+        self.timeout = timeout
+        self._sysfs_root = sysfs_root
+        self._include = list(devices_include)
+        self._exclude = list(devices_exclude)
+        self._virtual_functions = virtual_functions
+        self._clock = clock
+        self._max_open_files = max_open_files
+        self._ports: dict[str, _OpenPort] = {}
+        self._histories: dict[str, tuple[CounterHistory, CounterHistory]] = {}
+        self._listed: list[str] | None = None
+        self._stale = True
+
+    def _rediscover(self, listed: list[str] | None, errors: Counter) -> None:
+        for opened in self._ports.values():
+            opened.close()
+        previous = set(self._ports)
+        budget = _FileBudget(self._max_open_files)
+        self._ports = {
+            port.key: _OpenPort(port, budget, errors)
+            for port in discover_ports(self._sysfs_root, self._include, self._exclude,
+                                       virtual_functions=self._virtual_functions)
+        }
+        errors["port_removed"] += len(previous - set(self._ports))
+        for key in set(self._histories) - set(self._ports):
+            del self._histories[key]
+        self._listed = listed
+        self._stale = False
+
+    def sample(self) -> Snapshot:
+        errors: Counter = Counter()
+        listed = list_devices(self._sysfs_root)
+        if self._stale or listed != self._listed:
+            self._rediscover(listed, errors)
+        if not self._ports:
+            where = os.path.join(self._sysfs_root, "class", "infiniband")
+            detail = (f"{where} does not exist (no RDMA driver loaded)" if listed is None
+                      else f"no ports of an included device under {where} (devices: {', '.join(listed) or 'none'})")
+            raise SourceUnavailable("no_devices", detail, retry_after=RETRY_WHEN_NO_PORTS)
+        readings: list[PortReading] = []
+        labels_of: list[tuple[tuple, dict[str, tuple]]] = []
+        for key, opened in list(self._ports.items()):
+            try:
+                readings.append(self._read_port(key, opened, errors))
+                labels_of.append((opened.labels, opened.counter_labels))
+            except _Gone:
+                opened.close()
+                del self._ports[key]
+                self._histories.pop(key, None)
+                errors["port_removed"] += 1
+                self._stale = True
+        return Snapshot(
+            render=lambda: _render(readings, labels_of),
+            errors=errors,
+            status={"ports": [reading.as_json() for reading in readings]},
+            data={"ports": {reading.port.key: reading for reading in readings}},
+        )
+
+    def _read_port(self, key: str, opened: _OpenPort, errors: Counter) -> PortReading:
+        now = self._clock()
+        port = opened.port
+        state = _state_name(_read_attribute(opened.state_file))
+        rate = _read_attribute(opened.rate_file)
+        if state != port.state or rate != port.rate:
+            port = opened.port = dataclasses.replace(port, state=state, rate=rate, rate_gbps=parse_rate_gbps(rate))
+        counters = _read_counters(opened.counter_files, errors)
+        hw_counters = _read_counters(opened.hw_files, errors)
+        histories = self._histories.get(key)
+        if histories is None:
+            histories = self._histories[key] = (CounterHistory(PORT_COUNTER_WIDTHS), CounterHistory(HW_COUNTER_WIDTHS))
+        return PortReading(port, counters, hw_counters, histories[0].update(now, counters),
+                           histories[1].update(now, hw_counters))
+
+    def close(self) -> None:
+        for opened in self._ports.values():
+            opened.close()
+        self._ports = {}
+        self._stale = True
+
+
+def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, tuple]]]) -> Iterator[Metric]:
+    labels = ["device", "port"]
+    info = GaugeMetricFamily("mfu_rdma_port_info", "RDMA port facts; always 1.",
+                             labels=["device", "port", "link_layer", "netdev", "state", "rate"])
+    up = GaugeMetricFamily("mfu_rdma_port_up", "1 when the RDMA port state is ACTIVE.", labels=labels)
+    speed = GaugeMetricFamily("mfu_rdma_port_rate_bytes_per_second", "Link rate of the RDMA port.", labels=labels)
+    data = {
+        direction: CounterMetricFamily(f"mfu_rdma_port_data_{direction}_bytes",
+                                       f"Bytes {direction} on the RDMA port (port_{short}_data x 4).", labels=labels)
+        for direction, short in (("received", "rcv"), ("transmitted", "xmit"))
+    }
+    packets = {
+        direction: CounterMetricFamily(f"mfu_rdma_port_packets_{direction}",
+                                       f"Packets {direction} on the RDMA port (port_{short}_packets).", labels=labels)
+        for direction, short in (("received", "rcv"), ("transmitted", "xmit"))
+    }
+    counter_labels = ["device", "port", "counter"]
+    other = CounterMetricFamily("mfu_rdma_port_counter",
+                                "Other files of the port's counters/ directory (PMA port counters), raw.",
+                                labels=counter_labels)
+    hardware = CounterMetricFamily("mfu_rdma_hw_counter",
+                                   "Files of the port's hw_counters/ directory (driver and congestion counters), raw.",
+                                   labels=counter_labels)
+    for reading, (base, counter_labels) in zip(readings, labels_of):
+        port = reading.port
+        info.add_metric([*base, port.link_layer or "", port.netdev or "", port.state or "", port.rate or ""], 1)
+        up.add_metric(base, 1 if port.active else 0)
+        if port.rate_gbps is not None:
+            speed.add_metric(base, port.rate_gbps * 1e9 / 8)
+        for name, value in reading.counters.items():
+            if name in DATA_COUNTERS:
+                data[DATA_COUNTERS[name]].add_metric(base, value * OCTETS_PER_DATA_WORD)
+            elif name in PACKET_COUNTERS:
+                packets[PACKET_COUNTERS[name]].add_metric(base, value)
+            else:
+                other.add_metric(counter_labels[name], value)
+        for name, value in reading.hw_counters.items():
+            hardware.add_metric(counter_labels[name], value)
+    for family in (info, up, speed, *data.values(), *packets.values(), other, hardware):
+        if family.samples:
+            yield family
+
+
+def build_rdma_source(section: dict, paths) -> RdmaSource:
+    """Factory for ``exporter.runtime.SOURCE_FACTORIES``: the ``sources.rdma`` config section and the paths."""
+    return RdmaSource(
+        sysfs_root=paths.sysfs,
+        devices_include=section["devices_include"],
+        devices_exclude=section["devices_exclude"],
+        virtual_functions=section["virtual_functions"],
+        interval=section["interval"],
+        timeout=section["timeout"],
+    )
