@@ -176,6 +176,18 @@ def test_blackwell_pcie_bytes_come_from_nvml_fields_not_gpm():
     assert node.source._gpus[fake.b200(0).uuid].gpm.keys == ("tensor_active", "sm_active", "sm_occupancy", "dram_active")
 
 
+def test_field_ids_the_driver_does_not_know_are_absent_not_errors():
+    node = Node(fake.node(fake.h100(0, field_errors={197: pynvml.NVML_ERROR_INVALID_ARGUMENT, 138: pynvml.NVML_ERROR_TIMEOUT})))
+    first = node.tick()
+    assert first.errors == {"nvml_timeout": 1}  # a passing failure: counted, asked again
+    node.tick()
+    snapshot = node.tick()
+    assert snapshot.errors == {"nvml_timeout": 1}
+    assert snapshot.status["gpus"][0]["unsupported"]["pcie_transmit_bytes"] == "Invalid Argument"
+    assert gpu_module.GPM_RATES["pcie_transmit_bytes"] in [
+        node.source._gpus[fake.h100(0).uuid].gpm.request.metrics[i].metricId for i in range(6)]
+
+
 def test_mixed_node_series_peaks_and_notes():
     nvml = fake.node(fake.h100(0), fake.h100(1), fake.a100(2), fake.l40s(3))
     node = Node(nvml)

@@ -72,6 +72,7 @@ class FakeGpu:
     pcie_tx_rate: float = 0.0
     pcie_rx_rate: float = 0.0
     fields: set[int] = field(default_factory=lambda: set(NVLINK_FIELDS))
+    field_errors: dict[int, int] = field(default_factory=dict)  # field ID -> NVML_ERROR_* in that field's nvmlReturn
     gpm_supported: bool = True
     # GPM metric ID -> value in percent (graphics, SM, occupancy, any tensor, HMMA tensor, DRAM bandwidth)
     gpm: dict[int, float] = field(default_factory=lambda: {1: 0.0, 2: 0.0, 3: 0.0, 5: 0.0, 7: 0.0, 10: 0.0})
@@ -350,6 +351,9 @@ class FakeNvml:
         for value, requested in zip(values, field_ids):
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
             value.fieldId, value.scopeId = field_id, scope
+            if field_id in gpu.field_errors:
+                value.nvmlReturn = gpu.field_errors[field_id]
+                continue
             if field_id not in gpu.fields:
                 value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 continue

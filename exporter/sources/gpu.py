@@ -185,14 +185,15 @@ class GpuSource:
         self._nvml = nvml
         self._gpm_enabled = gpm
         self._monotonic = monotonic
-        codes = nvml
-        self._absent_codes = frozenset({codes.NVML_ERROR_NOT_SUPPORTED, codes.NVML_ERROR_FUNCTION_NOT_FOUND, codes.NVML_ERROR_NO_PERMISSION})
-        self._lost_codes = frozenset({codes.NVML_ERROR_GPU_IS_LOST, codes.NVML_ERROR_RESET_REQUIRED, codes.NVML_ERROR_UNKNOWN})
+        self._absent_codes = frozenset({nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml.NVML_ERROR_NO_PERMISSION})
+        # A field or GPM metric ID newer than the driver comes back INVALID_ARGUMENT: as absent as NOT_SUPPORTED.
+        self._absent_id_codes = self._absent_codes | {nvml.NVML_ERROR_INVALID_ARGUMENT}
+        self._lost_codes = frozenset({nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED, nvml.NVML_ERROR_UNKNOWN})
         self._init_reasons = {
-            codes.NVML_ERROR_LIBRARY_NOT_FOUND: "library_not_found",
-            codes.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
-            codes.NVML_ERROR_NO_PERMISSION: "no_permission",
-            codes.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_library_mismatch",
+            nvml.NVML_ERROR_LIBRARY_NOT_FOUND: "library_not_found",
+            nvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
+            nvml.NVML_ERROR_NO_PERMISSION: "no_permission",
+            nvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_library_mismatch",
         }
         self._clock_reasons_call = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         self._initialized = False
@@ -309,11 +310,11 @@ class GpuSource:
             self._refused(gpu, key, exc)
             return None
 
-    def _refused(self, gpu: _Gpu, key: str, exc: Exception) -> None:
+    def _refused(self, gpu: _Gpu, key: str, exc: Exception, absent: frozenset | None = None) -> None:
         """File an NVML error on ``key``: remember it as unsupported, count it, or raise it when the GPU is lost."""
         if exc.value in self._lost_codes:
             raise exc
-        if exc.value in self._absent_codes:
+        if exc.value in (absent or self._absent_codes):
             gpu.unsupported[key] = str(exc)
             gpu.planned = False
         else:
@@ -372,7 +373,7 @@ class GpuSource:
                 if value.nvmlReturn == self._nvml.NVML_SUCCESS:
                     reading[key] = float(_field_number(value) * scale)
                 else:
-                    self._refused(gpu, key, self._nvml.NVMLError(value.nvmlReturn))
+                    self._refused(gpu, key, self._nvml.NVMLError(value.nvmlReturn), self._absent_id_codes)
 
     # --- GPM ------------------------------------------------------------------------------------------------
 
@@ -437,7 +438,7 @@ class GpuSource:
             for slot, key in enumerate(gpm.keys):
                 metric = gpm.request.metrics[slot]
                 if metric.nvmlReturn != nvml.NVML_SUCCESS:
-                    self._refused(gpu, f"gpm:{key}", nvml.NVMLError(metric.nvmlReturn))
+                    self._refused(gpu, f"gpm:{key}", nvml.NVMLError(metric.nvmlReturn), self._absent_id_codes)
                     gpm.ratios.pop(key, None)
                 elif key in GPM_RATES:
                     gpu.integrated[key] = gpu.integrated.get(key, 0.0) + metric.value * MIB * elapsed
