@@ -143,6 +143,10 @@ def test_eight_healthy_h100s_export_every_series_in_base_units():
     reading = snapshot.data["gpus"][0]
     assert reading["up"] is True and reading["xid_count"] == 0 and reading["throttle_reasons"] == ["sw_power_cap"]
     assert (reading["utilization"], reading["tensor_active"], reading["sm_clock_hz"], reading["temperature"]) == pytest.approx((0.97, 0.55, 1830e6, 71))
+    shown = snapshot.status["gpus"][0]  # what the status page draws
+    assert (shown["up"], shown["gpm"], shown["throttle"]) == (True, "active", ["sw_power_cap"])
+    assert (shown["utilization"], shown["tensor_active"], shown["sm_clock_hz"], shown["temperature_celsius"],
+            shown["power_watts"]) == pytest.approx((0.97, 0.55, 1830e6, 71, 650.5))
 
 
 def test_handles_event_sets_and_gpm_samples_are_opened_once():

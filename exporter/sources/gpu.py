@@ -612,6 +612,11 @@ class GpuSource:
                 "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
                 "up": reading["up"], "lost_reason": gpu.lost_reason, "mig": gpu.mig, "gpm": gpu.gpm_note,
                 "unsupported": dict(gpu.unsupported), "xid_errors": gpu.xid_total,
+                # the readings the status page shows
+                "utilization": reading["utilization"], "tensor_active": reading["tensor_active"],
+                "hardware_flops_utilization": reading["hardware_flops_utilization"], "sm_clock_hz": reading["sm_clock_hz"],
+                "temperature_celsius": reading["temperature"], "power_watts": reading["power_watts"],
+                "throttle": reading["throttle_reasons"],
             })
             if not reading["up"]:
                 notes.setdefault(f"lost ({gpu.lost_reason}); NVML is re-initialised every {self.retry_interval:g}s to find it", []).append(gpu.index)
