@@ -279,6 +279,14 @@ def test_prometheusrule_rules_pass_promtool(objects, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_alerts_select_the_job_label_the_servicemonitor_gives(objects):
+    # The Prometheus Operator names the scrape job after the Service unless the ServiceMonitor sets jobLabel.
+    assert "jobLabel" not in objects["ServiceMonitor"]["spec"]
+    expressions = [rule["expr"] for group in objects["PrometheusRule"]["spec"]["groups"] for rule in group["rules"]]
+    selected = set(re.findall(r'\bjob\s*=~?\s*"([^"]*)"', "\n".join(expressions)))
+    assert selected <= {objects["Service"]["metadata"]["name"]}
+
+
 def write_rules(path: Path, *group_names: str) -> None:
     path.write_text(yaml.safe_dump({"groups": [
         {"name": name, "rules": [{"alert": f"{name.title()}Down", "expr": "up == 0\nand on() vector(1)", "for": "5m",
