@@ -217,6 +217,7 @@ SCHEMA = Section({
         "rdma": (_enabled_interval(
             devices_include=(regex_list, [".*"]),
             devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
+            virtual_functions=(boolean, False),
         ), None),
         "ethtool": (_enabled_interval(
             interfaces_include=(regex_list, []),

@@ -17,6 +17,8 @@ from exporter.exposition import MetricsCache
 from exporter.history import MfuHistory
 from exporter.jobs import GpuInfo, JobTracker
 from exporter.sources.base import Source
+from exporter.sources.ethtool import build_ethtool_source
+from exporter.sources.rdma import build_rdma_source
 from exporter.sources.gpu import GpuSource
 
 
@@ -84,6 +86,8 @@ def _gpu_source(section: dict, paths: Paths) -> Source:
 
 SOURCE_FACTORIES: dict[str, Callable[[dict, Paths], Source]] = {
     "gpu": _gpu_source,
+    "rdma": build_rdma_source,
+    "ethtool": build_ethtool_source,
 }
 
 

@@ -453,7 +453,9 @@ class RdmaSource:
             for port in discover_ports(self._sysfs_root, self._include, self._exclude,
                                        virtual_functions=self._virtual_functions)
         }
-        errors["port_removed"] += len(previous - set(self._ports))
+        removed = len(previous - set(self._ports))
+        if removed:
+            errors["port_removed"] += removed
         for key in set(self._histories) - set(self._ports):
             del self._histories[key]
         self._listed = listed
@@ -527,6 +529,7 @@ def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, 
         for direction, short in (("received", "rcv"), ("transmitted", "xmit"))
     }
     counter_labels = ["device", "port", "counter"]
+    # Named by issue 4, and alerts use these names, although promtool's lint dislikes "_counter_" in a name.
     other = CounterMetricFamily("mfu_rdma_port_counter",
                                 "Other files of the port's counters/ directory (PMA port counters), raw.",
                                 labels=counter_labels)
