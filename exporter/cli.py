@@ -131,6 +131,13 @@ def run_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
+# Commands that live beside their subject; registered after the registry above exists.
+from exporter import plan, preflight  # noqa: E402
+
+command("check", preflight.CHECK_HELP, preflight.add_check_flags)(preflight.run_check)
+command("plan", plan.PLAN_HELP, plan.add_plan_flags)(plan.run_plan)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):

@@ -81,6 +81,12 @@ def positive_int(value: Any) -> int:
     return value
 
 
+def pfc_priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 7:
+        raise Invalid("an 802.1p priority from 0 to 7")
+    return value
+
+
 def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise Invalid("true or false")
@@ -227,6 +233,19 @@ SCHEMA = Section({
         "checkpoint": (_enabled_interval(
             watch=(ListOf(WATCH_SECTION), []),
             started_timeout=(duration, 7200.0),
+        ), None),
+        "preflight": (_enabled_interval(
+            interval=(duration, 300.0),
+            timeout=(duration, 30.0),
+            link_layer=(optional(choice("Ethernet", "InfiniBand")), None),
+            roce_priority=(pfc_priority, 3),
+            port_rate_gbps=(optional(positive_quantity), None),
+            min_node_gbps=(positive_quantity, 400.0),
+            socket_buffer_bytes=(positive_int, 64 * 1024 * 1024),
+            expected_gpus=(optional(positive_int), None),
+            nccl_env_file=(optional(string), None),
+            devices_include=(regex_list, [".*"]),
+            devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
         ), None),
     }), None),
     "mfu": (Section({"window": (duration, 60.0)}), None),

@@ -20,6 +20,7 @@ from exporter.sources.base import Source
 from exporter.sources.ethtool import build_ethtool_source
 from exporter.sources.rdma import build_rdma_source
 from exporter.sources.gpu import GpuSource
+from exporter.sources.preflight import PreflightSource
 
 
 @dataclass
@@ -84,8 +85,13 @@ def _gpu_source(section: dict, paths: Paths) -> Source:
     return GpuSource.from_config(section, pynvml)  # importing pynvml needs no driver; nvmlInit finds out
 
 
+def _preflight_source(section: dict, paths: Paths) -> Source:
+    return PreflightSource.from_config(section, paths.sysfs, paths.procfs, pynvml)
+
+
 SOURCE_FACTORIES: dict[str, Callable[[dict, Paths], Source]] = {
     "gpu": _gpu_source,
+    "preflight": _preflight_source,
     "rdma": build_rdma_source,
     "ethtool": build_ethtool_source,
 }

@@ -1,0 +1,64 @@
+"""The preflight checks as a daemon source: rerun every few minutes, exported as ``mfu_preflight_check_ok{check}``.
+
+A fleet dashboard then shows misconfigured nodes before jobs land on them, and ``MfuPreflightFailed`` alerts on
+them. The checks themselves live in ``exporter.preflight`` (shared with ``mfu-exporter check``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import ModuleType
+from typing import Iterable
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from exporter.nic_qos import KernelNicQos, NicQos
+from exporter.preflight import CheckResult, PreflightSettings, Status, gather, read_env_file, results_json, run_checks
+from exporter.sources.base import Snapshot
+
+
+def check_families(results: list[CheckResult]) -> Iterable[Metric]:
+    ok = GaugeMetricFamily("mfu_preflight_check_ok",
+                           "1 when the preflight check passes (PASS or WARN), 0 when it FAILs; absent when it does not apply.",
+                           labels=["check"])
+    for result in results:
+        if result.status != Status.SKIP:
+            ok.add_metric([result.check], 0.0 if result.status == Status.FAIL else 1.0)
+    yield ok
+
+
+class PreflightSource:
+    name = "preflight"
+
+    def __init__(self, settings: PreflightSettings, sysfs: str, procfs: str, nvml: ModuleType, qos: NicQos | None = None,
+                 nccl_env_file: str | None = None, interval: float = 300.0, timeout: float = 30.0):
+        self.settings = settings
+        self.sysfs = sysfs
+        self.procfs = procfs
+        self.nvml = nvml
+        self.qos = qos or KernelNicQos()
+        self.nccl_env_file = nccl_env_file
+        self.interval = interval
+        self.timeout = timeout
+
+    @classmethod
+    def from_config(cls, section: dict, sysfs: str, procfs: str, nvml: ModuleType) -> PreflightSource:
+        return cls(PreflightSettings.from_config(section), sysfs, procfs, nvml, nccl_env_file=section["nccl_env_file"],
+                   interval=section["interval"], timeout=section["timeout"])
+
+    def sample(self) -> Snapshot:
+        errors: Counter = Counter()
+        env = None
+        if self.nccl_env_file:
+            try:
+                env = read_env_file(self.nccl_env_file)
+            except OSError:
+                errors["nccl_env_file_unreadable"] += 1  # the NCCL checks SKIP, saying no environment was given
+        facts = gather(self.settings, self.sysfs, self.procfs, nvml=self.nvml, qos=self.qos, nccl_env=env)
+        results = run_checks(facts, self.settings)
+        return Snapshot(render=lambda: check_families(results), errors=errors, status=results_json(results),
+                        data={"results": results})
+
+    def close(self) -> None:
+        """Nothing to release: each run opens and closes what it reads."""
