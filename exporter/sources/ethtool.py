@@ -117,7 +117,7 @@ class EthtoolIoctlReader:
         self._ioctl(name, self._strings)
         if struct.unpack_from("=I", self._strings, 8)[0] != count:
             return None
-        raw = self._strings[12:12 + ETH_GSTRING_LEN * count].tobytes()
+        raw = memoryview(self._strings)[12:12 + ETH_GSTRING_LEN * count].tobytes()
         cached = self._names.get(interface)
         if cached is not None and cached[0] == raw:
             return cached[1]

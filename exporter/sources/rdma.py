@@ -321,10 +321,7 @@ class PortReading:
     @property
     def congestion_rates(self) -> dict[str, float]:
         """Per-second rates of the DCQCN counters the device has (ECN marks, CNPs sent, handled, ignored)."""
-        elapsed = self.hw_counter_changes.elapsed
-        if not elapsed:
-            return {}
-        return {n: d / elapsed for n, d in self.hw_counter_changes.deltas.items() if n in CONGESTION_COUNTERS}
+        return {n: rate for n, rate in self.hw_counter_changes.rates().items() if n in CONGESTION_COUNTERS}
 
     @property
     def resets(self) -> list[str]:
