@@ -16,6 +16,7 @@ from exporter import __version__
 from exporter.config import ConfigError, Invalid, listen_address, load_config
 from exporter.runtime import Paths, Runtime, build_runtime, build_sources
 from exporter.server import create_app
+from exporter.websecurity import HTTP_LIMITS, WEB_SECURITY
 
 log = logging.getLogger("exporter")
 
@@ -105,17 +106,21 @@ async def serve(runtime: Runtime, on_started: Callable[[list[str]], None] | None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = create_app(runtime)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None)
+    security = app[WEB_SECURITY]
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None, **HTTP_LIMITS)
     await runner.setup()
     host, port = split_listen_address(runtime.config["web"]["listen_address"])
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    ssl_context = security.server_ssl_context()
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
         raise SystemExit(f"mfu-exporter: cannot listen on {runtime.config['web']['listen_address']}: {exc.strerror}") from None
-    urls = [f"http://{'localhost' if host in (None, '0.0.0.0', '::') else host}:{port}/"]
-    log.info("mfu-exporter %s listening on %s", __version__, runtime.config["web"]["listen_address"])
+    scheme = "https" if ssl_context else "http"
+    urls = [f"{scheme}://{'localhost' if host in (None, '0.0.0.0', '::') else host}:{port}/"]
+    log.info("mfu-exporter %s listening on %s (%s)", __version__, runtime.config["web"]["listen_address"], scheme)
+    security.warn_if_exposed(runtime.config["web"]["listen_address"])
     if on_started:
         on_started(urls)
     await stop.wait()

@@ -326,21 +326,34 @@ def validate_job_facts(raw: dict, where: str = "job") -> dict:
     return _validate(JOB_SECTION, raw, where, "")
 
 
+def validate_section(spec: Any, raw: Any, file: str) -> Any:
+    """Validate ``raw`` against any schema node, for other files in this style (the web config)."""
+    return _validate(spec, raw, file, "")
+
+
 def defaults() -> dict:
     return validate({})
+
+
+def read_yaml(path: str) -> Any:
+    """The parsed YAML document in ``path``; ``ConfigError`` for anything that is not readable UTF-8 YAML."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except OSError as exc:
+        raise ConfigError(path, "", f"a readable YAML file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "", f"a UTF-8 text file (byte {exc.start} is not UTF-8)") from None
+    except RecursionError:
+        raise ConfigError(path, "", "YAML nested less deeply") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(path, "", f"valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
 
 
 def load_config(path: str | None) -> dict:
     """Read and validate ``path``; with no path, every default."""
     if path is None:
         return defaults()
-    try:
-        with open(path, encoding="utf-8") as handle:
-            raw = yaml.safe_load(handle)
-    except OSError as exc:
-        raise ConfigError(path, "", f"a readable YAML file ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(path, "", f"valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    return validate(raw, path)
+    return validate(read_yaml(path), path)

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from exporter.jobs import TooManyJobs, ValidationError, parse_progress
 from exporter.runtime import Runtime
+from exporter.websecurity import WEB_SECURITY, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,15 @@ async def status_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html")
 
 
-def create_app(runtime: Runtime) -> web.Application:
-    app = web.Application(middlewares=[api_errors], client_max_size=runtime.config["ingest"]["max_body_bytes"])
+def create_app(runtime: Runtime, security: WebSecurity | None = None) -> web.Application:
+    # From the config unless a test injects one; a bad web config raises ConfigError here, so exit 2 at start.
+    security = security or WebSecurity.from_config(runtime.config)
+    app = web.Application(middlewares=[security.middleware, api_errors],
+                          client_max_size=runtime.config["ingest"]["max_body_bytes"])
     app[RUNTIME] = runtime
+    app[WEB_SECURITY] = security
+    app.on_response_prepare.append(security.add_headers)
+    app.on_cleanup.append(security.close)
     app.router.add_get("/", status_page)
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/metrics", metrics)

