@@ -190,12 +190,18 @@ class PciTopology:
 
     def __init__(self, sysfs: Path):
         self.sysfs = sysfs
+        self._chains: dict[str, tuple[str, tuple[str, ...]] | None] = {}  # one run asks for each device many times
 
     def device_dir(self, address: str) -> Path:
         return self.sysfs / "bus" / "pci" / "devices" / address
 
     def chain(self, address: str) -> tuple[str, tuple[str, ...]] | None:
         """The root complex (``pci0000:17``) and the PCI functions from its root port down to the device."""
+        if address not in self._chains:
+            self._chains[address] = self._resolve_chain(address)
+        return self._chains[address]
+
+    def _resolve_chain(self, address: str) -> tuple[str, tuple[str, ...]] | None:
         try:
             real = Path(os.path.realpath(self.device_dir(address)))
         except OSError:
@@ -691,10 +697,19 @@ def parse_gdr_level(value: str) -> GdrLevel | None:
     return None
 
 
+def farthest_gpu_nic_path(facts: NodeFacts) -> GdrLevel | None:
+    """The longest of the GPU-to-nearest-NIC paths: the GDR level every GPU needs; None when the topology is unknown."""
+    if facts.gpus.unavailable:
+        return None
+    return max((affinity.level for _, affinity in nearest_nics(facts).values()), default=None)
+
+
 def check_nccl_gdr_level(facts: NodeFacts, settings: PreflightSettings) -> CheckResult:
     name = "NCCL_NET_GDR_LEVEL"
+    check = f"nccl.{name}"
     guide = GUIDE_NCCL[name]
-    skipped = _nccl_skip(facts, name, f"{guide} (the guide's value: SYS)")
+    guide_expected = f"{guide} (SYS), the guide's value"
+    skipped = _nccl_skip(facts, name, guide_expected)
     if skipped:
         return skipped
     value = facts.nccl_env.get(name)
@@ -702,18 +717,18 @@ def check_nccl_gdr_level(facts: NodeFacts, settings: PreflightSettings) -> Check
     observed = f"unset (NCCL default {NCCL_DEFAULT_GDR_LEVEL.name})" if value is None else value
     fix = f"export {name}={guide} (in the job's environment)"
     if level is None:
-        return CheckResult(f"nccl.{name}", Status.FAIL, f"{value}: not a level NCCL knows", "LOC, PIX, PXB, PHB, SYS or 0–5", fix)
+        return CheckResult(check, Status.FAIL, f"{value}: not a level NCCL knows", "LOC, PIX, PXB, PHB, SYS or 0–5", fix)
     if level == GdrLevel.LOC:
-        return CheckResult(f"nccl.{name}", Status.FAIL, f"{observed}: GPUDirect RDMA disabled", f"{guide} (the guide's value: SYS)", fix)
-    needed = max((affinity.level for _, affinity in nearest_nics(facts).values()), default=None) if not facts.gpus.unavailable else None
-    if needed is None:
-        status = Status.PASS if level == GdrLevel.SYS else Status.WARN
-        return CheckResult(f"nccl.{name}", status, f"{observed} (GPU/NIC topology unknown)", f"{guide} (the guide's value: SYS)",
-                           "" if status == Status.PASS else fix)
+        return CheckResult(check, Status.FAIL, f"{observed}: GPUDirect RDMA disabled", guide_expected, fix)
+    needed = farthest_gpu_nic_path(facts)
+    if needed is None:  # without the topology, hold the value to the guide's
+        if level == GdrLevel.SYS:
+            return CheckResult(check, Status.PASS, f"{observed} (GPU/NIC topology unknown)", guide_expected)
+        return CheckResult(check, Status.WARN, f"{observed} (GPU/NIC topology unknown)", guide_expected, fix)
     expected = f"≥ {needed.name}, the farthest GPU-to-nearest-NIC path here (guide: {guide})"
     if level >= needed:
-        return CheckResult(f"nccl.{name}", Status.PASS, observed, expected)
-    return CheckResult(f"nccl.{name}", Status.FAIL, f"{observed}: GPUDirect RDMA off for GPUs whose NIC is {needed.name} away",
+        return CheckResult(check, Status.PASS, observed, expected)
+    return CheckResult(check, Status.FAIL, f"{observed}: GPUDirect RDMA off for GPUs whose NIC is {needed.name} away",
                        expected, fix)
 
 
@@ -754,6 +769,9 @@ def check_nccl_ib_hca(facts: NodeFacts, settings: PreflightSettings) -> CheckRes
     if unmatched:
         return CheckResult(f"nccl.{name}", Status.FAIL, f"{value}: {', '.join(unmatched)} match no device here", expected, fix)
     unused = [d for d in active if d not in selected]
+    if active and len(unused) == len(active):
+        return CheckResult(f"nccl.{name}", Status.FAIL, f"{value}: selects no ACTIVE device, so NCCL falls back to sockets",
+                           expected, fix)
     if unused:
         return CheckResult(f"nccl.{name}", Status.WARN,
                            f"{value}: leaves {', '.join(unused)} unused ({len(active) - len(unused)} of {len(active)} ACTIVE)",

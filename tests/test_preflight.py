@@ -241,6 +241,10 @@ def _hca_typo(node, ctx):
     ctx["env"] = {"NCCL_IB_HCA": "mlx5_0,mlx6_1"}
 
 
+def _hca_excludes_all(node, ctx):
+    ctx["env"] = {"NCCL_IB_HCA": "^mlx5"}
+
+
 def _hca_partial(node, ctx):
     ctx["env"] = {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
 
@@ -288,6 +292,7 @@ FAILURES = [
     ("ib disabled", _ib_disabled, "nccl.NCCL_IB_DISABLE", Status.FAIL, "export NCCL_IB_DISABLE=0"),
     ("gdr off", _gdr_too_low, "nccl.NCCL_NET_GDR_LEVEL", Status.FAIL, "export NCCL_NET_GDR_LEVEL=5"),
     ("hca typo", _hca_typo, "nccl.NCCL_IB_HCA", Status.FAIL, "export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2"),
+    ("hca excludes all", _hca_excludes_all, "nccl.NCCL_IB_HCA", Status.FAIL, "export NCCL_IB_HCA=mlx5_0,"),
     ("hca partial", _hca_partial, "nccl.NCCL_IB_HCA", Status.WARN, "export NCCL_IB_HCA=mlx5_0,"),
     ("mixed gpus", _mixed_gpus, "gpu.inventory", Status.FAIL, "nvidia-smi -L"),
     ("gpu missing", _gpu_missing_from_nvml, "gpu.inventory", Status.FAIL, "nvidia-smi -L"),
