@@ -137,10 +137,11 @@ def run_daemon(args: argparse.Namespace) -> int:
 
 
 # Commands that live beside their subject; registered after the registry above exists.
-from exporter import plan, preflight  # noqa: E402
+from exporter import demo, plan, preflight  # noqa: E402
 
 command("check", preflight.CHECK_HELP, preflight.add_check_flags)(preflight.run_check)
 command("plan", plan.PLAN_HELP, plan.add_plan_flags)(plan.run_plan)
+command("demo", demo.DEMO_HELP, demo.add_demo_flags)(demo.run_demo)
 
 
 def main(argv: list[str] | None = None) -> int:
