@@ -4,22 +4,42 @@
     ...
     reporter.update(tokens_total=tokens_seen, step=step)   # returns at once, never raises
     ...
+    with reporter.checkpoint("step-12000") as save:         # started, then finished (failed if the block raises)
+        dcp.save(state, checkpoint_id=path)
+        save.bytes = written                                # optional: the checkpoint's size
+    ...
     reporter.close()                                        # flushes the newest totals
 
 Totals are cumulative, so only the newest one matters: a slow or absent exporter makes the reporter keep just the
-latest totals and retry with backoff, never queueing the job's history.
+latest totals and retry with backoff, never queueing the job's history. Checkpoint events each matter, so they wait
+in a small queue of their own, sent by the same thread; if it fills while the exporter is away, the oldest go.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from typing import Any, Callable
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import requests
 
 log = logging.getLogger(__name__)
+
+PROGRESS_PATH = "/api/v1/progress"
+CHECKPOINTS_PATH = "/api/v1/checkpoints"
+
+
+@dataclass
+class CheckpointSave:
+    """The save being timed by ``ProgressReporter.checkpoint``; set ``bytes`` to report its size."""
+
+    name: str
+    bytes: int | float | None = None
 
 
 class ProgressReporter:
@@ -38,6 +58,8 @@ class ProgressReporter:
         max_backoff: float = 30.0,
         session: requests.Session | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        checkpoint_queue: int = 64,
     ):
         self._base = url.rstrip("/")
         self.job = job
@@ -49,8 +71,12 @@ class ProgressReporter:
         self._max_backoff = max_backoff
         self._session = session or requests.Session()
         self._clock = clock
+        self._monotonic = monotonic
         self._wake = threading.Condition()
         self._pending: dict[str, Any] | None = None
+        self._checkpoint_events: deque[dict[str, Any]] = deque()
+        self._checkpoint_queue = checkpoint_queue
+        self.dropped_checkpoint_events = 0
         self._closing = False
         self._warned: set[str] = set()
         self.sent = 0
@@ -70,6 +96,22 @@ class ProgressReporter:
         except Exception:  # noqa: BLE001 - the training step must never see a monitoring error
             log.debug("progress update dropped", exc_info=True)
 
+    @contextmanager
+    def checkpoint(self, name: str) -> Iterator[CheckpointSave]:
+        """Time a checkpoint save in this block: started now, then finished, or failed if the block raises.
+
+        Times and the duration are measured here, on the job's side. The job's own exception propagates untouched;
+        the reporter never raises into the job and never blocks it.
+        """
+        save = CheckpointSave(name)
+        started = self._checkpoint_event(save, "started", None)
+        try:
+            yield save
+        except BaseException:
+            self._checkpoint_event(save, "failed", started)
+            raise
+        self._checkpoint_event(save, "finished", started)
+
     def close(self, timeout: float = 5.0) -> None:
         """Send what is pending (best effort, at most ``timeout`` seconds) and stop the background thread."""
         with self._wake:
@@ -83,24 +125,60 @@ class ProgressReporter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _take(self) -> dict[str, Any] | None:
+    def _checkpoint_event(self, save: CheckpointSave, phase: str, started: float | None) -> float | None:
+        """Queue one checkpoint event; returns the monotonic time it was taken (None if that failed)."""
+        try:
+            now = self._monotonic()
+            payload: dict[str, Any] = {"job": self.job, "checkpoint": save.name, "phase": phase, "time": self._clock()}
+            if started is not None:
+                payload["duration_seconds"] = max(now - started, 0.0)
+            if phase == "finished" and save.bytes is not None:
+                if isinstance(save.bytes, (int, float)) and not isinstance(save.bytes, bool) and math.isfinite(save.bytes) and save.bytes >= 0:
+                    payload["bytes"] = save.bytes
+                else:
+                    self._warn_once("checkpoint-bytes", f"checkpoint bytes must be a byte count, got {save.bytes!r}; sent without it")
+            with self._wake:
+                if len(self._checkpoint_events) >= self._checkpoint_queue:
+                    self._drop_checkpoint_event(self._checkpoint_events.popleft())
+                self._checkpoint_events.append(payload)
+                self._wake.notify()
+            return now
+        except Exception:  # noqa: BLE001 - the training job must never see a monitoring error
+            log.debug("checkpoint event dropped", exc_info=True)
+            return None
+
+    def _drop_checkpoint_event(self, payload: dict[str, Any]) -> None:
+        self.dropped_checkpoint_events += 1
+        log.warning("mfu-exporter at %s unreachable: %d checkpoint events queued, dropping the oldest (%s of %s)",
+                    self._base, self._checkpoint_queue, payload["phase"], payload["checkpoint"])
+
+    def _take(self) -> tuple[str, dict[str, Any]] | None:
         with self._wake:
-            while self._pending is None and not self._closing:
+            while self._pending is None and not self._checkpoint_events and not self._closing:
                 self._wake.wait()
+            if self._checkpoint_events:
+                return CHECKPOINTS_PATH, self._checkpoint_events.popleft()
+            if self._pending is None:
+                return None
             payload, self._pending = self._pending, None
-            return payload
+            return PROGRESS_PATH, payload
 
     def _run(self) -> None:
         backoff = 0.5
         while True:
-            payload = self._take()
-            if payload is None:
+            item = self._take()
+            if item is None:
                 return
-            if self._post("/api/v1/progress", payload):
+            path, payload = item
+            if self._post(path, payload):
                 backoff = 0.5
                 continue
             with self._wake:
-                if self._pending is None:
+                if path == CHECKPOINTS_PATH:
+                    self._checkpoint_events.appendleft(payload)  # first again: events keep their order
+                    if len(self._checkpoint_events) > self._checkpoint_queue:
+                        self._drop_checkpoint_event(self._checkpoint_events.popleft())
+                elif self._pending is None:
                     self._pending = payload  # keep it unless a newer total arrived meanwhile
                 if self._closing:
                     return

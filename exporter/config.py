@@ -210,7 +210,7 @@ WATCH_SECTION = Section({
     "job": (_job_name, None),
     "done_marker": (optional(string), None),
     "quiet_period": (duration, 30.0),
-    "poll": (boolean, False),
+    "poll": (choice("auto", "true", "false"), "auto"),
 })
 
 SCHEMA = Section({
@@ -233,6 +233,7 @@ SCHEMA = Section({
         "checkpoint": (_enabled_interval(
             watch=(ListOf(WATCH_SECTION), []),
             started_timeout=(duration, 7200.0),
+            forget_after=(duration, 86400.0),
         ), None),
         "preflight": (_enabled_interval(
             interval=(duration, 300.0),

@@ -15,8 +15,9 @@ from exporter.collector import ExporterCollector
 from exporter.daemon import Daemon
 from exporter.exposition import MetricsCache
 from exporter.history import MfuHistory
-from exporter.jobs import GpuInfo, JobTracker
+from exporter.jobs import GpuInfo, JobTracker, JobView
 from exporter.sources.base import Source
+from exporter.sources.checkpoint import CheckpointSource, CheckpointTracker, checkpoint_source
 from exporter.sources.ethtool import build_ethtool_source
 from exporter.sources.rdma import build_rdma_source
 from exporter.sources.gpu import GpuSource
@@ -38,6 +39,12 @@ class Runtime:
     cache: MetricsCache
     clock: Callable[[], float] = time.time
     history: MfuHistory = field(default_factory=MfuHistory)
+    checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
+
+    def job_json(self, view: JobView) -> dict[str, Any]:
+        """A job's JSON with its checkpoint writes that overlap the MFU window, so a dip in MFU is explained."""
+        checkpoint = self.checkpoints.overlap(view.name, self.config["mfu"]["window"]) if self.checkpoints else None
+        return {**view.as_json(), "checkpoint": checkpoint}
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
@@ -47,7 +54,7 @@ class Runtime:
             "time": now,
             "ready": self.daemon.ready,
             "sources": [s.as_json(now) for s in self.daemon.states.values()],
-            "jobs": [v.as_json() for v in views],
+            "jobs": [self.job_json(v) for v in views],
             "history": {v.name: self.history.of(v.name) for v in views},
         }
 
@@ -91,6 +98,7 @@ def _preflight_source(section: dict, paths: Paths) -> Source:
 
 SOURCE_FACTORIES: dict[str, Callable[[dict, Paths], Source]] = {
     "gpu": _gpu_source,
+    "checkpoint": checkpoint_source,
     "preflight": _preflight_source,
     "rdma": build_rdma_source,
     "ethtool": build_ethtool_source,
@@ -110,4 +118,5 @@ def build_runtime(config: dict, sources: list[Source], clock: Callable[[], float
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(daemon, jobs, clock=clock))
     cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation)
-    return Runtime(config, daemon, jobs, registry, cache, clock)
+    checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
+    return Runtime(config, daemon, jobs, registry, cache, clock, checkpoints=checkpoints)

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from exporter.jobs import TooManyJobs, ValidationError, parse_progress
 from exporter.runtime import Runtime
+from exporter.sources.checkpoint import parse_checkpoint_event
 from exporter.websecurity import WEB_SECURITY, WebSecurity
 
 log = logging.getLogger(__name__)
@@ -77,12 +78,21 @@ async def post_progress(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     report = parse_progress(await read_json(request), runtime.clock())
     view = runtime.jobs.report(report)
-    return web.json_response(view.as_json())
+    return web.json_response(runtime.job_json(view))
+
+
+async def post_checkpoint(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    if runtime.checkpoints is None:
+        return _error(404, "checkpoint events are off: the checkpoint source is disabled (sources.checkpoint.enabled: false)")
+    event = parse_checkpoint_event(await read_json(request), runtime.clock())
+    runtime.jobs.touch(event.job)  # a job known only from its checkpoints counts against ingest.max_jobs too
+    return web.json_response(runtime.checkpoints.record(event))
 
 
 async def get_jobs(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    return web.json_response({"jobs": [v.as_json() for v in runtime.jobs.views()]})
+    return web.json_response({"jobs": [runtime.job_json(v) for v in runtime.jobs.views()]})
 
 
 async def get_status(request: web.Request) -> web.Response:
@@ -111,6 +121,7 @@ def create_app(runtime: Runtime, security: WebSecurity | None = None) -> web.App
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_post("/api/v1/progress", post_progress)
+    app.router.add_post("/api/v1/checkpoints", post_checkpoint)
     app.router.add_get("/api/v1/jobs", get_jobs)
     app.router.add_get("/api/v1/status", get_status)
 
