@@ -23,8 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from types import ModuleType
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pynvml
 
@@ -127,7 +126,7 @@ def pci_address_from_nvml(bus_id: str | bytes) -> str:
     return f"{int(domain, 16):04x}:{bus}:{function}"
 
 
-def read_gpus(nvml: ModuleType) -> GpuFacts:
+def read_gpus(nvml: Any) -> GpuFacts:
     """Every GPU NVML enumerates, with what the checks need (``nvml``: ``pynvml`` or a fake of it)."""
     try:
         nvml.nvmlInit()
@@ -139,7 +138,7 @@ def read_gpus(nvml: ModuleType) -> GpuFacts:
         nvml.nvmlShutdown()
 
 
-def _read_gpu(nvml: ModuleType, index: int) -> GpuDevice:
+def _read_gpu(nvml: Any, index: int) -> GpuDevice:
     def optional(call: Callable, *args):
         try:
             return call(*args)
@@ -659,7 +658,10 @@ def read_env_file(path: str) -> dict[str, str]:
             key, sep, value = line.partition("=")
             if not sep:
                 continue
-            parts = shlex.split(value, comments=True)
+            try:
+                parts = shlex.split(value, comments=True)
+            except ValueError:  # an unbalanced quote: keep the text as written
+                parts = [value.strip()]
             env[key.strip()] = parts[0] if parts else ""
     return env
 
@@ -854,7 +856,7 @@ CHECKS: tuple[CheckFunction, ...] = (
 )
 
 
-def gather(settings: PreflightSettings, sysfs: str | Path = "/sys", procfs: str | Path = "/proc", nvml: ModuleType = pynvml,
+def gather(settings: PreflightSettings, sysfs: str | Path = "/sys", procfs: str | Path = "/proc", nvml: Any = pynvml,
            qos: NicQos | None = None, nccl_env: Mapping[str, str] | None = None) -> NodeFacts:
     ports = discover_ports(str(sysfs), list(settings.devices_include), list(settings.devices_exclude))
     return NodeFacts(Path(sysfs), Path(procfs), ports, read_gpus(nvml), qos or KernelNicQos(), nccl_env)
@@ -918,7 +920,7 @@ def add_check_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def run_check(args: argparse.Namespace, nvml: ModuleType = pynvml, qos: NicQos | None = None,
+def run_check(args: argparse.Namespace, nvml: Any = pynvml, qos: NicQos | None = None,
               out=sys.stdout) -> int:
     settings = PreflightSettings.from_config(load_config(args.config)["sources"]["preflight"])
     try:

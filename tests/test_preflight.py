@@ -449,8 +449,10 @@ def test_nccl_ib_hca_selection(spec, selected, unmatched):
 
 def test_env_file_forms(tmp_path):
     path = tmp_path / "job.env"
-    path.write_text('# the job\nexport NCCL_IB_HCA="=mlx5_0,mlx5_1"\nNCCL_NET_GDR_LEVEL=5 # guide\nNCCL_DEBUG=\'INFO\'\n\nnot a line\n')
-    assert preflight.read_env_file(str(path)) == {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_NET_GDR_LEVEL": "5", "NCCL_DEBUG": "INFO"}
+    path.write_text('# the job\nexport NCCL_IB_HCA="=mlx5_0,mlx5_1"\nNCCL_NET_GDR_LEVEL=5 # guide\nNCCL_DEBUG=\'INFO\'\n\nnot a line\n'
+                    'NCCL_SOCKET_IFNAME="eth0\n')
+    assert preflight.read_env_file(str(path)) == {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_NET_GDR_LEVEL": "5", "NCCL_DEBUG": "INFO",
+                                                  "NCCL_SOCKET_IFNAME": '"eth0'}
 
 
 def test_pci_address_from_nvml_bus_id():

@@ -7,8 +7,7 @@ them. The checks themselves live in ``exporter.preflight`` (shared with ``mfu-ex
 from __future__ import annotations
 
 from collections import Counter
-from types import ModuleType
-from typing import Iterable
+from typing import Any, Iterable
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -31,7 +30,7 @@ def check_families(results: list[CheckResult]) -> Iterable[Metric]:
 class PreflightSource:
     name = "preflight"
 
-    def __init__(self, settings: PreflightSettings, sysfs: str, procfs: str, nvml: ModuleType, qos: NicQos | None = None,
+    def __init__(self, settings: PreflightSettings, sysfs: str, procfs: str, nvml: Any, qos: NicQos | None = None,
                  nccl_env_file: str | None = None, interval: float = 300.0, timeout: float = 30.0):
         self.settings = settings
         self.sysfs = sysfs
@@ -43,7 +42,7 @@ class PreflightSource:
         self.timeout = timeout
 
     @classmethod
-    def from_config(cls, section: dict, sysfs: str, procfs: str, nvml: ModuleType) -> PreflightSource:
+    def from_config(cls, section: dict, sysfs: str, procfs: str, nvml: Any) -> PreflightSource:
         return cls(PreflightSettings.from_config(section), sysfs, procfs, nvml, nccl_env_file=section["nccl_env_file"],
                    interval=section["interval"], timeout=section["timeout"])
 
