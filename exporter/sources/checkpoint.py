@@ -506,7 +506,8 @@ class CheckpointWatch:
         self._mounts_file = mounts_file
         self.origin = f"watch[{index}]"  # its writes' key in the tracker, apart from the API's and other watches'
         self.mode = "poll"
-        self.detail = ""
+        self.detail = ""  # why this mode, or a problem met by the latest sample
+        self._mode_detail = ""
         self._attached = False
         self._first_look = True
         self._top: int | None = None
@@ -522,8 +523,9 @@ class CheckpointWatch:
         if self._top_lost:
             self._top_lost = False
             self._detach(now)  # deleted or moved away, maybe already made anew: what was in it is gone
-        if not self._attached and not self._attach(now, errors):
+        if not self._attached and not self._attach(errors):
             return
+        self.detail = self._mode_detail
         try:
             with os.scandir(self.path) as entries:
                 listing = {entry.name: (entry.inode(), entry.is_dir(follow_symlinks=False)) for entry in entries}
@@ -552,7 +554,7 @@ class CheckpointWatch:
             self._on_top_event(event, at, errors)
             return
         write = route.write
-        if write.name not in self._writes or self._writes[write.name] is not write:
+        if self._writes.get(write.name) is not write:
             return  # ended meanwhile; its watches are being removed
         if event.mask & IN.ISDIR and event.mask & (IN.CREATE | IN.MOVED_TO):
             self._watch_tree(write, os.path.join(route.relative, event.name), errors)
@@ -591,7 +593,7 @@ class CheckpointWatch:
 
     # internals
 
-    def _attach(self, now: float, errors: Counter) -> bool:
+    def _attach(self, errors: Counter) -> bool:
         first_look, self._first_look = self._first_look, False
         if not os.path.isdir(self.path):
             self.detail = f"{self.path} does not exist yet"
@@ -603,6 +605,7 @@ class CheckpointWatch:
             except OSError as exc:
                 errors["inotify_watch_failed"] += 1
                 self.mode, self.detail = "poll", f"inotify watch failed ({exc.strerror}): polling"
+        self._mode_detail = self.detail
         self._attached = True
         if first_look:
             # Checkpoints already there when the exporter starts are history, not writes we can time.
@@ -646,8 +649,8 @@ class CheckpointWatch:
             except FileNotFoundError:
                 return
             self._adopt(name, info.st_ino, stat.S_ISDIR(info.st_mode), at, errors)
-        elif event.mask & IN.MOVED_TO:
-            self._appeared.setdefault(name, at)  # a rename inside path or a move from outside: the listing tells
+        elif event.mask & (IN.CREATE | IN.MOVED_TO):
+            self._appeared.setdefault(name, at)  # a rename, a move from outside or a name made anew: the listing tells
         elif event.mask & (IN.DELETE | IN.MOVED_FROM):
             self._vanished.setdefault(name, at)
         elif name in self._writes and not self._writes[name].is_dir:
@@ -660,15 +663,15 @@ class CheckpointWatch:
             if name in listing and listing[name][0] == inode:
                 continue
             del self._known[name]
-            write = self._writes.pop(name, None)
+            write = self._writes.get(name)
             renamed = new_by_inode.pop(inode, None)
             if renamed is not None:
                 self._known[renamed] = inode
                 if write is not None:
+                    del self._writes[name]
                     write.name = renamed
                     self._writes[renamed] = write
             elif write is not None:
-                self._writes[name] = write  # _vanish ends it under its current key
                 self._vanish(write, self._vanished.get(name, now))
 
     def _adopt(self, name: str, inode: int, is_dir: bool, at: float, errors: Counter) -> None:
