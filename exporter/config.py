@@ -54,7 +54,7 @@ Validator = Callable[[Any], Any]
 def quantity(value: Any) -> float:
     try:
         return parse_quantity(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an integer too large for a float
         raise Invalid('a number like 7e10 or "70B"') from None
 
 
@@ -68,7 +68,7 @@ def positive_quantity(value: Any) -> float:
 def duration(value: Any) -> float:
     try:
         seconds = parse_duration(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise Invalid('a duration like "30s", "5m" or "1h"') from None
     if seconds <= 0:
         raise Invalid('a positive duration like "30s", "5m" or "1h"')
@@ -131,7 +131,7 @@ def regex_list(value: Any) -> list[str]:
             raise Invalid("a regular expression string", f"[{index}]", item)
         try:
             re.compile(item)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:  # a{99999999999} overflows
             raise Invalid(f"a valid regular expression ({exc})", f"[{index}]", item) from None
     return value
 

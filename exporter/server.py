@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,11 +35,27 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def _double_range_int(text: str) -> int:
+    """Integers beyond a double's range (I-JSON's limit) would overflow the float conversions validation does."""
+    number = int(text)
+    if abs(number) > sys.float_info.max:
+        raise ValueError(f"the number {text[:16]}... is beyond the range of a double")
+    return number
+
+
+def _double_range_float(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"the number {text[:16]}... is beyond the range of a double")
+    return number
+
+
 async def read_json(request: web.Request) -> Any:
     """The request's JSON body; raises ValidationError (→ 400) for anything that is not valid JSON."""
     raw = await request.read()
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_int=_double_range_int,
+                          parse_float=_double_range_float)
     except UnicodeDecodeError:
         raise ValidationError("", "the body must be UTF-8 JSON") from None
     except (ValueError, RecursionError) as exc:
