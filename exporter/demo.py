@@ -23,11 +23,12 @@ from typing import Callable
 
 from exporter import mfu as mfu_math
 from exporter.client import ProgressReporter
-from exporter.config import validate
+from exporter.config import load_config, validate
 from exporter.fakes import nvml as fake_nvml
 from exporter.fakes.mlx5 import SimulatedNode
 from exporter.quantities import format_duration, parse_duration
 from exporter.runtime import Runtime, build_runtime
+from exporter.sources.checkpoint import CheckpointSource, CheckpointTracker
 from exporter.sources.ethtool import EthtoolSource, EthtoolTextReader
 from exporter.sources.gpu import GpuSource
 from exporter.sources.rdma import RdmaSource
@@ -154,21 +155,28 @@ class DemoNode:
         self.tokens = 0.0
         self.incident: str | None = None
         self.reporter: ProgressReporter | None = None
-        self._last = clock.elapsed()
+        self._origin: float | None = None
+        self._last = 0.0
         self._next_checkpoint = FIRST_CHECKPOINT
         self._lost = False
         self._apply(None)
 
     def sources(self) -> list:
+        watch = {"path": str(self.checkpoints.root), "job": JOB, "done_marker": ".metadata"}
+        section = validate({"sources": {"checkpoint": {"watch": [watch]}}})["sources"]["checkpoint"]
+        tracker = CheckpointTracker(started_timeout=section["started_timeout"], pinned=[JOB], clock=self.clock.time)
         return [
             GpuSource(self.nvml, interval=1.0, timeout=5.0, retry_interval=30.0, monotonic=self.clock.monotonic),
             RdmaSource(self.fabric.sysfs_root, interval=1.0, clock=self.clock.monotonic),
             EthtoolSource(self.fabric.sysfs_root, reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
                           interval=1.0, clock=self.clock.monotonic),
+            CheckpointSource(section, tracker, clock=self.clock.time),
         ]
 
     def tick(self) -> None:
-        now = self.clock.elapsed()
+        if self._origin is None:
+            self._origin = self.clock.elapsed()  # the schedule starts with the first tick, not with process start-up
+        now = self.clock.elapsed() - self._origin
         dt = max(now - self._last, 0.0)
         self._last = now
         incident = self.schedule.incident(now, self.checkpoints.writing)
@@ -241,9 +249,7 @@ class DemoNode:
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
 
 
-def demo_config(config_path: str | None, window: float, checkpoint_dir: Path) -> dict:
-    from exporter.config import load_config
-
+def demo_config(config_path: str | None, window: float) -> dict:
     config = load_config(config_path)
     config["mfu"]["window"] = window
     config["jobs"].setdefault(JOB, validate({"jobs": {JOB: {**MODEL, "dtype": "bf16", "gpus": GPUS}}})["jobs"][JOB])
@@ -277,11 +283,12 @@ class Simulation:
 def build_demo(args: argparse.Namespace, root: Path) -> tuple[Runtime, DemoNode, Simulation]:
     clock = SimClock(args.speed)
     node = DemoNode(root, clock, Schedule(args.incident), seed=args.seed)
-    config = demo_config(args.config, parse_duration(args.mfu_window), node.checkpoints.root)
+    config = demo_config(args.config, parse_duration(args.mfu_window))
     if args.listen_address:
         config["web"]["listen_address"] = args.listen_address
     runtime = build_runtime(config, node.sources(), clock=clock.time)
-    return runtime, node, Simulation(node, period=1.0 if args.speed <= 4 else 0.25)
+    # At high speed, tick often enough that a warm-up still carries several progress reports.
+    return runtime, node, Simulation(node, period=min(1.0, 2.5 / args.speed))
 
 
 DEMO_HELP = "Run a simulated 8-GPU training node through the real exporter, with live MFU and incidents."

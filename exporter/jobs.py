@@ -130,6 +130,7 @@ class Job:
     last_report_time: float = 0.0  # the job's own time of its newest report
     last_arrival: float = 0.0  # our clock, when the newest report arrived
     restarts: int = 0
+    replayed_tokens: float = 0.0  # tokens re-trained after restarts from checkpoints
     window: deque = field(default_factory=deque)  # (report time, tokens_total)
     reported: bool = False
 
@@ -152,6 +153,12 @@ class JobView:
     facts: dict[str, Any]
     restarts: int
     gpu_indices: list[int] | None = None
+    replayed_tokens: float = 0.0
+
+    @property
+    def tokens_processed(self) -> float:
+        """Monotonic: the reported total plus tokens trained again after restarts (what the counters export)."""
+        return self.tokens_total + self.replayed_tokens
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +175,7 @@ class JobView:
             "eta_seconds": self.eta_seconds,
             "reason": self.reason,
             "restarts": self.restarts,
+            "replayed_tokens": self.replayed_tokens,
             "model": {k: self.facts.get(k) for k in MODEL_KEYS},
             **{k: self.facts.get(k) for k in FACT_KEYS},
         }
@@ -213,9 +221,11 @@ class JobTracker:
             job.facts.update(report.facts)
             at = report.time if report.time is not None else now
             if job.reported and report.tokens_total < job.tokens_total:
-                # Restarted from a checkpoint: a new window, never a negative rate.
+                # Restarted from a checkpoint: a new window, never a negative rate; the exported counters keep
+                # counting up (re-trained tokens are work done again), so rate() sees no false reset spike.
                 job.window.clear()
                 job.restarts += 1
+                job.replayed_tokens += job.tokens_total - report.tokens_total
             if job.window and at < job.window[-1][0]:
                 at = job.window[-1][0]  # reports out of order by the job's clock: keep the window monotonic
             job.window.append((at, report.tokens_total))
@@ -344,7 +354,7 @@ class JobTracker:
         return JobView(
             name=job.name, tokens_total=job.tokens_total, step=job.step, last_report_time=job.last_report_time,
             tokens_per_second=rate, flops_per_token=fpt, gpus=count, peak_flops=peak, mfu=utilization,
-            eta_seconds=eta, reason=reason, facts=facts, restarts=job.restarts,
+            eta_seconds=eta, reason=reason, facts=facts, restarts=job.restarts, replayed_tokens=job.replayed_tokens,
             gpu_indices=[g.index for g in gpus] if gpus is not None else None,
         )
 
@@ -352,7 +362,7 @@ class JobTracker:
 def job_families(views: list[JobView]) -> Iterable:
     """Per-job metric families; every series is labelled ``training_job`` (``job`` is Prometheus's own)."""
     label = ["training_job"]
-    tokens = CounterMetricFamily("mfu_job_tokens", "Tokens this job has processed on this node, as it last reported (a running total).", labels=label)
+    tokens = CounterMetricFamily("mfu_job_tokens", "Tokens this job has processed on this node: its reported total, plus tokens trained again after restarts from checkpoints.", labels=label)
     flops = CounterMetricFamily("mfu_job_model_flops", "Model FLOPs done by this job on this node: FLOPs per token × tokens.", labels=label)
     peak = GaugeMetricFamily("mfu_job_peak_flops", "Dense peak FLOP/s of this job's GPUs on this node, for its dtype.", labels=label)
     gpus = GaugeMetricFamily("mfu_job_gpus", "GPUs this job uses on this node.", labels=label)
@@ -365,14 +375,14 @@ def job_families(views: list[JobView]) -> Iterable:
     info = InfoMetricFamily("mfu_job", "Facts of the job that are not numbers.", labels=label)
     for view in views:
         key = [view.name]
-        tokens.add_metric(key, view.tokens_total)
+        tokens.add_metric(key, view.tokens_processed)
         last.add_metric(key, view.last_report_time)
         info.add_metric(key, {"dtype": str(view.facts.get("dtype", "bf16"))})
         if view.step is not None:
             step.add_metric(key, view.step)
         if view.flops_per_token is not None:
             per_token.add_metric(key, view.flops_per_token)
-            flops.add_metric(key, view.flops_per_token * view.tokens_total)
+            flops.add_metric(key, view.flops_per_token * view.tokens_processed)
         if view.peak_flops is not None:
             peak.add_metric(key, view.peak_flops)
         if view.gpus is not None:

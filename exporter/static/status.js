@@ -23,14 +23,14 @@ const duration = (s) => {
 const mfuClass = (r) => r === null || r === undefined ? "muted" : r < MFU_LOW ? "bad" : r < MFU_GOOD ? "warn" : "good";
 
 function chart(points) {
-  const w = 400, h = 90, top = 0.7;  // y axis 0–70% MFU
+  const w = 600, h = 110, top = 0.7;  // y axis 0–70% MFU
   const values = points.filter((p) => p[1] !== null);
   if (values.length < 2) return '<p class="muted">chart: collecting history…</p>';
   const t0 = points[0][0], t1 = points[points.length - 1][0], span = Math.max(t1 - t0, 1);
   const x = (t) => ((t - t0) / span) * w;
   const y = (r) => h - (Math.min(r, top) / top) * h;
   const path = values.map((p, i) => (i ? "L" : "M") + x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join(" ");
-  return `<svg class="chart" viewBox="0 0 ${w} ${h}" preserveAspectRatio="none" role="img" aria-label="MFU over the last ${Math.round(span / 60)} minutes">
+  return `<svg class="chart" viewBox="0 0 ${w} ${h}" role="img" aria-label="MFU over the last ${Math.round(span / 60)} minutes">
     <line class="ref high" x1="0" x2="${w}" y1="${y(MFU_GOOD)}" y2="${y(MFU_GOOD)}"/><text x="2" y="${y(MFU_GOOD) - 2}">45%</text>
     <line class="ref low" x1="0" x2="${w}" y1="${y(MFU_LOW)}" y2="${y(MFU_LOW)}"/><text x="2" y="${y(MFU_LOW) - 2}">25%</text>
     <path class="line" d="${path}"/></svg>`;
@@ -65,6 +65,36 @@ function table(rows, columns) {
   return `<table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table>`;
 }
 
+const sum = (o) => Object.values(o || {}).reduce((a, b) => a + (Number(b) || 0), 0);
+const max = (o) => Object.values(o || {}).reduce((a, b) => Math.max(a, Number(b) || 0), 0);
+
+// One row per NIC: the RDMA port (sysfs) joined to its netdev's ethtool statistics.
+function fabricTable(rdma, eth) {
+  const ports = rdma && rdma.status && rdma.status.ports ? rdma.status.ports : [];
+  const interfaces = eth && eth.status && eth.status.interfaces ? eth.status.interfaces : [];
+  if (!ports.length && !interfaces.length) {
+    const why = [rdma, eth].filter((s) => s && !s.up).map((s) => `${s.source}: ${s.reason} ${s.detail || ""}`);
+    return `<p class="muted">No RDMA ports or NICs seen${why.length ? " (" + esc(why.join("; ")) + ")" : ""}.</p>`;
+  }
+  const byNetdev = Object.fromEntries(interfaces.map((i) => [i.interface, i]));
+  const rows = ports.map((p) => ({port: p, nic: byNetdev[p.netdev] || {}}));
+  const seen = new Set(ports.map((p) => p.netdev));
+  for (const nic of interfaces) if (!seen.has(nic.interface)) rows.push({port: {}, nic});
+  return table(rows, [
+    ["interface", (r) => esc(r.nic.interface || r.port.netdev || "–")],
+    ["RDMA port", (r) => r.port.device ? esc(`${r.port.device}/${r.port.port}`) : "–"],
+    ["state", (r) => r.port.state ? `<span class="chip ${r.port.state === "ACTIVE" ? "up" : "down"}">${esc(r.port.state)}</span>` : "–"],
+    ["rate", (r) => r.port.rate_gbps ? r.port.rate_gbps + " Gb/s" : "–", "num"],
+    ["rx", (r) => si(r.port.receive_bytes_per_second, "B/s"), "num"],
+    ["tx", (r) => si(r.port.transmit_bytes_per_second, "B/s"), "num"],
+    ["pause ratio", (r) => r.nic.pause_ratio ? pct(max(r.nic.pause_ratio), 2) : "–", "num"],
+    ["pause frames/s", (r) => r.nic.pause_frame_rates ? num(sum(r.nic.pause_frame_rates), 1) : "–", "num"],
+    ["CNP/s", (r) => r.port.congestion_rates ? num((r.port.congestion_rates.np_cnp_sent || 0) + (r.port.congestion_rates.rp_cnp_handled || 0), 1) : "–", "num"],
+    ["storm events", (r) => r.nic.storm_event_deltas ? num(sum(r.nic.storm_event_deltas)) : "–", "num"],
+    ["errors", (r) => num(sum(r.port.error_deltas) + sum(r.nic.error_deltas)), "num"],
+  ]);
+}
+
 const bar = (r) => r === null || r === undefined ? "–" : `<span class="bar" style="width:${Math.round(60 * Math.min(r, 1))}px"></span>${pct(r, 0)}`;
 
 function render(status) {
@@ -87,17 +117,7 @@ function render(status) {
       ["throttle", (g) => esc((g.throttle || []).join(", ")) || "–"],
     ]) + (gpu && gpu.status && gpu.status.notes ? gpu.status.notes.map((n) => `<p class="muted">${esc(n)}</p>`).join("") : "");
 
-  const eth = sources.ethtool;
-  const nics = eth && eth.status && eth.status.interfaces ? Object.values(eth.status.interfaces) : [];
-  document.getElementById("nics").innerHTML = eth && !eth.up && !nics.length
-    ? `<p class="muted">NIC statistics unavailable: ${esc(eth.reason)} ${esc(eth.detail)}</p>`
-    : table(nics, [
-      ["interface", (n) => esc(n.interface)],
-      ["pause ratio", (n) => pct(n.pause_ratio, 2), "num"],
-      ["pause frames/s", (n) => num(n.pause_frames_per_second, 1), "num"],
-      ["discards/s", (n) => num(n.discards_per_second, 1), "num"],
-      ["storm events", (n) => num(n.pause_storm_events), "num"],
-    ]);
+  document.getElementById("nics").innerHTML = fabricTable(sources.rdma, sources.ethtool);
 
   document.getElementById("sources").innerHTML = table(status.sources, [
     ["source", (s) => esc(s.source)],
