@@ -250,6 +250,16 @@ SCHEMA = Section({
         ), None),
     }), None),
     "mfu": (Section({"window": (duration, 60.0)}), None),
+    "attribution": (Section({
+        "tolerance": (ratio, 0.10),
+        "pause_ratio": (ratio, 0.05),
+        "cnp_per_second": (positive_quantity, 1000.0),
+        "idle_utilization": (ratio, 0.5),
+        "baseline_window": (duration, 3600.0),
+        "baseline_percentile": (ratio, 0.9),
+        "baseline_min_samples": (positive_int, 30),
+        "baseline_interval": (duration, 10.0),
+    }), None),
     "jobs": (MapOf(_job_name, JOB_NAME_FORM, JOB_SECTION), {}),
     "ingest": (Section({
         "token_file": (optional(string), None),

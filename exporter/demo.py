@@ -252,7 +252,7 @@ class DemoNode:
 def demo_config(config_path: str | None, window: float) -> dict:
     config = load_config(config_path)
     config["mfu"]["window"] = window
-    config["jobs"].setdefault(JOB, validate({"jobs": {JOB: {**MODEL, "dtype": "bf16", "gpus": GPUS}}})["jobs"][JOB])
+    config["jobs"].setdefault(JOB, validate({"jobs": {JOB: {**MODEL, "dtype": "bf16", "gpus": GPUS, "expected_mfu": STEADY_MFU}}})["jobs"][JOB])
     return config
 
 

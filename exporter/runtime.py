@@ -11,6 +11,7 @@ import pynvml
 from prometheus_client import CollectorRegistry
 
 from exporter import __version__
+from exporter.attribution import Attributor, NodeSignals, Thresholds
 from exporter.collector import ExporterCollector
 from exporter.daemon import Daemon
 from exporter.exposition import MetricsCache
@@ -40,11 +41,26 @@ class Runtime:
     clock: Callable[[], float] = time.time
     history: MfuHistory = field(default_factory=MfuHistory)
     checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
+    attribution: Attributor = field(default_factory=Attributor)
+
+    def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
+        return self.checkpoints.overlap(job, self.config["mfu"]["window"]) if self.checkpoints else None
 
     def job_json(self, view: JobView) -> dict[str, Any]:
-        """A job's JSON with its checkpoint writes that overlap the MFU window, so a dip in MFU is explained."""
-        checkpoint = self.checkpoints.overlap(view.name, self.config["mfu"]["window"]) if self.checkpoints else None
-        return {**view.as_json(), "checkpoint": checkpoint}
+        """A job's JSON with what explains a dip in its MFU: checkpoint writes overlapping the window, and the
+        cause its gap is attributed to, with the evidence."""
+        verdict = self.attribution.verdict(view.name)
+        return {**view.as_json(), "checkpoint": self.checkpoint_overlap(view.name),
+                "bottleneck": verdict.as_json() if verdict else None}
+
+    def node_signals(self) -> NodeSignals:
+        """The latest data of the sources the attribution reads; a source that is absent or down adds nothing."""
+        def data(name: str, key: str) -> dict:
+            state = self.daemon.states.get(name)
+            return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
+
+        return NodeSignals(gpus=data("gpu", "gpus"), interfaces=data("ethtool", "interfaces"),
+                           ports=data("rdma", "ports"), checkpoint=self.checkpoint_overlap)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
@@ -58,11 +74,13 @@ class Runtime:
             "history": {v.name: self.history.of(v.name) for v in views},
         }
 
-    async def record_history(self) -> None:
-        """Sample every job's MFU into the status page history, forever (cancelled at shutdown)."""
+    async def evaluate_jobs(self) -> None:
+        """Once a second, attribute each job's MFU gap and keep the status page history (cancelled at shutdown)."""
         while True:
-            self.history.record(self.clock(), self.jobs.views())
-            await asyncio.sleep(self.history.step)
+            now, views = self.clock(), self.jobs.views()
+            self.attribution.evaluate(now, views, self.node_signals())
+            self.history.record(now, views)
+            await asyncio.sleep(1.0)
 
 
 def gpu_inventory_from(daemon: Daemon, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
@@ -115,8 +133,9 @@ def build_runtime(config: dict, sources: list[Source], clock: Callable[[], float
         gpu_inventory=gpu_inventory_from(daemon),
         clock=clock,
     )
+    attribution = Attributor(Thresholds.from_config(config["attribution"]))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(daemon, jobs, clock=clock))
+    registry.register(ExporterCollector(daemon, jobs, extra=[attribution.families], clock=clock))
     cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation)
     checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
-    return Runtime(config, daemon, jobs, registry, cache, clock, checkpoints=checkpoints)
+    return Runtime(config, daemon, jobs, registry, cache, clock, checkpoints=checkpoints, attribution=attribution)

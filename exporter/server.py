@@ -21,7 +21,7 @@ from exporter.websecurity import WEB_SECURITY, WebSecurity
 log = logging.getLogger(__name__)
 
 RUNTIME = web.AppKey("runtime", Runtime)
-HISTORY_TASK = web.AppKey("history_task", asyncio.Task)
+JOBS_TASK = web.AppKey("jobs_task", asyncio.Task)
 
 
 def _error(status: int, message: str, field: str | None = None) -> web.Response:
@@ -145,10 +145,10 @@ def create_app(runtime: Runtime, security: WebSecurity | None = None) -> web.App
 
     async def start_daemon(app: web.Application) -> None:
         await runtime.daemon.start()
-        app[HISTORY_TASK] = asyncio.create_task(runtime.record_history())
+        app[JOBS_TASK] = asyncio.create_task(runtime.evaluate_jobs())
 
     async def stop_daemon(app: web.Application) -> None:
-        app[HISTORY_TASK].cancel()
+        app[JOBS_TASK].cancel()
         await runtime.daemon.stop()
 
     app.on_startup.append(start_daemon)

@@ -30,7 +30,15 @@ FAMILIES = [
     "mfu_checkpoint_write_duration_seconds_bucket", "mfu_checkpoint_writes_total", "mfu_checkpoint_write_failures_total",
     "mfu_checkpoint_written_bytes_total", "mfu_checkpoint_in_progress", "mfu_checkpoint_last_success_timestamp_seconds",
     "mfu_checkpoint_last_duration_seconds", "mfu_checkpoint_last_write_bandwidth_bytes_per_second",
+    # loss attribution
+    "mfu_job_bottleneck", "mfu_job_lost_gpu_seconds_total", "mfu_job_baseline_mfu_ratio",
 ]
+
+
+def cause(base):
+    values = metric_samples(base)
+    return next((dict(labels)["cause"] for (name, labels), value in values.items()
+                 if name == "mfu_job_bottleneck" and value == 1 and dict(labels)["training_job"] == "llama3-70b"), None)
 
 
 def mfu(base):
@@ -55,6 +63,7 @@ def test_healthy_node_has_every_family_and_steady_mfu():
         assert values[("mfu_gpu_tensor_active_ratio", (("gpu", "0"),))] == pytest.approx(0.60)
         assert 30 <= values[("mfu_checkpoint_last_duration_seconds", JOB)] <= 45
         assert all(values[("mfu_exporter_source_up", (("source", s),))] == 1 for s in ("gpu", "rdma", "ethtool", "checkpoint"))
+        assert cause(base) == "none"
 
 
 def pause_frames(values, interface):
@@ -73,6 +82,9 @@ def test_pfc_storm_pauses_two_nics_and_drops_mfu_below_25_percent():
         status = get_json(base + "api/v1/status")
         nics = {n["interface"]: n for s in status["sources"] if s["source"] == "ethtool" for n in s["status"]["interfaces"]}
         assert nics["ens3np0"]["pause_ratio"]["rx/3"] > 0.3
+        wait_until(lambda: cause(base) == "network", 10, "the loss attributed to the network")
+        (job,) = get_json(base + "api/v1/jobs")["jobs"]
+        assert "ens3np0" in job["bottleneck"]["evidence"] or "ens6np0" in job["bottleneck"]["evidence"]
 
 
 def test_thermal_throttles_gpu_5_and_slows_the_job():
@@ -83,6 +95,7 @@ def test_thermal_throttles_gpu_5_and_slows_the_job():
         values = metric_samples(base)
         assert values[("mfu_gpu_sm_clock_hertz", (("gpu", "5"),))] < values[("mfu_gpu_sm_clock_hertz", (("gpu", "0"),))]
         assert values[("mfu_gpu_throttle_active", (("gpu", "0"), ("reason", "hw_thermal_slowdown")))] == 0
+        wait_until(lambda: cause(base) == "thermal", 10, "the loss attributed to heat")
 
 
 def test_gpu_lost_marks_gpu_3_down_and_progress_stops():
@@ -93,6 +106,7 @@ def test_gpu_lost_marks_gpu_3_down_and_progress_stops():
         assert values[("mfu_gpu_up", (("gpu", "2"),))] == 1
         assert ("mfu_gpu_utilization_ratio", (("gpu", "3"),)) not in values
         assert values[("mfu_exporter_source_errors_total", (("reason", "gpu_lost"), ("source", "gpu")))] >= 1
+        wait_until(lambda: cause(base) == "gpu_lost", 10, "the loss attributed to the lost GPU")
 
 
 def test_checkpoint_stall_keeps_a_write_open_and_dips_mfu():
@@ -105,5 +119,6 @@ def test_checkpoint_stall_keeps_a_write_open_and_dips_mfu():
         wait_until(lambda: get_json(base + "api/v1/status")["jobs"][0]["checkpoint"]["elapsed_seconds"] > 60, 30,
                    "the write to outlast a healthy one")
         assert jobs[0]["job"] == "llama3-70b"
+        wait_until(lambda: cause(base) == "checkpoint", 10, "the loss attributed to the checkpoint")
         assert job["checkpoint"]["in_progress"].startswith("step-")
         assert get(base).startswith(b"<!doctype html>")
