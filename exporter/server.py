@@ -104,8 +104,8 @@ async def post_checkpoint(request: web.Request) -> web.Response:
     if runtime.checkpoints is None:
         return _error(404, "checkpoint events are off: the checkpoint source is disabled (sources.checkpoint.enabled: false)")
     event = parse_checkpoint_event(await read_json(request), runtime.clock())
-    runtime.jobs.touch(event.job)  # a job known only from its checkpoints counts against ingest.max_jobs too
-    return web.json_response(runtime.checkpoints.record(event))
+    # A job known only from its checkpoints counts against ingest.max_jobs too.
+    return web.json_response(runtime.checkpoints.record(event, admit=runtime.jobs.touch))
 
 
 async def get_jobs(request: web.Request) -> web.Response:

@@ -122,6 +122,8 @@ async def test_finished_without_started_or_duration_is_rejected_clearly(checkpoi
     assert status == 400
     assert answer["field"] == "duration_seconds"
     assert "no started event" in answer["error"] and "step-7" in answer["error"]
+    assert client.runtime.checkpoints.totals() == {}  # rejected: no job created, here or in the job tracker
+    assert (await (await client.get("/api/v1/jobs")).json()) == {"jobs": []}
 
 
 async def test_a_started_never_finished_times_out_as_a_failure(checkpoint_client, clock):

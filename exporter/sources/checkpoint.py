@@ -182,21 +182,29 @@ class CheckpointTracker:
         self.forget_after = forget_after
         self._pinned = set(pinned)
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # record() holds it across its check, admit() and the change
         self._jobs: dict[str, JobCheckpoints] = {name: JobCheckpoints(touched=clock()) for name in self._pinned}
 
-    def record(self, event: CheckpointEvent) -> dict[str, Any]:
-        """Apply one API event; returns the answer for the job."""
+    def record(self, event: CheckpointEvent, admit: Callable[[str], None] = lambda job: None) -> dict[str, Any]:
+        """Apply one API event; returns the answer for the job.
+
+        ``admit(job)`` runs once the event is known to apply and before anything changes (the job cap: it raises
+        to refuse the job), so a rejected event changes nothing here or there.
+        """
         at = event.time if event.time is not None else self._clock()
         answer: dict[str, Any] = {"job": event.job, "checkpoint": event.checkpoint}
-        if event.phase == "started":
-            self.start(event.job, event.checkpoint, at)
-            return {**answer, "state": "in_progress"}
-        if event.ok:
-            duration = self.finish(event.job, event.checkpoint, at, size=event.bytes, duration=event.duration)
-            return {**answer, "state": "finished", "duration_seconds": duration, "bytes": event.bytes}
-        duration = self.fail(event.job, event.checkpoint, at, reason="failed", duration=event.duration)
-        return {**answer, "state": "failed", "duration_seconds": duration}
+        with self._lock:
+            if event.phase != "started" and event.ok:
+                self._duration(event.job, event.checkpoint, API, at, event.duration)
+            admit(event.job)
+            if event.phase == "started":
+                self.start(event.job, event.checkpoint, at)
+                return {**answer, "state": "in_progress"}
+            if event.ok:
+                duration = self.finish(event.job, event.checkpoint, at, size=event.bytes, duration=event.duration)
+                return {**answer, "state": "finished", "duration_seconds": duration, "bytes": event.bytes}
+            duration = self.fail(event.job, event.checkpoint, at, reason="failed", duration=event.duration)
+            return {**answer, "state": "failed", "duration_seconds": duration}
 
     def start(self, job: str, checkpoint: str, at: float, origin: str = API) -> None:
         with self._lock:
@@ -212,16 +220,9 @@ class CheckpointTracker:
                duration: float | None = None) -> float:
         """Count a successful write; ``duration`` (the job's own timing) wins over ``at`` minus its start."""
         with self._lock:
+            duration = self._duration(job, checkpoint, origin, at, duration)
             state = self._job(job)
-            opened = state.open.pop((origin, checkpoint), None)
-            if duration is None:
-                if opened is None:
-                    raise ValidationError("duration_seconds", f"no started event is open for checkpoint {checkpoint!r} of job {job!r} "
-                                                              "(never sent, already finished, or timed out); send duration_seconds with finished")
-                duration = at - opened.started
-                if duration < 0:
-                    state.open[(origin, checkpoint)] = opened
-                    raise ValidationError("time", f"time is before the started time of checkpoint {checkpoint!r} ({opened.started})")
+            state.open.pop((origin, checkpoint), None)
             state.bucket_counts[bisect.bisect_left(DURATION_BUCKETS, duration)] += 1
             state.duration_sum += duration
             state.writes += 1
@@ -295,6 +296,19 @@ class CheckpointTracker:
                     len(state.open), state.last_success, state.last_duration, state.last_bandwidth,
                 )
             return result
+
+    def _duration(self, job: str, checkpoint: str, origin: str, at: float, duration: float | None) -> float:
+        """The duration of a write ending at ``at``; raises ValidationError, changing nothing, when it has none."""
+        if duration is not None:
+            return duration
+        state = self._jobs.get(job)
+        opened = state.open.get((origin, checkpoint)) if state else None
+        if opened is None:
+            raise ValidationError("duration_seconds", f"no started event is open for checkpoint {checkpoint!r} of job {job!r} "
+                                                      "(never sent, already finished, or timed out); send duration_seconds with finished")
+        if at < opened.started:
+            raise ValidationError("time", f"time is before the started time of checkpoint {checkpoint!r} ({opened.started})")
+        return at - opened.started
 
     def _job(self, job: str) -> JobCheckpoints:
         state = self._jobs.get(job)
@@ -434,7 +448,9 @@ class Route:
 class Notifier:
     """One inotify instance for the whole source, read by a thread so each event is stamped when it happens.
 
-    The thread holds no state of its own: it calls ``on_events`` with each batch, under the source's lock.
+    The thread holds no state of its own: it calls ``on_readable`` (which reads and routes, under the source's
+    lock) whenever events wait. It closes the descriptors itself when it ends, so a slow thread never reads a
+    descriptor number already reused by someone else.
     """
 
     def __init__(self, inotify: INotify):
@@ -442,7 +458,6 @@ class Notifier:
         self.routes: dict[int, Route] = {}
         self._wake_read, self._wake_write = os.pipe()
         self._thread: threading.Thread | None = None
-        self._stopping = False
 
     def add(self, path: str, mask: int, route: Route) -> int:
         descriptor = self._inotify.add_watch(path, mask)
@@ -467,20 +482,26 @@ class Notifier:
         poller = select.poll()
         poller.register(self._inotify.fileno(), select.POLLIN)
         poller.register(self._wake_read, select.POLLIN)
-        while not self._stopping:
-            ready = poller.poll()
-            if any(fd == self._wake_read for fd, _ in ready):
-                return
-            try:
-                on_readable()
-            except Exception:  # noqa: BLE001 - a watcher bug must not end event reading; sample() retries the path
-                log.exception("checkpoint watcher: handling inotify events failed")
+        try:
+            while True:
+                ready = poller.poll()
+                if any(fd == self._wake_read for fd, _ in ready):
+                    return
+                try:
+                    on_readable()
+                except Exception:  # noqa: BLE001 - a watcher bug must not end event reading; sample() retries the path
+                    log.exception("checkpoint watcher: handling inotify events failed")
+        finally:
+            self._release()
 
     def close(self) -> None:
-        self._stopping = True
-        os.write(self._wake_write, b"x")
-        if self._thread is not None:
-            self._thread.join(2.0)
+        if self._thread is None:
+            self._release()
+            return
+        os.write(self._wake_write, b"x")  # the thread ends only on this byte: the descriptor is still ours here
+        self._thread.join(2.0)
+
+    def _release(self) -> None:
         os.close(self._wake_read)
         os.close(self._wake_write)
         self._inotify.close()
