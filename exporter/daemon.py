@@ -118,9 +118,13 @@ class Daemon:
             self.first_cycle_done.set()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # asyncio.wait_for can swallow a cancel that lands as the awaited sample completes (bpo-42130): cancel
+        # again until every loop has really ended, or stop() would wait forever.
+        pending = set(self._tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
         closing = []
         for source in self.sources:
             worker = self._workers.get(source.name)
