@@ -1,15 +1,14 @@
 """POST /api/v1/checkpoints through the real aiohttp app, with the checkpoint source sampled by the real daemon."""
 
-import asyncio
 import subprocess
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import validate
 from exporter.sources.checkpoint import CheckpointSource, CheckpointTracker
 from tests.conftest import require_tool
+from tests.helpers import samples, wait_for
 
 JOB = "llama3-70b"
 KEY = (("training_job", JOB),)
@@ -23,18 +22,6 @@ class Clock:
 
     def __call__(self):
         return self.now
-
-
-def samples(text):
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-async def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

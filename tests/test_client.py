@@ -5,16 +5,10 @@ import requests
 import responses
 
 from exporter.client import ProgressReporter
+from tests.helpers import wait_until
 
 URL = "http://exporter.test:9495"
 PROGRESS = URL + "/api/v1/progress"
-
-
-def wait_until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 @responses.activate

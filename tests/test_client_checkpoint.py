@@ -3,13 +3,13 @@
 import json
 import logging
 import threading
-import time
 
 import pytest
 import requests
 import responses
 
 from exporter.client import ProgressReporter
+from tests.helpers import wait_until
 
 URL = "http://exporter.test:9495"
 CHECKPOINTS = URL + "/api/v1/checkpoints"
@@ -34,13 +34,6 @@ def reporter_with(clocks, **kwargs):
 
 def sent(url=CHECKPOINTS):
     return [json.loads(call.request.body) for call in responses.calls if call.request.url == url]
-
-
-def wait_until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 @responses.activate

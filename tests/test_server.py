@@ -5,25 +5,13 @@ import time
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sources.base import SourceUnavailable
 from tests.conftest import require_tool
+from tests.helpers import samples, wait_for
 
 LLAMA = {"params": "70.6B", "layers": 80, "heads": 64, "head_dim": 128, "seq_len": 8192}
 JOB = {"jobs": {"llama3-70b": {**LLAMA, "gpus": 8, "peak_tflops": 989.4}}}
-
-
-def samples(text):
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-async def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def test_progress_reports_become_mfu_metrics(make_client):
