@@ -1,0 +1,117 @@
+"""The full-node fixture the benchmarks run on.
+
+Eight H100s through the fake NVML, eight ConnectX-7 RoCE ports with every ``counters/`` and ``hw_counters/`` file,
+their eight netdevs with at least 300 ``ethtool -S`` statistics each, and four jobs of two GPUs each reporting
+progress and one checkpoint write each. Only the inputs are simulated: the daemon runs the real sources on them (the GPU source on the fake
+NVML module, the RDMA source on the sysfs tree, the ethtool source on ``ethtool -S`` texts) and every other source
+the runtime registers, as a real node's daemon does.
+
+The fabric files are written by the bench driver (``SimulatedNode.tick``), not by the daemon, so the daemon's CPU
+is the exporter's own.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from exporter.config import validate
+from exporter.fakes import nvml as fake_nvml
+from exporter.fakes.mlx5 import SimulatedNode, ethtool_stat_names
+from exporter.runtime import SOURCE_FACTORIES, Paths
+from exporter.sources.base import Source
+from exporter.sources.ethtool import EthtoolSource, EthtoolTextReader
+from exporter.sources.gpu import GpuSource
+from exporter.sources.preflight import PreflightSource
+
+GPUS = 8
+NICS = 8
+MIN_ETHTOOL_STATS = 300
+GPUS_PER_JOB = 2
+JOBS = tuple(f"bench-job-{index}" for index in range(GPUS // GPUS_PER_JOB))
+MODEL = {"params": 8.03e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
+TOKENS_PER_REPORT = 4 * 8192
+
+
+def ethtool_channels(minimum: int = MIN_ETHTOOL_STATS) -> int:
+    """Channels a ConnectX-7 netdev needs to show at least ``minimum`` stats (each channel adds 60)."""
+    channels = 1
+    while len(ethtool_stat_names(channels=channels)) < minimum:
+        channels += 1
+    return channels
+
+
+def build_fabric(root: Path) -> SimulatedNode:
+    """The NICs' sysfs tree (``root/sys``) and ``ethtool -S`` texts (``root/ethtool``), loaded as in training."""
+    fabric = SimulatedNode(root, nics=NICS, channels=ethtool_channels())
+    for nic in fabric.nics:
+        nic.utilization, nic.cnp_per_second, nic.rx_pause_ratio = 0.35, 20.0, 0.001
+    fabric.tick(1.0)
+    return fabric
+
+
+class NodeNvml(fake_nvml.FakeNvml):
+    """The fake NVML plus the persistence-mode query the preflight source makes (on, as on a tuned node)."""
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        self._enter("nvmlDeviceGetPersistenceMode", handle)
+        return pynvml.NVML_FEATURE_ENABLED
+
+
+def build_gpus() -> NodeNvml:
+    """Eight busy H100s, as ``exporter.demo`` sets them for healthy training."""
+    nvml = NodeNvml([fake_nvml.h100(index) for index in range(GPUS)])
+    for gpu in nvml.gpus:
+        gpu.utilization, gpu.memory_utilization = 95, 40
+        gpu.memory_used = 71 * 1024**3
+        gpu.sm_clock_mhz, gpu.temperature_c, gpu.power_mw = 1980, 68, 640_000
+        gpu.clocks_event_reasons = 0
+        gpu.set_activity(tensor=60.0, sm=85.0, occupancy=40.0, dram=45.0)
+        gpu.nvlink_tx_rate = gpu.nvlink_rx_rate = 120e9
+        gpu.pcie_tx_rate = gpu.pcie_rx_rate = 6e9
+    return nvml
+
+
+def node_config(listen_address: str = "127.0.0.1:9495") -> dict:
+    """Every default, as a node runs with an empty config file, on a loopback address."""
+    return validate({"web": {"listen_address": listen_address}})
+
+
+def node_sources(config: dict, fixture_root: Path, nvml: Any) -> list[Source]:
+    """Every source the runtime registers, built as ``build_sources`` builds them except where a fake stands in:
+    NVML is ``nvml``, and the ethtool source reads the fixture's ``ethtool -S`` texts instead of the ioctl."""
+    paths = Paths(sysfs=str(fixture_root / "sys"))
+    ethtool = config["sources"]["ethtool"]
+    substitutes = {
+        "gpu": lambda section: GpuSource.from_config(section, nvml),
+        "preflight": lambda section: PreflightSource.from_config(section, paths.sysfs, paths.procfs, nvml),
+        "ethtool": lambda section: EthtoolSource(
+            paths.sysfs, interfaces_include=ethtool["interfaces_include"], interfaces_exclude=ethtool["interfaces_exclude"],
+            stats_include=ethtool["stats_include"], interval=ethtool["interval"], timeout=ethtool["timeout"],
+            reader=EthtoolTextReader.from_directory(str(fixture_root / "ethtool"))),
+    }
+    sources = []
+    for name, factory in SOURCE_FACTORIES.items():
+        section = config["sources"][name]
+        if section["enabled"] == "false":
+            continue
+        substitute = substitutes.get(name)
+        sources.append(substitute(section) if substitute else factory(section, paths))
+    return sources
+
+
+def progress_report(job_index: int, job: str, tokens_total: int, step: int) -> dict[str, Any]:
+    """The body ``ProgressReporter.update`` posts: the totals plus the model facts every report carries."""
+    first_gpu = (job_index % len(JOBS)) * GPUS_PER_JOB
+    return {
+        "job": job, "tokens_total": tokens_total, "time": time.time(), "step": step,
+        "model": MODEL, "dtype": "bf16", "gpus": list(range(first_gpu, first_gpu + GPUS_PER_JOB)),
+    }
+
+
+def checkpoint_event(job: str) -> dict[str, Any]:
+    """One checkpoint write the job timed itself (``POST /api/v1/checkpoints``): its series exist from then on."""
+    return {"job": job, "checkpoint": "step-1000", "duration_seconds": 38.2, "bytes": 1.6e10}

@@ -1,0 +1,46 @@
+"""The benchmarked exporter process: the real runtime and server (``exporter.cli.serve``) on the full-node fixture.
+
+    python -m bench.node --fixture DIR --web.listen-address 127.0.0.1:PORT
+
+``DIR`` is a fixture tree written by ``bench.fixture.build_fabric`` (the driver keeps ticking it). Prints
+``ready <url>`` once listening; SIGTERM stops it as it stops the exporter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+from pathlib import Path
+
+from bench import fixture
+from exporter.cli import serve, setup_logging
+from exporter.runtime import build_runtime
+
+GPU_TICK_SECONDS = 1.0
+
+
+def advance_gpus(nvml, stop: threading.Event) -> None:
+    """Energy and NVLink/PCIe byte counters move as on a busy GPU (microseconds of work a second)."""
+    while not stop.wait(GPU_TICK_SECONDS):
+        nvml.advance(GPU_TICK_SECONDS)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fixture", required=True, type=Path, help="fixture root (sys/ and ethtool/ inside)")
+    parser.add_argument("--web.listen-address", dest="listen_address", required=True, metavar="HOST:PORT")
+    args = parser.parse_args()
+    setup_logging("warning")
+    nvml = fixture.build_gpus()
+    config = fixture.node_config(args.listen_address)
+    runtime = build_runtime(config, fixture.node_sources(config, args.fixture, nvml))
+    stop = threading.Event()
+    threading.Thread(target=advance_gpus, args=(nvml, stop), name="bench-gpus", daemon=True).start()
+    asyncio.run(serve(runtime, on_started=lambda urls: print("ready", urls[0], flush=True)))
+    stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,551 @@
+"""Benchmark the exporter on a simulated full node and compare its scrapes with node_exporter's.
+
+    python -m bench.run [--quick] [--json FILE]
+
+What it measures, in order (docs/benchmarks.md explains the method and the targets):
+
+1. in-process, on fresh sources: CPU of each source's ``sample()`` (thread and process CPU), and the CPU of
+   rendering a whole node per format;
+2. a real exporter process (``bench.node``) and ``prometheus-node-exporter`` (infiniband collector only) on the
+   same sysfs tree: series per source in the exporter's scrape, then both scraped the same ways: back to back
+   and after every state change (as a 15 s Prometheus scrape always finds it), by 1 and by 16 scrapers, as
+   Prometheus does (OpenMetrics, gzip) and as curl does;
+3. the daemon's CPU over a window of 1 s sampling while scraped and reported to every second, from /proc;
+4. progress ingest by 32 concurrent reporters;
+5. the daemon's RSS after warm-up and after all of the above (at least 10,000 scrapes and 100,000 reports).
+
+Figures are medians, minima and maxima over repetitions. ``--quick`` runs every step with tiny counts: it checks
+the bench works, its numbers mean little. A full run exits 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import fixture, loadgen
+from exporter.exposition import encode
+from exporter.fakes.mlx5 import SimulatedNode
+from exporter.jobs import parse_progress
+from exporter.runtime import build_runtime
+from exporter.sources.checkpoint import parse_checkpoint_event
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+SCRAPERS = 16
+REPORTERS = 32
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+READY_TIMEOUT = 30.0
+SAMPLE_INTERVAL = 1.0  # of every source but preflight, by default
+NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
+
+
+@dataclass(frozen=True)
+class Plan:
+    repetitions: int
+    sample_cycles: int  # per repetition, after one warm-up cycle
+    render_times: int
+    single_scrapes: int  # back to back, one scraper
+    concurrent_scrapes: int  # back to back, per scraper
+    fresh_scrapes: int  # one scraper, a state change before each
+    fresh_rounds: int  # 16 scrapers at once, a state change before each round
+    cpu_seconds: int
+    cpu_window: int  # seconds per CPU sub-window
+    ingest_reports: int  # per reporter per repetition
+
+
+FULL = Plan(repetitions=5, sample_cycles=40, render_times=20, single_scrapes=1000, concurrent_scrapes=100,
+            fresh_scrapes=200, fresh_rounds=50, cpu_seconds=60, cpu_window=10, ingest_reports=625)
+QUICK = Plan(repetitions=2, sample_cycles=2, render_times=2, single_scrapes=20, concurrent_scrapes=2,
+             fresh_scrapes=5, fresh_rounds=2, cpu_seconds=2, cpu_window=1, ingest_reports=5)
+
+# (figure, comparison, limit): a full run judges the median of each.
+TARGETS = [
+    ("scrape.prometheus.single.p99_ms", "<=", 2.0),
+    ("scrape.prometheus.concurrent.p99_ms", "<=", 10.0),
+    ("scrape.text.single.p99_ms", "<=", 2.0),
+    ("scrape.text.concurrent.p99_ms", "<=", 10.0),
+    *((f"ratio.{mode}.{kind}.p99", "<=", 1.0) for mode in loadgen.SCRAPE_MODES
+      for kind in ("single", "concurrent", "fresh_single", "fresh_concurrent")),
+    ("cpu.daemon_percent", "<=", 2.0),
+    ("sample.gpu.cpu_ms", "<", 20.0),
+    ("sample.fabric.cpu_ms", "<", 15.0),
+    ("rss.final_mb", "<=", 80.0),
+    ("rss.growth_percent", "<", 5.0),
+    ("ingest.reports_per_second", ">=", 2000.0),
+    ("ingest.p99_ms", "<=", 25.0),
+]
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
+
+
+class Figures:
+    """Named figures; one measured per repetition becomes median/min/max over the repetitions."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self._repeated: dict[str, list[float]] = {}
+
+    def set(self, name: str, value: Any) -> None:
+        self.values[name] = value
+
+    def add(self, name: str, value: float) -> None:
+        self._repeated.setdefault(name, []).append(value)
+        self.values[name] = stats(self._repeated[name])
+
+    def latest(self, name: str) -> float:
+        """The value of the latest repetition of a repeated figure."""
+        return self._repeated[name][-1]
+
+    def median(self, name: str) -> float:
+        value = self.values[name]
+        return value["median"] if isinstance(value, dict) else value
+
+
+# --- processes ----------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def node_exporter_binary() -> str:
+    for name in NODE_EXPORTER_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise SystemExit("bench: prometheus-node-exporter not found; `make bench` installs Debian's package (as root)")
+
+
+class Process:
+    """A child process the bench measures through /proc; its log goes to ``log``."""
+
+    def __init__(self, name: str, argv: list[str], address: str, log: Path):
+        self.name = name
+        self.address = address
+        self.log = log
+        with open(log, "wb") as output:
+            self.popen = subprocess.Popen(argv, cwd=REPOSITORY, stdout=subprocess.DEVNULL, stderr=output,
+                                          start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU so far (/proc/<pid>/stat fields 14 and 15)."""
+        with open(f"/proc/{self.pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise RuntimeError(f"no VmRSS for {self.name}")
+
+    def fail(self, why: str) -> None:
+        self.stop()
+        raise SystemExit(f"bench: {self.name} {why}: {self.log.read_text(errors='replace')[-2000:]}")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+async def wait_until(process: Process, path: str, ok: Callable[[loadgen.Response], bool]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    request = loadgen.get_request(process.address, path, {})
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            process.fail("exited")
+        connection = loadgen.Connection(process.address)
+        try:
+            response = await connection.exchange(request)
+            if ok(response):
+                return
+        except OSError:
+            pass
+        finally:
+            await connection.close()
+        await asyncio.sleep(0.1)
+    process.fail(f"not ready on {path} within {READY_TIMEOUT:g} s")
+
+
+def all_sources_sampled(response: loadgen.Response) -> bool:
+    return response.status == 200 and all(s["last_sample_duration_seconds"] is not None
+                                          for s in json.loads(response.body)["sources"])
+
+
+# --- in-process measurements --------------------------------------------------------------------------------
+
+
+def measure_samples(plan: Plan, fabric: SimulatedNode, root: Path, figures: Figures) -> None:
+    """CPU of each source's sample() on fresh sources, with the fabric and GPUs moving between cycles."""
+    for _ in range(plan.repetitions):
+        nvml = fixture.build_gpus()
+        sources = fixture.node_sources(fixture.node_config(), root, nvml)
+        thread_cpu: dict[str, list[float]] = {s.name: [] for s in sources}
+        process_cpu: dict[str, list[float]] = {s.name: [] for s in sources}
+        try:
+            for cycle in range(plan.sample_cycles + 1):
+                fabric.tick(1.0)
+                nvml.advance(1.0)
+                for source in sources:
+                    thread_started, process_started = time.thread_time(), time.process_time()
+                    source.sample()
+                    if cycle:  # the first cycle opens files and NVML: not the steady cost
+                        thread_cpu[source.name].append(time.thread_time() - thread_started)
+                        process_cpu[source.name].append(time.process_time() - process_started)
+        finally:
+            for source in sources:
+                source.close()
+        for name in thread_cpu:
+            figures.add(f"sample.{name}.cpu_ms", statistics.median(thread_cpu[name]) * 1e3)
+            figures.add(f"sample.{name}.process_cpu_ms", statistics.median(process_cpu[name]) * 1e3)
+        fabric_cycles = [r + e for r, e in zip(thread_cpu["rdma"], thread_cpu["ethtool"])]
+        figures.add("sample.fabric.cpu_ms", statistics.median(fabric_cycles) * 1e3)
+
+
+async def measure_rendering(plan: Plan, root: Path, figures: Figures) -> dict[str, str]:
+    """The CPU of one full render per format, on a runtime whose daemon sampled once, with the jobs reported and
+    attributed; returns which source each family comes from (by its name in the text format)."""
+    config = fixture.node_config()
+    runtime = build_runtime(config, fixture.node_sources(config, root, fixture.build_gpus()))
+    if runtime.checkpoints is not None:
+        for job in fixture.JOBS:
+            runtime.checkpoints.record(parse_checkpoint_event(fixture.checkpoint_event(job), time.time()))
+    daemon = runtime.daemon
+    await daemon.start()
+    try:
+        while not all(state.cycles for state in daemon.states.values()):
+            await asyncio.sleep(0.05)
+    finally:
+        await daemon.stop()
+    for index, job in enumerate(fixture.JOBS):
+        for step in (1, 2):
+            runtime.jobs.report(parse_progress(fixture.progress_report(index, job, step * fixture.TOKENS_PER_REPORT, step), time.time()))
+    runtime.attribution.evaluate(time.time(), runtime.jobs.views(), runtime.node_signals())  # as evaluate_jobs does
+    source_of = {}
+    for name, state in daemon.states.items():
+        for family in state.snapshot.render() if state.snapshot else ():
+            source_of[family.name + "_info" if family.type == "info" else family.name] = name
+    for label, accept in (("text", ""), ("openmetrics", loadgen.PROMETHEUS_ACCEPT)):
+        encoder, content_type = choose_encoder(accept)
+        renders = {"cpu_ms": lambda: encode(runtime.registry, encoder, content_type),  # what a scrape waits for
+                   "library_cpu_ms": lambda: encoder(runtime.registry)}  # prometheus_client's own, for comparison
+        for _ in range(plan.repetitions):
+            for figure, render in renders.items():
+                times = []
+                for _ in range(plan.render_times):
+                    started = time.thread_time()
+                    body = render()
+                    times.append(time.thread_time() - started)
+                figures.add(f"render.{label}.{figure}", statistics.median(times) * 1e3)
+            started = time.thread_time()
+            gzip.compress(body, compresslevel=1)
+            figures.add(f"render.{label}.gzip_cpu_ms", (time.thread_time() - started) * 1e3)
+    return source_of
+
+
+# --- the exporter process and node_exporter -----------------------------------------------------------------
+
+
+class Reporters:
+    """Running token totals per job, so every report continues its job's total as a real reporter does."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.tokens: dict[str, int] = {}
+        self.sent = 0
+        self.refused = 0  # answered 503 and sent again
+
+    def maker(self, index: int, job: str) -> Callable[[], bytes]:
+        def next_request() -> bytes:
+            tokens = self.tokens.get(job, 0) + fixture.TOKENS_PER_REPORT
+            self.tokens[job] = tokens
+            self.sent += 1
+            body = fixture.progress_report(index, job, tokens, tokens // fixture.TOKENS_PER_REPORT)
+            return loadgen.post_json_request(self.address, "/api/v1/progress", body)
+
+        return next_request
+
+    async def report_jobs(self, connection: loadgen.Connection) -> None:
+        for index, job in enumerate(fixture.JOBS):
+            await connection.timed(self.maker(index, job)())
+
+
+def count_series(text: str, source_of: dict[str, str]) -> dict[str, int]:
+    """Series in a text exposition by where they come from: a source, else per job (a training_job label), else
+    the exporter itself."""
+    counts = dict.fromkeys([*dict.fromkeys(source_of.values()), "jobs", "exporter"], 0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            group = source_of.get(family.name) or ("jobs" if "training_job" in sample.labels else "exporter")
+            counts[group] += 1
+    return counts
+
+
+async def measure_bodies(exporter: Process, node_exporter: Process, source_of: dict[str, str], figures: Figures) -> None:
+    for process in (exporter, node_exporter):
+        connection = loadgen.Connection(process.address)
+        try:
+            text = await connection.exchange(loadgen.get_request(process.address, "/metrics", loadgen.SCRAPE_MODES["text"]))
+            prometheus = await connection.exchange(
+                loadgen.get_request(process.address, "/metrics", loadgen.SCRAPE_MODES["prometheus"]))
+        finally:
+            await connection.close()
+        prefix = "body" if process is exporter else "node_exporter.body"
+        figures.set(f"{prefix}.text_bytes", len(text.body))
+        figures.set(f"{prefix}.prometheus_bytes", len(prometheus.body))
+        figures.set(f"{prefix}.prometheus_content_type", prometheus.headers.get(b"content-type", b"").decode())
+        if process is exporter:
+            counts = count_series(text.body.decode(), source_of)
+            for group, series in counts.items():
+                figures.set(f"series.{group}", series)
+            figures.set("series.total", sum(counts.values()))
+        else:
+            figures.set("node_exporter.series", sum(len(f.samples) for f in text_string_to_metric_families(text.body.decode())))
+
+
+async def measure_scrapes(plan: Plan, exporter: Process, node_exporter: Process, reporters: Reporters,
+                          figures: Figures) -> int:
+    """Latency of scrapes, ours against node_exporter's, pair by pair; returns how many scrapes hit the exporter."""
+    post = loadgen.Connection(exporter.address)
+    await post.open()
+    next_report = reporters.maker(0, fixture.JOBS[0])
+
+    async def change_state() -> None:
+        await post.timed(next_report())  # a job's new total: the next scrape must render afresh
+
+    async def nothing() -> None:
+        pass  # node_exporter collects on every scrape anyway
+
+    scrapes = 0
+    try:
+        for _ in range(plan.repetitions):
+            for mode, headers in loadgen.SCRAPE_MODES.items():
+                for process in (exporter, node_exporter):
+                    request = loadgen.get_request(process.address, "/metrics", headers)
+                    before = change_state if process is exporter else nothing
+                    runs = {
+                        "single": await loadgen.back_to_back(process.address, request, 1, plan.single_scrapes),
+                        "concurrent": await loadgen.back_to_back(process.address, request, SCRAPERS, plan.concurrent_scrapes),
+                        "fresh_single": await loadgen.in_rounds(process.address, request, 1, plan.fresh_scrapes, before),
+                        "fresh_concurrent": await loadgen.in_rounds(process.address, request, SCRAPERS, plan.fresh_rounds, before),
+                    }
+                    prefix = "scrape" if process is exporter else "node_exporter.scrape"
+                    for kind, latencies in runs.items():
+                        figures.add(f"{prefix}.{mode}.{kind}.p50_ms", loadgen.percentile(latencies, 0.50) * 1e3)
+                        figures.add(f"{prefix}.{mode}.{kind}.p99_ms", loadgen.percentile(latencies, 0.99) * 1e3)
+                        if process is exporter:
+                            scrapes += len(latencies)
+                for kind in runs:
+                    for quantile in ("p50", "p99"):
+                        figures.add(f"ratio.{mode}.{kind}.{quantile}",
+                                    figures.latest(f"scrape.{mode}.{kind}.{quantile}_ms")
+                                    / figures.latest(f"node_exporter.scrape.{mode}.{kind}.{quantile}_ms"))
+    finally:
+        await post.close()
+    return scrapes
+
+
+async def measure_cpu(plan: Plan, exporter: Process, node_exporter: Process, fabric: SimulatedNode, reporters: Reporters,
+                      figures: Figures) -> int:
+    """Both processes' CPU while the fabric moves, the jobs report and each is scraped every second; returns
+    the exporter's scrapes."""
+    scrape = {p: loadgen.Connection(p.address) for p in (exporter, node_exporter)}
+    requests = {p: loadgen.get_request(p.address, "/metrics", loadgen.SCRAPE_MODES["prometheus"]) for p in scrape}
+    post = loadgen.Connection(exporter.address)
+    windows: dict[Process, list[float]] = {p: [] for p in scrape}
+    started = time.monotonic()
+    cpu_at_start = {p: p.cpu_seconds() for p in scrape}
+    cpu_at_window = dict(cpu_at_start)
+    try:
+        for second in range(1, plan.cpu_seconds + 1):
+            fabric.tick(1.0)
+            await reporters.report_jobs(post)
+            for process, connection in scrape.items():
+                await connection.timed(requests[process])
+            await asyncio.sleep(max(started + second - time.monotonic(), 0.0))
+            if second % plan.cpu_window == 0:
+                for process in scrape:
+                    now = process.cpu_seconds()
+                    windows[process].append((now - cpu_at_window[process]) / plan.cpu_window * 100)
+                    cpu_at_window[process] = now
+    finally:
+        for connection in (*scrape.values(), post):
+            await connection.close()
+    elapsed = time.monotonic() - started
+    for process, prefix in ((exporter, "cpu.daemon"), (node_exporter, "node_exporter.cpu")):
+        figures.set(f"{prefix}_percent", (process.cpu_seconds() - cpu_at_start[process]) / elapsed * 100)
+        figures.set(f"{prefix}_window_percent", stats(windows[process]))
+    return plan.cpu_seconds
+
+
+async def measure_ingest(plan: Plan, exporter: Process, reporters: Reporters, figures: Figures) -> None:
+    """32 reporters (the 4 fixture jobs and 28 more, ingest.max_jobs in all) posting as fast as they are answered."""
+    jobs = list(fixture.JOBS) + [f"bench-ingest-{index}" for index in range(len(fixture.JOBS), REPORTERS)]
+    makers = [reporters.maker(index, job) for index, job in enumerate(jobs)]
+    reporters.refused += (await loadgen.post_many(exporter.address, makers, 1)).refused  # every job exists first
+    for _ in range(plan.repetitions):
+        posted = await loadgen.post_many(exporter.address, makers, plan.ingest_reports)
+        figures.add("ingest.reports_per_second", len(posted.latencies) / posted.elapsed)
+        figures.add("ingest.p50_ms", loadgen.percentile(posted.latencies, 0.50) * 1e3)
+        figures.add("ingest.p99_ms", loadgen.percentile(posted.latencies, 0.99) * 1e3)
+        figures.add("ingest.refused_percent", posted.refused / (posted.refused + len(posted.latencies)) * 100)
+        reporters.refused += posted.refused
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": len(os.sched_getaffinity(0)), "cpu_model": model, "python": platform.python_version(),
+            "kernel": platform.release(), "loadavg_1m_start": os.getloadavg()[0]}
+
+
+def node_exporter_version(binary: str) -> str:
+    output = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    return (output.stdout or output.stderr).splitlines()[0]
+
+
+async def run(plan: Plan) -> dict[str, Any]:
+    figures = Figures()
+    binary = node_exporter_binary()
+    info = {**machine(), "node_exporter": node_exporter_version(binary), "plan": asdict(plan)}
+    root = Path(tempfile.mkdtemp(prefix="mfu-bench-"))
+    processes: list[Process] = []
+    try:
+        fabric = fixture.build_fabric(root)
+        figures.set("fixture.gpus", fixture.GPUS)
+        figures.set("fixture.rdma_ports", len(fabric.nics))
+        figures.set("fixture.ethtool_interfaces", len(fabric.nics))
+        figures.set("fixture.ethtool_stats_per_interface", min(len(nic.stats) for nic in fabric.nics))
+        figures.set("fixture.jobs", len(fixture.JOBS))
+
+        measure_samples(plan, fabric, root, figures)
+        source_of = await measure_rendering(plan, root, figures)
+
+        exporter_address = f"127.0.0.1:{free_port()}"
+        exporter = Process("exporter", [sys.executable, "-m", "bench.node", "--fixture", str(root),
+                                        "--web.listen-address", exporter_address], exporter_address, root / "exporter.log")
+        processes.append(exporter)
+        node_exporter_address = f"127.0.0.1:{free_port()}"
+        node_exporter = Process("node_exporter", [binary, f"--path.sysfs={root / 'sys'}", "--collector.disable-defaults",
+                                                  "--collector.infiniband", f"--web.listen-address={node_exporter_address}"],
+                                node_exporter_address, root / "node_exporter.log")
+        processes.append(node_exporter)
+        await wait_until(exporter, "/api/v1/status", all_sources_sampled)
+        await wait_until(node_exporter, "/metrics", lambda response: response.status == 200)
+
+        reporters = Reporters(exporter.address)
+        warm = loadgen.Connection(exporter.address)
+        try:
+            for _ in range(2):  # two reports each: every job has an MFU
+                await reporters.report_jobs(warm)
+            for job in fixture.JOBS:
+                await warm.timed(loadgen.post_json_request(exporter.address, "/api/v1/checkpoints", fixture.checkpoint_event(job)))
+            for headers in loadgen.SCRAPE_MODES.values():
+                for _ in range(20):
+                    await warm.timed(loadgen.get_request(exporter.address, "/metrics", headers))
+        finally:
+            await warm.close()
+        await asyncio.sleep(2 * SAMPLE_INTERVAL)  # every 1 s source has sampled the warm-up's reports and writes
+        scrapes = 40
+        figures.set("rss.warm_mb", exporter.rss_mb())
+        figures.set("node_exporter.rss_mb", node_exporter.rss_mb())
+
+        await measure_bodies(exporter, node_exporter, source_of, figures)
+        scrapes += 4 + await measure_scrapes(plan, exporter, node_exporter, reporters, figures)
+        scrapes += await measure_cpu(plan, exporter, node_exporter, fabric, reporters, figures)
+        await measure_ingest(plan, exporter, reporters, figures)
+
+        figures.set("rss.final_mb", exporter.rss_mb())
+        figures.set("rss.growth_percent", (figures.median("rss.final_mb") / figures.median("rss.warm_mb") - 1) * 100)
+        figures.set("rss.scrapes", scrapes)
+        figures.set("rss.reports", reporters.sent - reporters.refused)
+        for process in processes:
+            if process.popen.poll() is not None:
+                process.fail("exited during the bench")
+    finally:
+        for process in processes:
+            process.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    info["loadavg_1m_end"] = os.getloadavg()[0]
+    figures.set("series.per_1000_nodes", figures.median("series.total") * 1000)
+    figures.set("series.per_10000_nodes", figures.median("series.total") * 10000)
+    return {"machine": info, "figures": figures.values, "targets": judge(figures)}
+
+
+def judge(figures: Figures) -> list[dict[str, Any]]:
+    verdicts = []
+    for name, comparison, limit in TARGETS:
+        value = figures.median(name)
+        met = {"<=": value <= limit, "<": value < limit, ">=": value >= limit}[comparison]
+        verdicts.append({"figure": name, "target": f"{comparison} {limit:g}", "median": value, "met": met})
+    return verdicts
+
+
+def show(result: dict[str, Any]) -> str:
+    lines = ["machine: " + ", ".join(f"{k} {v}" for k, v in result["machine"].items() if k != "plan")]
+    for name, value in result["figures"].items():
+        if isinstance(value, dict):
+            lines.append(f"{name:58} {value['median']:12.3f}  (min {value['min']:.3f}, max {value['max']:.3f}, n={value['runs']})")
+        elif isinstance(value, float):
+            lines.append(f"{name:58} {value:12.3f}")
+        else:
+            lines.append(f"{name:58} {value!s:>12}")
+    for verdict in result["targets"]:
+        lines.append(f"{'met ' if verdict['met'] else 'MISSED'} {verdict['figure']} {verdict['target']}: {verdict['median']:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every step with tiny counts (seconds): checks the bench works")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # the in-process runtime's notes (a job's first report) are expected
+    result = asyncio.run(run(QUICK if args.quick else FULL))
+    print(show(result), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    missed = [v["figure"] for v in result["targets"] if not v["met"]]
+    return 1 if missed and not args.quick else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
