@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test bench system-deps rules clean
+.PHONY: demo run test soak bench system-deps rules clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ run: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q
+
+# The fault soak of tests/test_soak.py for longer: ten minutes unless SOAK_SECONDS says otherwise (make test: 50 s).
+soak: $(STAMP)
+	SOAK_SECONDS=$${SOAK_SECONDS:-600} $(PY) -m pytest -q -s tests/test_soak.py
 
 # The benchmarks of docs/benchmarks.md on a simulated full node, against Debian's node_exporter (installed here when
 # missing and root): about five minutes on 2 cores; exits 1 when a target is missed. Figures in bench/results/.

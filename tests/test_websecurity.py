@@ -128,7 +128,7 @@ async def serving(web_config_file=None, token_file=None):
         yield port
     finally:
         stop.set()
-        await task
+        await asyncio.wait_for(task, 30)
 
 
 # --- the web config file: loading and its errors -------------------------------------------------------------------
