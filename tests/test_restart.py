@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.client import ProgressReporter
 from exporter.runtime import SOURCE_FACTORIES
+from tests.helpers import wait_until
 
 TOKEN = "restart-test-token"
 MODEL = {"params": "7B"}
@@ -29,13 +30,6 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def wait_for(predicate, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 class ExporterProcess:
     def __init__(self, config_path, port):
         self.config_path, self.port = config_path, port
@@ -44,7 +38,7 @@ class ExporterProcess:
     def start(self):
         self.process = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(self.config_path)],
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        wait_for(self.ready, "the exporter to be ready")
+        wait_until(self.ready, timeout=20)
 
     def ready(self):
         assert self.process.poll() is None, self.process.stdout.read().decode()
@@ -107,7 +101,7 @@ def test_kill_9_and_restart_loses_no_job(exporter):
     def report(tokens):
         sent = reporter.sent
         reporter.update(tokens_total=tokens, step=int(tokens // 1000))
-        wait_for(lambda: reporter.sent > sent, f"the report of {tokens:g} tokens to arrive")
+        wait_until(lambda: reporter.sent > sent, timeout=20)
         job_clock[0] += REPORT_INTERVAL
 
     expected_mfu = FLOPS_PER_TOKEN * (1e6 / REPORT_INTERVAL) / (GPUS * PEAK_TFLOPS * 1e12)
@@ -119,11 +113,11 @@ def test_kill_9_and_restart_loses_no_job(exporter):
         exporter.kill()
         failures = reporter.failures
         reporter.update(tokens_total=3e6, step=3000)  # the training loop goes on while the exporter is down
-        wait_for(lambda: reporter.failures > failures, "the reporter to meet the dead exporter")
+        wait_until(lambda: reporter.failures > failures, timeout=20)  # it met the dead exporter
         job_clock[0] += REPORT_INTERVAL
 
         exporter.start()  # same port, empty memory: everything below comes from the reporter
-        wait_for(lambda: reporter.sent == 3, "the pending report to reach the new exporter")
+        wait_until(lambda: reporter.sent == 3, timeout=20)  # the pending total reached the new one
         job = exporter.job()
         assert job["tokens_total"] == 3e6
         assert job["mfu"] is None  # one report: no rate yet

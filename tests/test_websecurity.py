@@ -22,6 +22,7 @@ from exporter.config import ConfigError, validate
 from exporter.runtime import build_runtime
 from exporter.server import create_app
 from exporter.websecurity import WebSecurity, is_loopback, load_web_config
+from tests.helpers import wait_for
 
 PASSWORD = b"correct horse"
 # Cost 4 keeps the tests fast; "$2y$" is the prefix htpasswd -B writes, the same algorithm as "$2b$".
@@ -376,29 +377,21 @@ def read_all(sock):
     return b"".join(chunks)
 
 
-async def wait_until(predicate):
-    for _ in range(500):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 async def test_concurrent_ingest_beyond_the_limit_gets_503_and_the_slot_comes_back(secured):
     security = WebSecurity(max_concurrent_ingest=1)
     client = await secured(security)
     body = b'{"job": "slow", "tokens_total": 5}'
     slow = await asyncio.to_thread(partial_post, client.server.port, body[:10], len(body))
     try:
-        await wait_until(lambda: security.ingest_in_flight == 1)
+        await wait_for(lambda: security.ingest_in_flight == 1)
         busy = await client.post("/api/v1/progress", json=REPORT)
         assert busy.status == 503
         assert busy.headers["Retry-After"] == "1"
         assert "at once" in (await busy.json())["error"]
         assert client.runtime.jobs.names() == []
         await asyncio.to_thread(slow.sendall, body[10:])
-        await wait_until(lambda: client.runtime.jobs.names() == ["slow"])
-        await wait_until(lambda: security.ingest_in_flight == 0)
+        await wait_for(lambda: client.runtime.jobs.names() == ["slow"])
+        await wait_for(lambda: security.ingest_in_flight == 0)
     finally:
         slow.close()
     assert (await client.post("/api/v1/progress", json=REPORT)).status == 200
