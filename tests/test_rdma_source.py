@@ -258,6 +258,19 @@ def test_hot_unplug_drops_the_device_and_keeps_the_others(sysfs):
     assert raised.value.reason == "no_devices" and raised.value.retry_after
 
 
+def test_ports_created_after_their_device_are_found_on_a_later_look(sysfs):
+    roce_device(sysfs, "mlx5_0")
+    sysfs.add_rdma_device("mlx5_1", "0000:1c:00.0")  # the kernel makes the device directory before its ports
+    clock = Clock()
+    source = RdmaSource(str(sysfs.root), clock=clock)
+    assert list(source.sample().data["ports"]) == ["mlx5_0/1"]
+    sysfs.add_rdma_port("mlx5_1", 1, netdev="ens2np0", counters=port_counters(), hw_counters=hw_counters())
+    clock.now += 1
+    assert list(source.sample().data["ports"]) == ["mlx5_0/1"]  # same device listing: no walk every second
+    clock.now += 30
+    assert sorted(source.sample().data["ports"]) == ["mlx5_0/1", "mlx5_1/1"]
+
+
 def test_no_rdma_driver_is_source_unavailable(tmp_path):
     with pytest.raises(SourceUnavailable) as raised:
         RdmaSource(str(tmp_path)).sample()

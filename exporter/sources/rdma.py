@@ -38,6 +38,7 @@ STATE_ACTIVE = "ACTIVE"
 # literally shifts the octet count right by 2. The factor is always 4, never the link width.
 OCTETS_PER_DATA_WORD = 4
 RETRY_WHEN_NO_PORTS = 30.0
+REDISCOVER_INTERVAL = 30.0
 DEFAULT_MAX_OPEN_FILES = 512
 
 DATA_COUNTERS = {"port_rcv_data": "received", "port_xmit_data": "transmitted"}
@@ -439,6 +440,7 @@ class RdmaSource:
         self._histories: dict[str, tuple[CounterHistory, CounterHistory]] = {}
         self._listed: list[str] | None = None
         self._stale = True
+        self._next_discovery = float("-inf")
 
     def _rediscover(self, listed: list[str] | None, errors: Counter) -> None:
         for opened in self._ports.values():
@@ -457,11 +459,14 @@ class RdmaSource:
             del self._histories[key]
         self._listed = listed
         self._stale = False
+        self._next_discovery = self._clock() + REDISCOVER_INTERVAL
 
     def sample(self) -> Snapshot:
         errors: Counter = Counter()
         listed = list_devices(self._sysfs_root)
-        if self._stale or listed != self._listed:
+        # The kernel creates a device's directory before its ports: a listing that did not change can still hide
+        # ports that appeared since, so look again now and then.
+        if self._stale or listed != self._listed or self._clock() >= self._next_discovery:
             self._rediscover(listed, errors)
         if not self._ports:
             where = os.path.join(self._sysfs_root, "class", "infiniband")
