@@ -103,6 +103,10 @@ TOKEN_FORM = re.compile(r"^[\x21-\x7e]+$")
 BASIC_CHALLENGE = 'Basic realm="mfu-exporter", charset="UTF-8"'
 BEARER_CHALLENGE = 'Bearer realm="mfu-exporter ingest"'
 
+# Liveness and readiness answer "ok" or "not ready" and reveal nothing: kubelet and Docker HEALTHCHECK probes
+# carry no credentials, so basic auth does not cover them (TLS still does: probe with scheme HTTPS).
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+
 
 def _client_auth_type(value: Any) -> str:
     if value in ("RequestClientCert", "RequireAnyClientCert"):
@@ -568,7 +572,7 @@ class WebSecurity:
             return web.Response(status=403, text="the client certificate has none of the allowed SANs\n")
         if request.method not in SAFE_METHODS:
             return await self._ingest(request, handler)
-        if config.users:
+        if config.users and request.path not in PROBE_PATHS:
             credentials = _basic_credentials(request.headers.get("Authorization"))
             if credentials is None or not await self._password_ok(config, *credentials):
                 return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": BASIC_CHALLENGE})

@@ -207,6 +207,9 @@ async def test_basic_auth_guards_reads_with_a_challenge_and_y_hashes_work(secure
     response = await client.get("/metrics", headers=basic("alice", PASSWORD.decode()))
     assert response.status == 200
     assert "mfu_exporter_build_info" in await response.text()
+    for probe in ("/healthz", "/readyz", "/"):
+        response = await client.get(probe)
+        assert (response.status == 401) is (probe == "/"), probe  # kubelet and HEALTHCHECK probes carry no credentials
 
 
 async def test_unknown_users_cost_a_bcrypt_check_and_verified_passwords_are_cached_briefly(secured, tmp_path):
