@@ -109,6 +109,17 @@ def healthy_tokens_per_second() -> float:
     return STEADY_MFU * GPUS * mfu_math.peak_flops(GPU_NAME, "bf16") / per_token
 
 
+def train_healthily(gpu: fake_nvml.FakeGpu) -> None:
+    """Readings of an H100 in steady training: busy, ~60% tensor active, full clocks, no throttling."""
+    gpu.utilization, gpu.memory_utilization = 95, 40
+    gpu.memory_used = 71 * 1024**3
+    gpu.sm_clock_mhz, gpu.temperature_c, gpu.power_mw = 1980, 68, 640_000
+    gpu.clocks_event_reasons = 0
+    gpu.set_activity(tensor=60.0, sm=85.0, occupancy=40.0, dram=45.0)
+    gpu.nvlink_tx_rate = gpu.nvlink_rx_rate = 120e9
+    gpu.pcie_tx_rate = gpu.pcie_rx_rate = 6e9
+
+
 class CheckpointWriter:
     """Writes a DCP-like checkpoint over a duration: one shard per rank, then ``.metadata`` last."""
 
@@ -207,14 +218,8 @@ class DemoNode:
 
     def _apply(self, incident: str | None) -> None:
         """Set GPU and NIC readings for the incident (or for healthy training)."""
-        for index, gpu in enumerate(self.nvml.gpus):
-            gpu.utilization, gpu.memory_utilization = 95, 40
-            gpu.memory_used = 71 * 1024**3
-            gpu.sm_clock_mhz, gpu.temperature_c, gpu.power_mw = 1980, 68, 640_000
-            gpu.clocks_event_reasons = 0
-            gpu.set_activity(tensor=60.0, sm=85.0, occupancy=40.0, dram=45.0)
-            gpu.nvlink_tx_rate = gpu.nvlink_rx_rate = 120e9
-            gpu.pcie_tx_rate = gpu.pcie_rx_rate = 6e9
+        for gpu in self.nvml.gpus:
+            train_healthily(gpu)
         for nic in self.fabric.nics:
             nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
         if incident == "pfc-storm":
