@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from exporter import __version__
 from exporter.daemon import Daemon
 from exporter.jobs import JobTracker, job_families
+from exporter.sources.base import Snapshot
 
 
 class ExporterCollector(Collector):
@@ -27,13 +28,18 @@ class ExporterCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        yield from self._self_metrics()
-        for state in self._daemon.states.values():
-            if state.snapshot is not None:
-                yield from state.snapshot.render()
-        yield from job_families(self._jobs.views())
-        for families in self._extra:
-            yield from families()
+        for part in self.parts():
+            yield from part.render() if isinstance(part, Snapshot) else part()
+
+    def parts(self) -> list[Snapshot | Callable[[], Iterable[Metric]]]:
+        """What ``collect`` yields, in order and in parts: the sources' latest snapshots, whose families are the same
+        for as long as the snapshot is the latest (so their encoding can be kept), and calls whose families may
+        change at any time (jobs, the exporter's own series)."""
+        snapshots = [state.snapshot for state in self._daemon.states.values() if state.snapshot is not None]
+        return [self._self_metrics, *snapshots, self._job_families, *self._extra]
+
+    def _job_families(self) -> Iterable[Metric]:
+        return job_families(self._jobs.views())
 
     def _self_metrics(self) -> Iterable[Metric]:
         build = InfoMetricFamily("mfu_exporter_build", "Version of mfu-exporter.")

@@ -1,9 +1,13 @@
-"""exporter.exposition.encode writes exactly the bytes prometheus_client's encoders write, for every format a
-scraper can ask for, on a real node's families and on arbitrary ones (which it partly hands to the library)."""
+"""exporter.exposition: ``encode`` writes exactly the bytes prometheus_client's encoders write, for every format a
+scraper can ask for, on a real node's families and on arbitrary ones (which it partly hands to the library); the
+cache serves those bytes, encoding a source's snapshot once per format, ahead of the scrape when it can."""
 
 import asyncio
+import gc
 import math
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,12 +18,16 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Exemplar
 
+from exporter.collector import ExporterCollector
 from exporter.config import validate
+from exporter.daemon import Daemon
+from exporter import exposition
 from exporter.exposition import MetricsCache, encode
 from exporter.fakes import nvml as fake_nvml
 from exporter.fakes.mlx5 import SimulatedNode
-from exporter.jobs import parse_progress
+from exporter.jobs import JobTracker, parse_progress
 from exporter.runtime import build_runtime
+from exporter.sources.base import Snapshot
 from exporter.sources.checkpoint import parse_checkpoint_event
 from exporter.sources.ethtool import EthtoolSource, EthtoolTextReader
 from exporter.sources.gpu import GpuSource
@@ -112,6 +120,15 @@ def test_labels_values_and_help_that_need_escaping():
     assert_same_bytes(Families([gauge, counter]))
 
 
+def test_label_texts_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(exposition, "MAX_LABEL_TEXTS", 3)
+    counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
+    for index in range(10):
+        counter.add_metric([f"ens{index}np0"], index)
+    assert_same_bytes(Families([counter]))
+    assert len(exposition._label_texts) <= 3
+
+
 def test_units_and_created_samples():
     duration = GaugeMetricFamily("mfu_test_duration", "A duration.", labels=["job"], unit="seconds")
     duration.add_metric(["llama"], 38.2)
@@ -170,3 +187,139 @@ async def test_the_cache_serves_the_library_bytes():
         body, headers = await cache.render(accept, None)
         encoder, content_type = choose_encoder(accept)
         assert (body, headers["Content-Type"]) == (encoder(registry), content_type)
+
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0"
+
+
+class CountingSource:
+    """A source whose snapshots count how often their families are rendered."""
+
+    name, interval, timeout = "counting", 3600.0, 5.0  # sampled once at start; the tests sample it again by hand
+
+    def __init__(self):
+        self.value = 0
+        self.renders = 0
+
+    def sample(self):
+        self.value += 1
+        value = self.value
+
+        def render():
+            self.renders += 1
+            family = CounterMetricFamily("mfu_test_events", "Events.", labels=["interface"])
+            family.add_metric(["ens1np0"], value)
+            yield family
+
+        return Snapshot(render=render)
+
+    def close(self):
+        pass
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+async def cached_node(source, clock):
+    """A daemon, jobs and the cache wired as build_runtime wires them, with a fake monotonic clock and a
+    one-thread executor, so awaiting a no-op on it waits for everything queued before."""
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+    daemon = Daemon([source])
+    jobs = JobTracker()
+    collector = ExporterCollector(daemon, jobs)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, monotonic=clock, parts=collector.parts)
+    daemon.on_sample(cache.sampled)
+    await daemon.start()
+    await daemon.first_cycle_done.wait()
+    return daemon, jobs, registry, cache
+
+
+async def executor_drained():
+    await asyncio.get_running_loop().run_in_executor(None, lambda: None)
+
+
+def report(jobs, step):
+    jobs.report(parse_progress({"job": "llama", "tokens_total": step * 1000, "step": step}, time.time()))
+
+
+async def test_a_snapshot_is_encoded_once_per_format_however_often_the_state_changes():
+    source, clock = CountingSource(), Clock()
+    daemon, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        for step in range(1, 6):
+            report(jobs, step)  # a new state: a new body, with the same snapshot in it
+            for accept in (OPENMETRICS_ACCEPT, ""):
+                for accept_encoding in (None, "gzip"):
+                    await cache.render(accept, accept_encoding)
+        assert source.renders == 2
+        for accept in ACCEPT_HEADERS:
+            encoder, content_type = choose_encoder(accept)
+            assert await cache.render(accept, None) == (encoder(registry), {"Content-Type": content_type})
+    finally:
+        await daemon.stop()
+
+
+async def sample_and_settle(daemon, source):
+    await daemon.sample_once(source)
+    await executor_drained()
+
+
+async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_scraper():
+    source, clock = CountingSource(), Clock()
+    daemon, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        await cache.render(OPENMETRICS_ACCEPT, None)
+        clock.now += 15
+        await cache.render(OPENMETRICS_ACCEPT, None)  # every 15 s: a Prometheus
+        await cache.render("", None)  # text, once: a curl
+        assert source.renders == 2
+        clock.now += 10
+        await sample_and_settle(daemon, source)
+        assert source.renders == 3  # encoded once more, as OpenMetrics only
+        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
+        assert source.renders == 3 and b'mfu_test_events_total{interface="ens1np0"} 2.0' in body
+        clock.now += 2 * 10 + MetricsCache.WARM_MARGIN + 1  # the scraper missed two of its intervals
+        await sample_and_settle(daemon, source)
+        assert source.renders == 3
+        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
+        assert source.renders == 4 and b'mfu_test_events_total{interface="ens1np0"} 3.0' in body
+    finally:
+        await daemon.stop()
+
+
+async def test_a_burst_of_scrapes_does_not_keep_encoding_ahead():
+    source, clock = CountingSource(), Clock()
+    daemon, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        for _ in range(100):
+            clock.now += 0.001
+            await cache.render(OPENMETRICS_ACCEPT, None)
+        clock.now += MetricsCache.WARM_MARGIN + 1
+        await sample_and_settle(daemon, source)
+        assert source.renders == 1
+    finally:
+        await daemon.stop()
+
+
+async def test_encodings_of_replaced_snapshots_are_let_go():
+    source, clock = CountingSource(), Clock()
+    daemon, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        for _ in range(2):
+            await cache.render(OPENMETRICS_ACCEPT, None)
+            clock.now += 15
+        first = weakref.ref(daemon.states[source.name].snapshot)
+        for _ in range(3):  # sampled and encoded ahead, not scraped
+            await sample_and_settle(daemon, source)
+        assert source.renders == 4
+        gc.collect()
+        assert first() is None
+    finally:
+        await daemon.stop()
