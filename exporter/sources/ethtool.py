@@ -233,16 +233,20 @@ class InterfaceReading:
     stats: dict[str, int]
     changes: Changes  # of the curated stats
 
+    @functools.cached_property
+    def _classified_deltas(self) -> list[tuple[str, tuple[str, ...], int]]:
+        """(kind, labels, delta) of the curated deltas, classified once for the several views the status shows."""
+        return [(curated[0], curated[1], delta) for name, delta in self.changes.deltas.items()
+                if (curated := classify(name)) is not None]
+
     def _by_kind(self, kinds: set[str]) -> Iterator[tuple[str, tuple[str, ...], int]]:
-        for name, delta in self.changes.deltas.items():
-            curated = classify(name)
-            if curated is not None and curated[0] in kinds:
-                yield curated[0], curated[1], delta
+        return (item for item in self._classified_deltas if item[0] in kinds)
 
     @property
     def pfc_priorities(self) -> tuple[int, ...]:
         """Priorities with PFC counters, i.e. PFC enabled (mlx5 shows the counters only then)."""
-        return tuple(sorted({int(m.group(2)) for m in map(_PFC.match, self.stats) if m}))
+        return tuple(sorted({int(curated[1][0]) for curated in map(classify, self.stats)
+                             if curated is not None and curated[0] in (PFC_FRAMES, PFC_DURATION)}))
 
     @property
     def pause_ratio(self) -> dict[tuple[str, int | str], float]:
