@@ -21,15 +21,17 @@ SCRAPES = [f"{mode}.{kind}" for mode in ("prometheus", "text")
 FIGURES = [
     "fixture.gpus", "fixture.rdma_ports", "fixture.ethtool_interfaces", "fixture.ethtool_stats_per_interface", "fixture.jobs",
     *(f"sample.{source}.{cpu}" for source in SOURCES for cpu in ("cpu_ms", "process_cpu_ms")), "sample.fabric.cpu_ms",
+    "sample.ethtool.fixture_reader_cpu_ms",
     *(f"render.{fmt}.{figure}" for fmt in ("text", "openmetrics") for figure in ("cpu_ms", "library_cpu_ms", "gzip_cpu_ms")),
-    *(f"series.{group}" for group in (*SOURCES, "jobs", "exporter", "total", "per_1000_nodes", "per_10000_nodes")),
+    *(f"series.{group}" for group in (*SOURCES, "jobs", "exporter", "total", "per_1000_nodes", "per_10000_nodes",
+                                       "remote_write", "remote_write_per_10000_nodes")),
     "body.text_bytes", "body.prometheus_bytes", "node_exporter.body.text_bytes", "node_exporter.body.prometheus_bytes",
     "node_exporter.series",
     *(f"{who}.{scrape}.{quantile}_ms" for who in ("scrape", "node_exporter.scrape") for scrape in SCRAPES
       for quantile in ("p50", "p99")),
     *(f"ratio.{scrape}.{quantile}" for scrape in SCRAPES for quantile in ("p50", "p99")),
     "cpu.daemon_percent", "cpu.daemon_window_percent", "node_exporter.cpu_percent", "node_exporter.cpu_window_percent",
-    "rss.warm_mb", "rss.final_mb", "rss.growth_percent", "rss.scrapes", "rss.reports", "node_exporter.rss_mb",
+    "rss.warm_mb", "rss.steady_mb", "rss.final_mb", "rss.growth_percent", "rss.growth_from_warm_percent", "rss.scrapes", "rss.reports", "node_exporter.rss_mb",
     "ingest.reports_per_second", "ingest.p50_ms", "ingest.p99_ms", "ingest.refused_percent",
 ]
 
@@ -64,3 +66,9 @@ def test_quick_bench_emits_every_figure(tmp_path):
     assert result["machine"]["cpus"] >= 1 and result["machine"]["python"] == ".".join(map(str, sys.version_info[:3]))
     for name in FIGURES:
         assert name in run.stdout  # the printed table has them too
+
+
+def test_the_readme_ships_what_the_bench_counts():
+    from bench.run import REMOTE_WRITE_KEEP
+
+    assert f'regex: "{REMOTE_WRITE_KEEP}"' in (REPOSITORY / "README.md").read_text()
