@@ -19,6 +19,7 @@ from typing import Any
 import pynvml
 
 from exporter.config import validate
+from exporter.demo import train_healthily
 from exporter.fakes import nvml as fake_nvml
 from exporter.fakes.mlx5 import SimulatedNode, ethtool_stat_names
 from exporter.runtime import SOURCE_FACTORIES, Paths
@@ -62,16 +63,10 @@ class NodeNvml(fake_nvml.FakeNvml):
 
 
 def build_gpus() -> NodeNvml:
-    """Eight busy H100s, as ``exporter.demo`` sets them for healthy training."""
+    """Eight H100s in steady training, as the demo's healthy node has them."""
     nvml = NodeNvml([fake_nvml.h100(index) for index in range(GPUS)])
     for gpu in nvml.gpus:
-        gpu.utilization, gpu.memory_utilization = 95, 40
-        gpu.memory_used = 71 * 1024**3
-        gpu.sm_clock_mhz, gpu.temperature_c, gpu.power_mw = 1980, 68, 640_000
-        gpu.clocks_event_reasons = 0
-        gpu.set_activity(tensor=60.0, sm=85.0, occupancy=40.0, dram=45.0)
-        gpu.nvlink_tx_rate = gpu.nvlink_rx_rate = 120e9
-        gpu.pcie_tx_rate = gpu.pcie_rx_rate = 6e9
+        train_healthily(gpu)
     return nvml
 
 
