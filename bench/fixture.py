@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pynvml
-
 from exporter.config import validate
 from exporter.demo import train_healthily
 from exporter.fakes import nvml as fake_nvml
@@ -54,17 +52,9 @@ def build_fabric(root: Path) -> SimulatedNode:
     return fabric
 
 
-class NodeNvml(fake_nvml.FakeNvml):
-    """The fake NVML plus the persistence-mode query the preflight source makes (on, as on a tuned node)."""
-
-    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
-        self._enter("nvmlDeviceGetPersistenceMode", handle)
-        return pynvml.NVML_FEATURE_ENABLED
-
-
-def build_gpus() -> NodeNvml:
+def build_gpus() -> fake_nvml.FakeNvml:
     """Eight H100s in steady training, as the demo's healthy node has them."""
-    nvml = NodeNvml([fake_nvml.h100(index) for index in range(GPUS)])
+    nvml = fake_nvml.FakeNvml([fake_nvml.h100(index) for index in range(GPUS)])
     for gpu in nvml.gpus:
         train_healthily(gpu)
     return nvml

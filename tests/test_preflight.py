@@ -24,18 +24,6 @@ from tests.conftest import require_tool
 GPU_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # the fake's HGX bus numbers
 
 
-class PreflightNvml(FakeNvml):
-    """The GPU source's fake plus persistence mode, which only preflight asks about."""
-
-    def __init__(self, gpus, persistence_off=(), **kwargs):
-        super().__init__(gpus, **kwargs)
-        self.persistence_off = set(persistence_off)
-
-    def nvmlDeviceGetPersistenceMode(self, handle):
-        gpu = self._enter("nvmlDeviceGetPersistenceMode", handle)
-        return pynvml.NVML_FEATURE_DISABLED if self.gpus.index(gpu) in self.persistence_off else pynvml.NVML_FEATURE_ENABLED
-
-
 class FakeQos:
     """PFC priorities and global pause per interface; an interface missing from ``pfc`` answers EOPNOTSUPP."""
 
@@ -155,7 +143,7 @@ def healthy_qos(count: int = 8) -> FakeQos:
 
 def run(node: Node, nvml=None, qos=None, settings=None, env=None):
     settings = settings or PreflightSettings()
-    facts = preflight.gather(settings, node.sys, node.proc, nvml=nvml or PreflightNvml([h100(i) for i in range(8)]),
+    facts = preflight.gather(settings, node.sys, node.proc, nvml=nvml or FakeNvml([h100(i) for i in range(8)]),
                              qos=qos or healthy_qos(), nccl_env={} if env is None else env)
     return {r.check: r for r in preflight.run_checks(facts, settings)}
 
@@ -250,27 +238,27 @@ def _hca_partial(node, ctx):
 
 
 def _mixed_gpus(node, ctx):
-    ctx["nvml"] = PreflightNvml([h100(i) for i in range(7)] + [a100(7)])
+    ctx["nvml"] = FakeNvml([h100(i) for i in range(7)] + [a100(7)])
 
 
 def _gpu_missing_from_nvml(node, ctx):
     gpus = [h100(i) for i in range(8)]
     gpus[2].lost = True  # fell off the bus before NVML enumerated; sysfs still lists the PCI function
-    ctx["nvml"] = PreflightNvml(gpus)
+    ctx["nvml"] = FakeNvml(gpus)
 
 
 def _gpu_lost(node, ctx):
     gpus = [h100(i) for i in range(8)]
     gpus[4].fail["nvmlDeviceGetName"] = pynvml.NVML_ERROR_GPU_IS_LOST
-    ctx["nvml"] = PreflightNvml(gpus)
+    ctx["nvml"] = FakeNvml(gpus)
 
 
 def _gpu_thermal(node, ctx):
-    ctx["nvml"] = PreflightNvml([h100(i, clocks_event_reasons=0x40 if i == 1 else 0x1) for i in range(8)])
+    ctx["nvml"] = FakeNvml([h100(i, clocks_event_reasons=0x40 if i == 1 else 0x1) for i in range(8)])
 
 
 def _persistence_off(node, ctx):
-    ctx["nvml"] = PreflightNvml([h100(i) for i in range(8)], persistence_off={0, 5})
+    ctx["nvml"] = FakeNvml([h100(i, persistence_mode=i not in (0, 5)) for i in range(8)])
 
 
 def _expected_more_gpus(node, ctx):
@@ -420,7 +408,7 @@ def test_unreadable_pfc_and_missing_ecn_sysfs_skip_with_reasons(tmp_path):
 
 def test_bare_machine_skips_everything_with_a_reason(tmp_path):
     node = Node(tmp_path)
-    results = run(node, nvml=PreflightNvml([], library_present=False), qos=FakeQos(), env=None)
+    results = run(node, nvml=FakeNvml([], library_present=False), qos=FakeQos(), env=None)
     assert {r.status for r in results.values()} == {Status.SKIP}
     assert all(r.observed for r in results.values())
     assert results["rdma.port_state"].observed == f"no RDMA devices under {node.sys}/class/infiniband"
@@ -429,7 +417,7 @@ def test_bare_machine_skips_everything_with_a_reason(tmp_path):
 
 def test_nccl_checks_skip_without_a_job_environment(tmp_path):
     facts = preflight.gather(PreflightSettings(), hgx_node(tmp_path).sys, tmp_path / "proc",
-                             nvml=PreflightNvml([h100(i) for i in range(8)]), qos=healthy_qos(), nccl_env=None)
+                             nvml=FakeNvml([h100(i) for i in range(8)]), qos=healthy_qos(), nccl_env=None)
     results = {r.check: r for r in preflight.run_checks(facts, PreflightSettings())}
     assert results["nccl.NCCL_IB_HCA"].status == Status.SKIP
     assert "--env-file" in results["nccl.NCCL_IB_HCA"].observed
@@ -466,7 +454,7 @@ def test_pci_address_from_nvml_bus_id():
 def check_command(node, *extra, nvml=None, qos=None):
     args = build_parser().parse_args(["check", "--path.sysfs", str(node.sys), "--path.procfs", str(node.proc), *extra])
     out = io.StringIO()
-    code = preflight.run_check(args, nvml=nvml or PreflightNvml([h100(i) for i in range(8)]), qos=qos or healthy_qos(), out=out)
+    code = preflight.run_check(args, nvml=nvml or FakeNvml([h100(i) for i in range(8)]), qos=qos or healthy_qos(), out=out)
     return code, out.getvalue()
 
 
@@ -475,7 +463,7 @@ def test_exit_code_zero_on_pass_and_warn_one_on_fail(tmp_path, monkeypatch):
         monkeypatch.delenv(key)
     node = hgx_node(tmp_path)
     assert check_command(node)[0] == 0
-    assert check_command(node, nvml=PreflightNvml([h100(i) for i in range(8)], persistence_off={1}))[0] == 0  # a WARN
+    assert check_command(node, nvml=FakeNvml([h100(i, persistence_mode=i != 1) for i in range(8)]))[0] == 0  # a WARN
     monkeypatch.setenv("NCCL_IB_DISABLE", "1")  # the current environment is the job's when no --env-file is given
     assert check_command(node)[0] == 1
     env_file = tmp_path / "job.env"
@@ -557,7 +545,7 @@ def test_command_line_runs_on_this_machine(tmp_path):
 def test_source_exports_check_ok_and_leaves_skips_out(tmp_path):
     node = hgx_node(tmp_path)
     _small_rmem(node, {})
-    source = PreflightSource(PreflightSettings(), str(node.sys), str(node.proc), PreflightNvml([h100(i) for i in range(8)]),
+    source = PreflightSource(PreflightSettings(), str(node.sys), str(node.proc), FakeNvml([h100(i) for i in range(8)]),
                              qos=healthy_qos(), nccl_env_file=None)
     snapshot = source.sample()
     (family,) = list(snapshot.render())
@@ -573,7 +561,7 @@ def test_source_exports_check_ok_and_leaves_skips_out(tmp_path):
 
 def test_source_counts_an_unreadable_env_file(tmp_path):
     node = hgx_node(tmp_path)
-    source = PreflightSource(PreflightSettings(), str(node.sys), str(node.proc), PreflightNvml([h100(0)]), qos=healthy_qos(),
+    source = PreflightSource(PreflightSettings(), str(node.sys), str(node.proc), FakeNvml([h100(0)]), qos=healthy_qos(),
                              nccl_env_file=str(tmp_path / "missing.env"))
     assert source.sample().errors == {"nccl_env_file_unreadable": 1}
 
@@ -588,7 +576,7 @@ def test_source_is_registered_with_config_defaults(tmp_path):
 
 async def test_metrics_endpoint_serves_preflight_results(tmp_path, make_client):
     node = hgx_node(tmp_path)
-    source = PreflightSource(PreflightSettings(), str(node.sys), str(node.proc), PreflightNvml([h100(i) for i in range(8)]),
+    source = PreflightSource(PreflightSettings(), str(node.sys), str(node.proc), FakeNvml([h100(i) for i in range(8)]),
                              qos=healthy_qos(), interval=300.0, timeout=5.0)
     client = await make_client(sources=[source])
     await client.runtime.daemon.start()

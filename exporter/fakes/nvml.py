@@ -77,6 +77,7 @@ class FakeGpu:
     # GPM metric ID -> value in percent (graphics, SM, occupancy, any tensor, HMMA tensor, DRAM bandwidth)
     gpm: dict[int, float] = field(default_factory=lambda: {1: 0.0, 2: 0.0, 3: 0.0, 5: 0.0, 7: 0.0, 10: 0.0})
     mig_mode: int | None = 0  # None: the GPU has no MIG (NVML answers NOT_SUPPORTED)
+    persistence_mode: bool = True  # on, as on a tuned training node
     fail: dict[str, int] = field(default_factory=dict)  # NVML function name -> NVML_ERROR_* raised for this GPU
     lost: bool = False
     xids: deque = field(default_factory=deque)
@@ -324,6 +325,10 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
         return self._enter("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
+
+    def nvmlDeviceGetPersistenceMode(self, handle: _Handle) -> int:
+        gpu = self._enter("nvmlDeviceGetPersistenceMode", handle)
+        return pynvml.NVML_FEATURE_ENABLED if gpu.persistence_mode else pynvml.NVML_FEATURE_DISABLED
 
     def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
         gpu = self._enter("nvmlDeviceGetTemperature", handle)
