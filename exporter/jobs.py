@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 MAX_FUTURE_SECONDS = 86400.0
 MAX_TOKENS = 1e21  # far above any training run (Llama 3: 1.56e13); rejects garbage that would poison counters
+REPORT_RESOLUTION_SECONDS = 1.0  # reports closer together than this are merged in the MFU window
 FACT_KEYS = ("dtype", "gpus", "target_tokens", "peak_tflops", "expected_mfu")
 MODEL_KEYS = ("params", "layers", "heads", "head_dim", "seq_len", "causal_attention")
 FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
@@ -228,7 +229,12 @@ class JobTracker:
                 job.replayed_tokens += job.tokens_total - report.tokens_total
             if job.window and at < job.window[-1][0]:
                 at = job.window[-1][0]  # reports out of order by the job's clock: keep the window monotonic
-            job.window.append((at, report.tokens_total))
+            if len(job.window) >= 2 and at - job.window[-2][0] < REPORT_RESOLUTION_SECONDS:
+                # Jobs may report every step: the rate needs only the window's ends, so reports closer than the
+                # resolution replace the newest point and a window holds ~one point per second, not per step.
+                job.window[-1] = (at, report.tokens_total)
+            else:
+                job.window.append((at, report.tokens_total))
             while len(job.window) > 2 and job.window[1][0] < at - self.window:
                 job.window.popleft()
             job.tokens_total = report.tokens_total

@@ -53,9 +53,11 @@ HTTP_LIMITS: dict[str, Any] = {
     "lingering_time": 2.0,
 }
 
-# Ingest requests handled at once: far above one reporter per job and a few jobs per node, far below what would let
-# a burst of requests crowd out scrapes. More get 503 with Retry-After, which the client retries.
-MAX_CONCURRENT_INGEST = 16
+# Ingest requests handled at once, per job the config allows (``ingest.max_jobs``): its progress reporter and a
+# checkpoint event in flight together. Requests are counted from arrival, so steps aligned across jobs arrive in one
+# event-loop turn; a limit below the jobs allowed would refuse honest reporters. Far below what would let a burst
+# crowd out scrapes. More get 503 with Retry-After, which the client retries.
+INGEST_REQUESTS_PER_JOB = 2
 # How long one ingest request, body included, may take: a report is a few hundred bytes, so this only ever stops a
 # client that sends slowly on purpose or is stuck, and then frees its slot.
 INGEST_TIMEOUT_SECONDS = 10.0
@@ -478,7 +480,7 @@ class WebSecurity:
         self,
         web_config_file: str | None = None,
         token_file: str | None = None,
-        max_concurrent_ingest: int = MAX_CONCURRENT_INGEST,
+        max_concurrent_ingest: int = 64,  # from_config: ingest.max_jobs × INGEST_REQUESTS_PER_JOB
         ingest_timeout: float = INGEST_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw,
@@ -502,8 +504,8 @@ class WebSecurity:
 
     @classmethod
     def from_config(cls, config: dict) -> "WebSecurity":
-        return cls(config["web"]["config_file"], config["ingest"]["token_file"], MAX_CONCURRENT_INGEST,
-                   INGEST_TIMEOUT_SECONDS)
+        return cls(config["web"]["config_file"], config["ingest"]["token_file"],
+                   config["ingest"]["max_jobs"] * INGEST_REQUESTS_PER_JOB, INGEST_TIMEOUT_SECONDS)
 
     @property
     def ingest_in_flight(self) -> int:

@@ -50,6 +50,16 @@ def test_window_uses_oldest_and_newest_report_inside_it():
     assert view.tokens_per_second == pytest.approx((8000 - 5000) / 30)
 
 
+def test_a_job_reporting_every_step_keeps_about_one_window_point_per_second_and_an_exact_rate():
+    clock = Clock()
+    jobs = tracker(clock)
+    for i in range(120 * 50):  # 50 reports a second for two minutes, 2,000 tokens/s
+        clock.now = NOW + i / 50
+        view = jobs.report(report(tokens=i * 40, time=clock.now))
+    assert len(jobs._jobs["llama3-70b"].window) <= 64  # a point a second over the 60 s window, and its ends
+    assert view.tokens_per_second == pytest.approx(2000)
+
+
 def test_repeated_report_double_counts_nothing_and_backwards_total_starts_new_window():
     clock = Clock()
     jobs = tracker(clock)

@@ -400,6 +400,12 @@ async def test_concurrent_ingest_beyond_the_limit_gets_503_and_the_slot_comes_ba
     assert (await client.post("/api/v1/progress", json=REPORT)).status == 200
 
 
+def test_the_ingest_concurrency_limit_leaves_room_for_every_job_the_config_allows():
+    for max_jobs in (1, 32, 200):
+        security = WebSecurity.from_config(validate({"ingest": {"max_jobs": max_jobs}}))
+        assert security.max_concurrent_ingest == max_jobs * websecurity.INGEST_REQUESTS_PER_JOB
+
+
 async def test_a_slow_body_gets_408_and_frees_its_slot(secured):
     security = WebSecurity(max_concurrent_ingest=1, ingest_timeout=0.2)
     client = await secured(security)
