@@ -46,15 +46,17 @@ NODE_TARGET_TOKENS = 15e12 * GPUS / WORLD_GPUS  # Llama 3's 15T tokens, this nod
 INCIDENTS = ("pfc-storm", "checkpoint-stall", "thermal", "gpu-lost")
 WARMUP = 10.0  # healthy seconds before a forced incident
 HEALTHY_BETWEEN = 180.0  # scheduled mode: healthy time between incidents
-INCIDENT_LENGTH = 120.0
-CHECKPOINT_EVERY = 600.0
-FIRST_CHECKPOINT = 20.0
 CHECKPOINT_SECONDS = 40.0  # the guide's good storage: under 45 s
 STALLED_CHECKPOINT_SECONDS = 900.0  # the guide's slow storage: fifteen minutes
+# Scheduled mode: how long each incident lasts; a checkpoint stall lasts as long as its stalled write.
+INCIDENT_SECONDS = {"pfc-storm": 120.0, "checkpoint-stall": STALLED_CHECKPOINT_SECONDS, "thermal": 120.0, "gpu-lost": 120.0}
+CHECKPOINT_EVERY = 600.0
+FIRST_CHECKPOINT = 20.0
 STORM_NICS = (2, 5)
 HOT_GPU = 5
 LOST_GPU = 3
 # How much of the healthy token rate each incident leaves (the job runs at its slowest rank's pace).
+ROTATION_SECONDS = sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in INCIDENTS)
 RATE_FACTOR = {None: 1.0, "pfc-storm": 0.40, "thermal": 0.667, "checkpoint-stall": 0.5, "gpu-lost": 0.0}
 
 
@@ -83,24 +85,25 @@ class Schedule:
 
     forced: str | None = None
 
-    def incident(self, elapsed: float, checkpoint_writing: bool) -> str | None:
+    def incident(self, elapsed: float) -> str | None:
         if self.forced:
             return self.forced if elapsed >= WARMUP else None
-        period = HEALTHY_BETWEEN + INCIDENT_LENGTH
-        cycle, offset = divmod(elapsed, period)
-        if offset < HEALTHY_BETWEEN:
-            return None
-        name = INCIDENTS[int(cycle) % len(INCIDENTS)]
-        if name == "checkpoint-stall" and not checkpoint_writing and offset > HEALTHY_BETWEEN + 1:
-            return None  # the stalled write is over: back to healthy until the next incident
-        return name
+        offset = elapsed % ROTATION_SECONDS
+        for name in INCIDENTS:
+            offset -= HEALTHY_BETWEEN
+            if offset < 0:
+                return None
+            if offset < INCIDENT_SECONDS[name]:
+                return name
+            offset -= INCIDENT_SECONDS[name]
+        return None  # only a floating-point remainder at the rotation's very end gets here
 
     def describe(self, speed: float) -> str:
         if self.forced:
             return f"incident {self.forced} starts after {WARMUP:g} s of healthy training and lasts until the demo stops"
-        every = (HEALTHY_BETWEEN + INCIDENT_LENGTH) / speed
-        return (f"incidents rotate {', '.join(INCIDENTS)}: {INCIDENT_LENGTH:g} s each after {HEALTHY_BETWEEN:g} s healthy "
-                f"(one every {format_duration(every)} of wall time at --speed {speed:g})")
+        lengths = ", ".join(f"{name} {format_duration(INCIDENT_SECONDS[name])}" for name in INCIDENTS)
+        return (f"incidents rotate ({lengths}), each after {format_duration(HEALTHY_BETWEEN)} healthy: the rotation "
+                f"takes {format_duration(ROTATION_SECONDS / speed)} of wall time at --speed {speed:g}")
 
 
 def healthy_tokens_per_second() -> float:
@@ -170,6 +173,7 @@ class DemoNode:
         self._last = 0.0
         self._next_checkpoint = FIRST_CHECKPOINT
         self._lost = False
+        self._stall_pending = False
         self._apply(None)
 
     def sources(self) -> list:
@@ -190,10 +194,11 @@ class DemoNode:
         now = self.clock.elapsed() - self._origin
         dt = max(now - self._last, 0.0)
         self._last = now
-        incident = self.schedule.incident(now, self.checkpoints.writing)
+        incident = self.schedule.incident(now)
         if incident != self.incident:
             log.info("demo: %s", f"incident {incident} begins" if incident else f"incident {self.incident} ends")
             self.incident = incident
+            self._stall_pending = incident == "checkpoint-stall"
             self._apply(incident)
         self._checkpoint(now)
         factor = RATE_FACTOR[self.incident]
@@ -207,14 +212,21 @@ class DemoNode:
             self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
 
     def _checkpoint(self, now: float) -> None:
+        # A stall is storage gone slow: the write under way, or one started now, takes fifteen minutes. A scheduled
+        # stall slows one write; a forced one keeps stalling until the demo stops.
+        if self.incident == "checkpoint-stall" and (self._stall_pending or self.schedule.forced):
+            self._stall_pending = False
+            if self.checkpoints.writing:
+                self.checkpoints.duration = STALLED_CHECKPOINT_SECONDS
+            else:
+                self._start_checkpoint(now, STALLED_CHECKPOINT_SECONDS)
         if not self.checkpoints.writing and now >= self._next_checkpoint and self.incident != "gpu-lost":
-            stalled = self.incident == "checkpoint-stall" or self.schedule.incident(now + 1, True) == "checkpoint-stall"
-            duration = STALLED_CHECKPOINT_SECONDS if stalled else CHECKPOINT_SECONDS
-            self.checkpoints.start(int(self.tokens // TOKENS_PER_STEP), self.clock.time(), duration)
-            self._next_checkpoint = now + CHECKPOINT_EVERY
+            self._start_checkpoint(now, CHECKPOINT_SECONDS)
         self.checkpoints.advance(self.clock.time())
-        if self.incident == "checkpoint-stall" and not self.checkpoints.writing and self.schedule.forced:
-            self._next_checkpoint = min(self._next_checkpoint, now)  # a forced stall keeps stalling
+
+    def _start_checkpoint(self, now: float, duration: float) -> None:
+        self.checkpoints.start(int(self.tokens // TOKENS_PER_STEP), self.clock.time(), duration)
+        self._next_checkpoint = now + CHECKPOINT_EVERY
 
     def _apply(self, incident: str | None) -> None:
         """Set GPU and NIC readings for the incident (or for healthy training)."""

@@ -122,3 +122,21 @@ def test_checkpoint_stall_keeps_a_write_open_and_dips_mfu():
         wait_until(lambda: cause(base) == "checkpoint", 10, "the loss attributed to the checkpoint")
         assert job["checkpoint"]["in_progress"].startswith("step-")
         assert get(base).startswith(b"<!doctype html>")
+
+
+def test_the_scheduled_rotation_brings_every_incident_and_a_fifteen_minute_checkpoint_stall(tmp_path):
+    monotonic = [0.0]
+    clock = demo.SimClock(1.0, wall=lambda: 1_800_000_000.0, monotonic=lambda: monotonic[0])
+    node = demo.DemoNode(tmp_path, clock, demo.Schedule())
+    order, stall_ticks, stall_writing = [], 0, 0
+    while monotonic[0] < demo.ROTATION_SECONDS:
+        node.tick()
+        if node.incident and node.incident not in order:
+            order.append(node.incident)
+        if node.incident == "checkpoint-stall":
+            stall_ticks += 1
+            stall_writing += node.checkpoints.writing and node.checkpoints.duration == demo.STALLED_CHECKPOINT_SECONDS
+        monotonic[0] += 10.0
+    assert order == list(demo.INCIDENTS)
+    assert stall_ticks == demo.STALLED_CHECKPOINT_SECONDS / 10
+    assert stall_writing >= stall_ticks - 1  # the stalled write spans the incident, ending with it
