@@ -45,6 +45,9 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         gpu5 = re.search(r"<tr><td[^>]*>5</td>.*?</tr>", dom).group(0)
         assert "hw_thermal_slowdown" in gpu5 and "91 °C" in gpu5
         assert "ens3np0" in dom and "mlx5_2/1" in dom
+        cause = re.search(r'<div class="cause" data-cause="([a-z_]+)">(.*?)</div>', dom)
+        assert cause, "the page does not say why MFU is low"
+        assert cause.group(1) == "thermal" and "GPU 5 throttled: hw_thermal_slowdown" in cause.group(2)
 
         screenshot = tmp_path / "status-page.png"
         chromium(tmp_path, base, f"--screenshot={screenshot}")

@@ -130,7 +130,7 @@ function render(status) {
 
 async function refresh() {
   try {
-    const response = await fetch("/api/v1/status", {cache: "no-store"});
+    const response = await fetch("api/v1/status", {cache: "no-store"});
     if (!response.ok) throw new Error(response.status + " " + response.statusText);
     render(await response.json());
     document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
