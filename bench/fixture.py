@@ -7,11 +7,13 @@ NVML module, the RDMA source on the sysfs tree, the ethtool source on ``ethtool 
 the runtime registers, as a real node's daemon does.
 
 The fabric files are written by the bench driver (``SimulatedNode.tick``), not by the daemon, so the daemon's CPU
-is the exporter's own.
+is the exporter's own. ``Hangable`` wraps a source so the driver can make its sample hang, as NVML's calls do on a
+sick GPU.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -100,3 +102,32 @@ def progress_report(job_index: int, job: str, tokens_total: int, step: int) -> d
 def checkpoint_event(job: str) -> dict[str, Any]:
     """One checkpoint write the job timed itself (``POST /api/v1/checkpoints``): its series exist from then on."""
     return {"job": job, "checkpoint": "step-1000", "duration_seconds": 38.2, "bytes": 1.6e10}
+
+
+class Hangable:
+    """``source``, except that while the file ``switch`` exists its ``sample()`` blocks until the file is gone, as a
+    call into NVML blocks on a GPU that stopped answering: the thread waits without the GIL (sleeping here, in a C
+    call there). ``switch`` + ``.blocked`` exists while a sample is blocked, so the driver knows the hang began."""
+
+    HANG_POLL = 0.01
+
+    def __init__(self, source: Source, switch: Path):
+        self.source = source
+        self.switch = str(switch)
+        self.blocked = str(switch) + ".blocked"
+
+    def __getattr__(self, name: str) -> Any:  # name, interval, timeout and whatever else the runtime reads
+        return getattr(self.source, name)
+
+    def sample(self):
+        if os.path.exists(self.switch):
+            Path(self.blocked).touch()
+            try:
+                while os.path.exists(self.switch):
+                    time.sleep(self.HANG_POLL)
+            finally:
+                os.unlink(self.blocked)
+        return self.source.sample()
+
+    def close(self) -> None:
+        self.source.close()

@@ -17,9 +17,13 @@ from typing import Awaitable, Callable
 # What Prometheus 2.x sends (scrape_protocols' default order): OpenMetrics preferred, gzip accepted.
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
                      "text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+PROMETHEUS = {"Accept": PROMETHEUS_ACCEPT, "User-Agent": "Prometheus/2.53.0", "X-Prometheus-Scrape-Timeout-Seconds": "10"}
+# The four ways a scrape can ask: format × compression.
 SCRAPE_MODES = {
-    "prometheus": {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip", "User-Agent": "Prometheus/2.53.0",
-                   "X-Prometheus-Scrape-Timeout-Seconds": "10"},
+    "openmetrics_gzip": {**PROMETHEUS, "Accept-Encoding": "gzip"},  # Prometheus by default
+    "openmetrics": {**PROMETHEUS, "Accept-Encoding": "identity"},  # Prometheus with enable_compression: false
+    # vmagent, or Prometheus with scrape_protocols: [PrometheusText0.0.4]
+    "text_gzip": {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", "Accept-Encoding": "gzip", "User-Agent": "vm_promscrape"},
     "text": {"User-Agent": "curl/8.5.0", "Accept": "*/*"},  # a plain curl: text format, no compression
 }
 

@@ -3,7 +3,8 @@
     python -m bench.node --fixture DIR --web.listen-address 127.0.0.1:PORT
 
 ``DIR`` is a fixture tree written by ``bench.fixture.build_fabric`` (the driver keeps ticking it). Prints
-``ready <url>`` once listening; SIGTERM stops it as it stops the exporter.
+``ready <url>`` once listening; SIGTERM stops it as it stops the exporter. With ``--hang-switch FILE`` the GPU
+source's sample blocks while FILE exists (``bench.fixture.Hangable``).
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixture", required=True, type=Path, help="fixture root (sys/ and ethtool/ inside)")
     parser.add_argument("--web.listen-address", dest="listen_address", required=True, metavar="HOST:PORT")
+    parser.add_argument("--hang-switch", type=Path, metavar="FILE", help="the GPU source's sample blocks while FILE exists")
     args = parser.parse_args()
     setup_logging("warning")
     nvml = fixture.build_gpus()
     config = fixture.node_config(args.listen_address)
-    runtime = build_runtime(config, fixture.node_sources(config, args.fixture, nvml))
+    sources = fixture.node_sources(config, args.fixture, nvml)
+    if args.hang_switch:
+        sources = [fixture.Hangable(s, args.hang_switch) if s.name == "gpu" else s for s in sources]
+    runtime = build_runtime(config, sources)
     stop = threading.Event()
     threading.Thread(target=advance_gpus, args=(nvml, stop), name="bench-gpus", daemon=True).start()
     asyncio.run(serve(runtime, on_started=lambda urls: print("ready", urls[0], flush=True)))

@@ -8,15 +8,19 @@ What it measures, in order (docs/benchmarks.md explains the method and the targe
    rendering a whole node per format;
 2. a real exporter process (``bench.node``) and ``prometheus-node-exporter`` (infiniband collector only) on the
    same sysfs tree: series per source in the exporter's scrape, then both scraped the same ways: back to back
-   and after every state change (as a 15 s Prometheus scrape always finds it), by 1 and by 16 scrapers, as
-   Prometheus does (OpenMetrics, gzip) and as curl does;
+   and after every state change (as a 15 s Prometheus scrape always finds it), by 1 and by 16 scrapers, in both
+   formats (OpenMetrics, text) with gzip and without;
 3. the daemon's CPU over a window of 1 s sampling while scraped and reported to every second, from /proc;
-4. progress ingest by 32 concurrent reporters;
-5. the daemon's RSS after warm-up (four jobs), once all 32 jobs exist (after the first ingest repetition: growth is
-   judged from there) and after all of the above (at least 10,000 scrapes and 100,000 reports).
+4. scrapes while the GPU source's sample hangs (``bench.fixture.Hangable``): before and after the daemon's
+   timeout marks it down;
+5. progress ingest by 32 concurrent reporters;
+6. the daemon's RSS after warm-up (four jobs), once all 32 jobs exist (after the first ingest repetition: growth is
+   judged from there) and after all of the above (at least 10,000 scrapes and 100,000 reports);
+7. ``mfu-exporter demo --speed 1``'s CPU after its warm-up, its status page open (polled as the page polls).
 
 Figures are medians, minima and maxima over repetitions. ``--quick`` runs every step with tiny counts: it checks
-the bench works, its numbers mean little. A full run exits 1 when a target is missed.
+the bench works, its numbers mean little. A full run exits 1 when a target is missed. Seconds spent in each step
+are in the JSON's ``machine.phase_seconds``.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT = 30.0
 SAMPLE_INTERVAL = 1.0  # of every source but preflight, by default
 NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
+HUNG_SOURCE = "gpu"  # NVML is the call that hangs on a sick GPU
+STATUS_REFRESH = 2.0  # seconds between the status page's polls of /api/v1/status (REFRESH_MS in status.js)
 # The series the README's remote_write example keeps (its write_relabel_configs regex): what a global store gets
 # per node. The instance: series are recorded by the shard's Prometheus, so not in a scrape: about 25 more per node.
 REMOTE_WRITE_KEEP = ("instance:mfu_.*|mfu_job_.*|mfu_model_flops_utilization_ratio|mfu_checkpoint_.*"
@@ -76,23 +82,29 @@ class Plan:
     fresh_rounds: int  # 16 scrapers at once, a state change before each round
     cpu_seconds: int
     cpu_window: int  # seconds per CPU sub-window
+    hung_repetitions: int
+    hung_seconds: float  # scraping while the source hangs: past its timeout (5 s) in a full run
     ingest_reports: int  # per reporter per repetition
+    demo_warmup: float  # seconds after the demo is ready
+    demo_seconds: float
 
 
-FULL = Plan(repetitions=5, sample_cycles=40, render_times=20, single_scrapes=1000, concurrent_scrapes=100,
-            fresh_scrapes=200, fresh_rounds=50, cpu_seconds=60, cpu_window=10, ingest_reports=625)
+FULL = Plan(repetitions=5, sample_cycles=40, render_times=20, single_scrapes=500, concurrent_scrapes=50,
+            fresh_scrapes=100, fresh_rounds=25, cpu_seconds=60, cpu_window=10, hung_repetitions=3, hung_seconds=6.0,
+            ingest_reports=625, demo_warmup=10.0, demo_seconds=30.0)
 QUICK = Plan(repetitions=2, sample_cycles=2, render_times=2, single_scrapes=20, concurrent_scrapes=2,
-             fresh_scrapes=5, fresh_rounds=2, cpu_seconds=2, cpu_window=1, ingest_reports=5)
+             fresh_scrapes=5, fresh_rounds=2, cpu_seconds=2, cpu_window=1, hung_repetitions=1, hung_seconds=0.5,
+             ingest_reports=5, demo_warmup=0.0, demo_seconds=2.0)
 
 # (figure, comparison, limit): a full run judges the median of each.
 TARGETS = [
-    ("scrape.prometheus.single.p99_ms", "<=", 2.0),
-    ("scrape.prometheus.concurrent.p99_ms", "<=", 10.0),
-    ("scrape.text.single.p99_ms", "<=", 2.0),
-    ("scrape.text.concurrent.p99_ms", "<=", 10.0),
+    *((f"scrape.{mode}.single.p99_ms", "<=", 2.0) for mode in loadgen.SCRAPE_MODES),
+    *((f"scrape.{mode}.concurrent.p99_ms", "<=", 10.0) for mode in loadgen.SCRAPE_MODES),
     *((f"ratio.{mode}.{kind}.p99", "<=", 1.0) for mode in loadgen.SCRAPE_MODES
       for kind in ("single", "concurrent", "fresh_single", "fresh_concurrent")),
+    ("hung.scrape.p99_ms", "<=", 50.0),
     ("cpu.daemon_percent", "<=", 2.0),
+    ("demo.cpu_percent", "<", 5.0),
     ("sample.gpu.cpu_ms", "<", 20.0),
     ("sample.fabric.cpu_ms", "<", 15.0),
     ("rss.final_mb", "<=", 80.0),
@@ -345,16 +357,20 @@ def count_kept(text: str, keep: str) -> int:
 async def measure_bodies(exporter: Process, node_exporter: Process, source_of: dict[str, str], figures: Figures) -> None:
     for process in (exporter, node_exporter):
         connection = loadgen.Connection(process.address)
+        bodies = {}
         try:
-            text = await connection.exchange(loadgen.get_request(process.address, "/metrics", loadgen.SCRAPE_MODES["text"]))
-            prometheus = await connection.exchange(
-                loadgen.get_request(process.address, "/metrics", loadgen.SCRAPE_MODES["prometheus"]))
+            for mode, headers in loadgen.SCRAPE_MODES.items():
+                bodies[mode] = await connection.exchange(loadgen.get_request(process.address, "/metrics", headers))
         finally:
             await connection.close()
         prefix = "body" if process is exporter else "node_exporter.body"
-        figures.set(f"{prefix}.text_bytes", len(text.body))
-        figures.set(f"{prefix}.prometheus_bytes", len(prometheus.body))
-        figures.set(f"{prefix}.prometheus_content_type", prometheus.headers.get(b"content-type", b"").decode())
+        for mode, response in bodies.items():
+            gzipped = response.headers.get(b"content-encoding", b"") == b"gzip"
+            if gzipped != ("gzip" in loadgen.SCRAPE_MODES[mode].get("Accept-Encoding", "")):
+                raise SystemExit(f"bench: {process.name} answered the {mode} scrape {'with' if gzipped else 'without'} gzip")
+            figures.set(f"{prefix}.{mode}_bytes", len(response.body))
+            figures.set(f"{prefix}.{mode}_content_type", response.headers.get(b"content-type", b"").decode())
+        text = bodies["text"]
         if process is exporter:
             counts = count_series(text.body.decode(), source_of)
             for group, series in counts.items():
@@ -395,6 +411,7 @@ async def measure_scrapes(plan: Plan, exporter: Process, node_exporter: Process,
                     for kind, latencies in runs.items():
                         figures.add(f"{prefix}.{mode}.{kind}.p50_ms", loadgen.percentile(latencies, 0.50) * 1e3)
                         figures.add(f"{prefix}.{mode}.{kind}.p99_ms", loadgen.percentile(latencies, 0.99) * 1e3)
+                        figures.add(f"{prefix}.{mode}.{kind}.max_ms", max(latencies) * 1e3)
                         if process is exporter:
                             scrapes += len(latencies)
                 for kind in runs:
@@ -412,7 +429,7 @@ async def measure_cpu(plan: Plan, exporter: Process, node_exporter: Process, fab
     """Both processes' CPU while the fabric moves, the jobs report and each is scraped every second; returns
     the exporter's scrapes."""
     scrape = {p: loadgen.Connection(p.address) for p in (exporter, node_exporter)}
-    requests = {p: loadgen.get_request(p.address, "/metrics", loadgen.SCRAPE_MODES["prometheus"]) for p in scrape}
+    requests = {p: loadgen.get_request(p.address, "/metrics", loadgen.SCRAPE_MODES["openmetrics_gzip"]) for p in scrape}
     post = loadgen.Connection(exporter.address)
     windows: dict[Process, list[float]] = {p: [] for p in scrape}
     started = time.monotonic()
@@ -440,6 +457,60 @@ async def measure_cpu(plan: Plan, exporter: Process, node_exporter: Process, fab
     return plan.cpu_seconds
 
 
+async def source_state(process: Process, name: str) -> dict[str, Any]:
+    """The source ``name`` as ``/api/v1/status`` reports it."""
+    connection = loadgen.Connection(process.address)
+    try:
+        response = await connection.exchange(loadgen.get_request(process.address, "/api/v1/status", {}))
+    finally:
+        await connection.close()
+    return next(source for source in json.loads(response.body)["sources"] if source["source"] == name)
+
+
+async def measure_hung(plan: Plan, exporter: Process, switch: Path, reporters: Reporters, figures: Figures) -> int:
+    """Scrapes while the GPU source's sample hangs: from the moment it blocks, for ``plan.hung_seconds`` (past its
+    5 s timeout in a full run: first while the daemon still waits for it, then once it is down), one scraper back
+    to back, each scrape after a progress report so each renders afresh, the Prometheus way. Then the hang ends and
+    the source must come back. Returns the scrapes made."""
+    blocked = Path(str(switch) + ".blocked")
+    request = loadgen.get_request(exporter.address, "/metrics", loadgen.SCRAPE_MODES["openmetrics_gzip"])
+    next_report = reporters.maker(0, fixture.JOBS[0])
+    post, scraper = loadgen.Connection(exporter.address), loadgen.Connection(exporter.address)
+    scrapes = timed_out = 0
+    try:
+        for _ in range(plan.hung_repetitions):
+            switch.touch()
+            deadline = time.monotonic() + READY_TIMEOUT
+            while not blocked.exists():  # the source's next sample has begun, and blocks
+                if time.monotonic() > deadline:
+                    exporter.fail(f"{HUNG_SOURCE} source never blocked on {switch}")
+                await asyncio.sleep(0.01)
+            latencies = []
+            ends = time.monotonic() + plan.hung_seconds
+            while time.monotonic() < ends:
+                await post.timed(next_report())
+                latencies.append(await scraper.timed(request))
+            state = await source_state(exporter, HUNG_SOURCE)
+            timed_out += not state["up"] and state["reason"] == "timeout"
+            switch.unlink()
+            deadline = time.monotonic() + READY_TIMEOUT
+            while not (await source_state(exporter, HUNG_SOURCE))["up"]:
+                if time.monotonic() > deadline:
+                    exporter.fail(f"{HUNG_SOURCE} source not back up after its hang ended")
+                await asyncio.sleep(0.05)
+            figures.add("hung.scrape.p50_ms", loadgen.percentile(latencies, 0.50) * 1e3)
+            figures.add("hung.scrape.p99_ms", loadgen.percentile(latencies, 0.99) * 1e3)
+            figures.add("hung.scrape.max_ms", max(latencies) * 1e3)
+            figures.add("hung.scrapes", len(latencies))
+            scrapes += len(latencies)
+    finally:
+        switch.unlink(missing_ok=True)
+        for connection in (post, scraper):
+            await connection.close()
+    figures.set("hung.timed_out_repetitions", timed_out)  # the source was down (timeout) when the window ended
+    return scrapes
+
+
 async def measure_ingest(plan: Plan, exporter: Process, reporters: Reporters, figures: Figures) -> None:
     """32 reporters (the 4 fixture jobs and 28 more, ingest.max_jobs in all) posting as fast as they are answered."""
     jobs = list(fixture.JOBS) + [f"bench-ingest-{index}" for index in range(len(fixture.JOBS), REPORTERS)]
@@ -456,6 +527,36 @@ async def measure_ingest(plan: Plan, exporter: Process, reporters: Reporters, fi
         reporters.refused += posted.refused
 
 
+async def measure_demo(plan: Plan, root: Path, figures: Figures) -> None:
+    """``mfu-exporter demo --speed 1`` on its own, after its warm-up: its CPU (user + system, /proc) over
+    ``plan.demo_seconds`` while its status page is open (``/api/v1/status`` fetched every 2 s, as the page does)."""
+    address = f"127.0.0.1:{free_port()}"
+    demo = Process("demo", [sys.executable, "-m", "exporter", "demo", "--speed", "1", "--web.listen-address", address,
+                            "--log.level", "warning"], address, root / "demo.log")
+    try:
+        await wait_until(demo, "/readyz", lambda response: response.status == 200)
+        await asyncio.sleep(plan.demo_warmup)
+        page = loadgen.Connection(address)
+        request = loadgen.get_request(address, "/api/v1/status", {"Accept": "*/*", "Cache-Control": "no-store"})
+        started, cpu_at_start = time.monotonic(), demo.cpu_seconds()
+        try:
+            polls = 0
+            while (now := time.monotonic()) < started + plan.demo_seconds:
+                if now >= started + polls * STATUS_REFRESH:
+                    await page.timed(request)
+                    polls += 1
+                await asyncio.sleep(min(started + polls * STATUS_REFRESH, started + plan.demo_seconds) - time.monotonic())
+        finally:
+            await page.close()
+        elapsed = time.monotonic() - started
+        figures.set("demo.cpu_percent", (demo.cpu_seconds() - cpu_at_start) / elapsed * 100)
+        figures.set("demo.rss_mb", demo.rss_mb())
+        if demo.popen.poll() is not None:
+            demo.fail("exited during the bench")
+    finally:
+        demo.stop()
+
+
 def machine() -> dict[str, Any]:
     model = ""
     try:
@@ -464,7 +565,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpus": len(os.sched_getaffinity(0)), "cpu_model": model, "python": platform.python_version(),
-            "kernel": platform.release(), "loadavg_1m_start": os.getloadavg()[0]}
+            "kernel": platform.release(), "loadavg_1m_start": os.getloadavg()[0], "loadavg_5m_start": os.getloadavg()[1]}
 
 
 def node_exporter_version(binary: str) -> str:
@@ -472,8 +573,22 @@ def node_exporter_version(binary: str) -> str:
     return (output.stdout or output.stderr).splitlines()[0]
 
 
+class Phases:
+    """Wall-clock seconds of each step, for the JSON (what makes ``make bench`` as long as it is)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def done(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(now - self._last, 1)
+        self._last = now
+
+
 async def run(plan: Plan) -> dict[str, Any]:
     figures = Figures()
+    phases = Phases()
     binary = node_exporter_binary()
     info = {**machine(), "node_exporter": node_exporter_version(binary), "plan": asdict(plan)}
     root = Path(tempfile.mkdtemp(prefix="mfu-bench-"))
@@ -485,13 +600,18 @@ async def run(plan: Plan) -> dict[str, Any]:
         figures.set("fixture.ethtool_interfaces", len(fabric.nics))
         figures.set("fixture.ethtool_stats_per_interface", min(len(nic.stats) for nic in fabric.nics))
         figures.set("fixture.jobs", len(fixture.JOBS))
+        phases.done("fixture")
 
         measure_samples(plan, fabric, root, figures)
+        phases.done("samples")
         source_of = await measure_rendering(plan, root, figures)
+        phases.done("rendering")
 
+        hang_switch = root / f"hang-{HUNG_SOURCE}"
         exporter_address = f"127.0.0.1:{free_port()}"
         exporter = Process("exporter", [sys.executable, "-m", "bench.node", "--fixture", str(root),
-                                        "--web.listen-address", exporter_address], exporter_address, root / "exporter.log")
+                                        "--web.listen-address", exporter_address, "--hang-switch", str(hang_switch)],
+                           exporter_address, root / "exporter.log")
         processes.append(exporter)
         node_exporter_address = f"127.0.0.1:{free_port()}"
         node_exporter = Process("node_exporter", [binary, f"--path.sysfs={root / 'sys'}", "--collector.disable-defaults",
@@ -503,6 +623,7 @@ async def run(plan: Plan) -> dict[str, Any]:
 
         reporters = Reporters(exporter.address)
         warm = loadgen.Connection(exporter.address)
+        scrapes = 0
         try:
             for _ in range(2):  # two reports each: every job has an MFU
                 await reporters.report_jobs(warm)
@@ -511,17 +632,24 @@ async def run(plan: Plan) -> dict[str, Any]:
             for headers in loadgen.SCRAPE_MODES.values():
                 for _ in range(20):
                     await warm.timed(loadgen.get_request(exporter.address, "/metrics", headers))
+                    scrapes += 1
         finally:
             await warm.close()
         await asyncio.sleep(2 * SAMPLE_INTERVAL)  # every 1 s source has sampled the warm-up's reports and writes
-        scrapes = 40
         figures.set("rss.warm_mb", exporter.rss_mb())
         figures.set("node_exporter.rss_mb", node_exporter.rss_mb())
+        phases.done("start")
 
         await measure_bodies(exporter, node_exporter, source_of, figures)
-        scrapes += 4 + await measure_scrapes(plan, exporter, node_exporter, reporters, figures)
+        scrapes += len(loadgen.SCRAPE_MODES)
+        scrapes += await measure_scrapes(plan, exporter, node_exporter, reporters, figures)
+        phases.done("scrapes")
         scrapes += await measure_cpu(plan, exporter, node_exporter, fabric, reporters, figures)
+        phases.done("cpu")
+        scrapes += await measure_hung(plan, exporter, hang_switch, reporters, figures)
+        phases.done("hung")
         await measure_ingest(plan, exporter, reporters, figures)
+        phases.done("ingest")
 
         figures.set("rss.final_mb", exporter.rss_mb())
         figures.set("rss.growth_percent", (figures.median("rss.final_mb") / figures.median("rss.steady_mb") - 1) * 100)
@@ -531,11 +659,18 @@ async def run(plan: Plan) -> dict[str, Any]:
         for process in processes:
             if process.popen.poll() is not None:
                 process.fail("exited during the bench")
+        for process in processes:
+            process.stop()
+        processes.clear()
+
+        await measure_demo(plan, root, figures)
+        phases.done("demo")
     finally:
         for process in processes:
             process.stop()
         shutil.rmtree(root, ignore_errors=True)
-    info["loadavg_1m_end"] = os.getloadavg()[0]
+    info["loadavg_1m_end"], info["loadavg_5m_end"] = os.getloadavg()[:2]
+    info["phase_seconds"] = phases.seconds
     figures.set("series.per_1000_nodes", figures.median("series.total") * 1000)
     figures.set("series.per_10000_nodes", figures.median("series.total") * 10000)
     figures.set("series.remote_write_per_10000_nodes", figures.median("series.remote_write") * 10000)
@@ -552,7 +687,8 @@ def judge(figures: Figures) -> list[dict[str, Any]]:
 
 
 def show(result: dict[str, Any]) -> str:
-    lines = ["machine: " + ", ".join(f"{k} {v}" for k, v in result["machine"].items() if k != "plan")]
+    lines = ["machine: " + ", ".join(f"{k} {v}" for k, v in result["machine"].items() if k not in ("plan", "phase_seconds")),
+             "seconds: " + ", ".join(f"{k} {v:g}" for k, v in result["machine"]["phase_seconds"].items())]
     for name, value in result["figures"].items():
         if isinstance(value, dict):
             lines.append(f"{name:58} {value['median']:12.3f}  (min {value['min']:.3f}, max {value['max']:.3f}, n={value['runs']})")

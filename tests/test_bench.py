@@ -16,8 +16,8 @@ from tests.conftest import require_tool
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SOURCES = ("gpu", "rdma", "ethtool", "checkpoint", "preflight")
-SCRAPES = [f"{mode}.{kind}" for mode in ("prometheus", "text")
-           for kind in ("single", "concurrent", "fresh_single", "fresh_concurrent")]
+MODES = ("openmetrics_gzip", "openmetrics", "text_gzip", "text")  # every format, with gzip and without
+SCRAPES = [f"{mode}.{kind}" for mode in MODES for kind in ("single", "concurrent", "fresh_single", "fresh_concurrent")]
 FIGURES = [
     "fixture.gpus", "fixture.rdma_ports", "fixture.ethtool_interfaces", "fixture.ethtool_stats_per_interface", "fixture.jobs",
     *(f"sample.{source}.{cpu}" for source in SOURCES for cpu in ("cpu_ms", "process_cpu_ms")), "sample.fabric.cpu_ms",
@@ -25,14 +25,15 @@ FIGURES = [
     *(f"render.{fmt}.{figure}" for fmt in ("text", "openmetrics") for figure in ("cpu_ms", "library_cpu_ms", "gzip_cpu_ms")),
     *(f"series.{group}" for group in (*SOURCES, "jobs", "exporter", "total", "per_1000_nodes", "per_10000_nodes",
                                        "remote_write", "remote_write_per_10000_nodes")),
-    "body.text_bytes", "body.prometheus_bytes", "node_exporter.body.text_bytes", "node_exporter.body.prometheus_bytes",
-    "node_exporter.series",
+    *(f"{who}.{mode}_bytes" for who in ("body", "node_exporter.body") for mode in MODES), "node_exporter.series",
     *(f"{who}.{scrape}.{quantile}_ms" for who in ("scrape", "node_exporter.scrape") for scrape in SCRAPES
-      for quantile in ("p50", "p99")),
+      for quantile in ("p50", "p99", "max")),
     *(f"ratio.{scrape}.{quantile}" for scrape in SCRAPES for quantile in ("p50", "p99")),
     "cpu.daemon_percent", "cpu.daemon_window_percent", "node_exporter.cpu_percent", "node_exporter.cpu_window_percent",
+    "hung.scrape.p50_ms", "hung.scrape.p99_ms", "hung.scrape.max_ms", "hung.scrapes", "hung.timed_out_repetitions",
     "rss.warm_mb", "rss.steady_mb", "rss.final_mb", "rss.growth_percent", "rss.growth_from_warm_percent", "rss.scrapes", "rss.reports", "node_exporter.rss_mb",
     "ingest.reports_per_second", "ingest.p50_ms", "ingest.p99_ms", "ingest.refused_percent",
+    "demo.cpu_percent", "demo.rss_mb",
 ]
 
 
@@ -62,6 +63,11 @@ def test_quick_bench_emits_every_figure(tmp_path):
     assert figures["fixture.ethtool_stats_per_interface"] >= 300
     assert figures["series.total"] == sum(figures[f"series.{group}"] for group in (*SOURCES, "jobs", "exporter"))
     assert all(figures[f"series.{source}"] > 0 for source in SOURCES)
+    assert figures["body.openmetrics_gzip_bytes"] < figures["body.openmetrics_bytes"]  # gzip was asked for and given
+    assert figures["body.text_gzip_bytes"] < figures["body.text_bytes"]
+    assert figures["body.openmetrics_content_type"].startswith("application/openmetrics-text")
+    assert figures["body.text_gzip_content_type"].startswith("text/plain")
+    assert figures["hung.scrapes"]["min"] > 0  # scraped while the source's sample was blocked
     assert {verdict["figure"] for verdict in result["targets"]} <= set(figures)
     assert result["machine"]["cpus"] >= 1 and result["machine"]["python"] == ".".join(map(str, sys.version_info[:3]))
     for name in FIGURES:
