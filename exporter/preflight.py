@@ -238,6 +238,17 @@ class PciTopology:
             return Affinity(GdrLevel.PHB, "same NUMA node")
         return Affinity(GdrLevel.SYS, "across NUMA nodes")
 
+    def nearest(self, address: str, candidates: Mapping[str, str]) -> tuple[list[str], Affinity] | None:
+        """The candidates (name → PCI address) on the shortest path from ``address``, in name order, and that path;
+        None when the topology of the device, or of every candidate, is unknown."""
+        known = [(affinity, name) for name, candidate in sorted(candidates.items())
+                 if (affinity := self.affinity(address, candidate)) is not None]
+        if not known:
+            return None
+        level = min(affinity.level for affinity, _ in known)
+        closest = [(affinity, name) for affinity, name in known if affinity.level == level]
+        return [name for _, name in closest], closest[0][0]
+
     def bridges_below_root_port(self, address: str) -> tuple[str, ...]:
         found = self.chain(address)
         return found[1][1:-1] if found else ()
@@ -436,13 +447,10 @@ def nearest_nics(facts: NodeFacts) -> dict[GpuDevice, tuple[str, Affinity]]:
     nics = facts.nic_addresses()
     nearest = {}
     for gpu in facts.gpus.devices:
-        if gpu.pci_address is None:
-            continue
-        options = [(affinity, device) for device, address in sorted(nics.items())
-                   if (affinity := facts.topology.affinity(gpu.pci_address, address)) is not None]
-        if options:
-            affinity, device = min(options, key=lambda option: option[0].level)
-            nearest[gpu] = (device, affinity)
+        found = facts.topology.nearest(gpu.pci_address, nics) if gpu.pci_address else None
+        if found:
+            devices, affinity = found
+            nearest[gpu] = (devices[0], affinity)
     return nearest
 
 
