@@ -5,12 +5,19 @@ on every node and in the cluster rules):
 
 1. ``gpu_lost``    a GPU of the job is off the bus (NVML GpuIsLost, Unknown)
 2. ``checkpoint``  a checkpoint write of the job is in progress
-3. ``network``     a NIC paused over the threshold, a pause storm, RDMA retransmissions/timeouts, or CNPs over the threshold
+3. ``network``     a NIC of the job paused over the threshold, a pause storm, RDMA retransmissions/timeouts, or CNPs at or
+                   over a fixed rate (``cnp_per_second``, the level the cluster rules use too; not a rise over the job's
+                   healthy rate, so set it above the CNP rate the job sees when healthy)
 4. ``thermal``     a GPU of the job throttles for heat
 5. ``power``       a GPU of the job throttles for power (power cap, power brake, HW slowdown)
 6. ``stalled``     no progress at all
 7. ``input``       the job's GPUs are mostly idle with none of the above: data loading or host side
 8. ``unknown``     a gap and no signal that explains it
+
+A job's NICs are the RDMA devices nearest each of its GPUs by PCIe topology (same switch, else same host bridge or
+NUMA node: the path its GPUDirect traffic takes), so on a node shared by jobs one job's paused NIC does not blame
+the other; every NIC of the node counts when the job has all the node's GPUs or the topology does not place a GPU,
+and the evidence says so.
 
 ``none`` means the job runs within ``tolerance`` of its baseline. The baseline is the job's ``expected_mfu`` when
 configured, else a high percentile of its recent MFU. Every evaluation adds
@@ -20,14 +27,17 @@ where the capacity went. This module reads the sources' latest snapshot data; it
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.jobs import JobView
+from exporter.preflight import PciTopology, pci_address_from_nvml
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
@@ -41,7 +51,7 @@ RETRANSMIT_COUNTERS = frozenset({"out_of_sequence", "packet_seq_err", "implied_n
 class Thresholds:
     tolerance: float = 0.10  # a gap under 10% of the baseline is noise: cause "none"
     pause_ratio: float = 0.05  # share of time a port was paused
-    cnp_per_second: float = 1000.0
+    cnp_per_second: float = 1000.0  # a fixed level, not a rise: above what the job's ports see when healthy
     idle_utilization: float = 0.5  # mean GPU utilization under which GPUs count as mostly idle
     baseline_window: float = 3600.0
     baseline_percentile: float = 0.9
@@ -71,39 +81,95 @@ class NodeSignals:
     gpus: dict[int, dict] = field(default_factory=dict)  # GPU source: index -> readings
     interfaces: dict[str, Any] = field(default_factory=dict)  # ethtool source: name -> InterfaceReading
     ports: dict[str, Any] = field(default_factory=dict)  # rdma source: key -> PortReading
+    gpu_pci_bus_ids: dict[int, str] = field(default_factory=dict)  # GPU source: index -> NVML bus ID, to find its NICs
     checkpoint: Callable[[str], dict | None] = lambda job: None  # the tracker's view of a job's writes
 
 
-def _network_evidence(signals: NodeSignals, limits: Thresholds) -> str | None:
+@dataclass(frozen=True)
+class JobNics:
+    """The NICs whose trouble counts against a job: its GPUs' nearest RDMA devices, or (``nearest_to`` None) every NIC."""
+
+    nearest_to: dict[str, tuple[int, ...]] | None  # RDMA device -> the job's GPUs it is nearest to
+    every_nic_reason: str = ""
+
+    def why(self, devices: Iterable[str]) -> str | None:
+        """Why trouble on a NIC carrying these RDMA devices is the job's, for the evidence; None when it is not."""
+        if self.nearest_to is None:
+            return self.every_nic_reason
+        gpus = sorted({gpu for device in devices for gpu in self.nearest_to.get(device, ())})
+        return f"nearest NIC of the job's GPU {', '.join(map(str, gpus))}" if gpus else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _nearest_devices(sysfs_root: str, gpu_address: str, nics: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    # Cached because the PCIe topology stays put while the GPU and the NIC set do (a replugged NIC changes ``nics``);
+    # uncached, each degraded second would re-read every GPU/NIC pair's NUMA node.
+    found = PciTopology(Path(sysfs_root)).nearest(gpu_address, dict(nics))
+    return tuple(found[0]) if found else ()
+
+
+def job_nics(job_gpus: list[int], signals: NodeSignals) -> JobNics:
+    """For each of the job's GPUs, the RDMA devices on the shortest PCIe path from it (preflight's GPU/NIC affinity);
+    every NIC when the job has all the node's GPUs, or when its GPUs or their place in the topology are unknown."""
+    if not job_gpus:
+        return JobNics(None, "every NIC counts: the job's GPUs are unknown")
+    if not set(signals.gpus) - set(job_gpus):
+        return JobNics(None, "every NIC counts: the job has all the node's GPUs")
+    nics = tuple(sorted({(r.port.device, r.port.pci_address) for r in signals.ports.values() if r.port.pci_address}))
+    # The GPUs are in the sysfs the RDMA source reads: its port directories are <sysfs>/class/infiniband/<device>/ports/<n>.
+    sysfs_root = str(Path(next(iter(signals.ports.values())).port.path).parents[4]) if nics else ""
+    nearest_to: dict[str, list[int]] = {}
+    unplaced = []
+    for index in job_gpus:
+        bus_id = signals.gpu_pci_bus_ids.get(index)
+        devices = _nearest_devices(sysfs_root, pci_address_from_nvml(bus_id), nics) if bus_id and nics else ()
+        if not devices:
+            unplaced.append(index)
+        for device in devices:
+            nearest_to.setdefault(device, []).append(index)
+    if unplaced:
+        return JobNics(None, f"every NIC counts: no PCI topology places GPU {', '.join(map(str, unplaced))} near an RDMA NIC")
+    return JobNics({device: tuple(gpus) for device, gpus in nearest_to.items()})
+
+
+def _network_evidence(signals: NodeSignals, limits: Thresholds, nics: JobNics) -> str | None:
     for name, nic in sorted(signals.interfaces.items()):
+        why = nics.why({key.split("/")[0] for key in nic.rdma_ports})
+        if why is None:
+            continue
         paused = {key: ratio for key, ratio in nic.pause_ratio.items() if ratio is not None and ratio >= limits.pause_ratio}
         if paused:
             (direction, priority), ratio = max(paused.items(), key=lambda kv: kv[1])
             who = "the switch paused it" if direction == "rx" else "it paused the switch"
-            return f"{name} paused {100 * ratio:.0f}% of the time on priority {priority} ({who})"
+            return f"{name} paused {100 * ratio:.0f}% of the time on priority {priority} ({who}); {why}"
         storms = {level: n for level, n in nic.storm_event_deltas.items() if n}
         if storms:
-            return f"{name}: pause storm events ({', '.join(f'{level} {n}' for level, n in sorted(storms.items()))})"
+            return f"{name}: pause storm events ({', '.join(f'{level} {n}' for level, n in sorted(storms.items()))}); {why}"
     for key, port in sorted(signals.ports.items()):
+        why = nics.why([port.port.device])
+        if why is None:
+            continue
         retransmits = {n: d for n, d in port.error_deltas.items() if n in RETRANSMIT_COUNTERS}
         if retransmits:
-            return f"{key} ({port.port.netdev or 'no netdev'}): " + ", ".join(f"{n} +{d}" for n, d in sorted(retransmits.items()))
+            return (f"{key} ({port.port.netdev or 'no netdev'}): "
+                    + ", ".join(f"{n} +{d}" for n, d in sorted(retransmits.items())) + f"; {why}")
         cnps = sum(rate for name, rate in port.congestion_rates.items() if name in ("np_cnp_sent", "rp_cnp_handled") and rate)
         if cnps >= limits.cnp_per_second:
-            return f"{key} ({port.port.netdev or 'no netdev'}): {cnps:,.0f} CNPs/s (DCQCN throttling senders)"
+            return f"{key} ({port.port.netdev or 'no netdev'}): {cnps:,.0f} CNPs/s (DCQCN throttling senders); {why}"
     return None
 
 
 def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[str, str]:
     """The cause of a degraded job's gap and the evidence for it, by precedence."""
-    gpus = [signals.gpus[i] for i in (view.gpu_indices or sorted(signals.gpus)) if i in signals.gpus]
+    indices = view.gpu_indices or sorted(signals.gpus)
+    gpus = [signals.gpus[i] for i in indices if i in signals.gpus]
     lost = [g for g in gpus if g.get("up") is False]
     if lost:
         return "gpu_lost", ", ".join(f"GPU {g.get('index')} ({g.get('uuid', '?')}) is off the bus" for g in lost)
     writes = signals.checkpoint(view.name)
     if writes and writes.get("in_progress"):
         return "checkpoint", f"checkpoint {writes['in_progress']} writing for {writes.get('elapsed_seconds') or 0:.0f}s"
-    network = _network_evidence(signals, limits)
+    network = _network_evidence(signals, limits, job_nics(indices, signals))
     if network:
         return "network", network
     for cause, reasons in (("thermal", THERMAL_REASONS), ("power", POWER_REASONS)):

@@ -59,8 +59,12 @@ class Runtime:
             state = self.daemon.states.get(name)
             return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
 
+        gpu = self.daemon.states.get("gpu")
+        # The GPU readings carry no PCI address; the GPU source's status lists each GPU's, to find its nearest NICs.
+        gpu_status = gpu.snapshot.status.get("gpus", []) if gpu is not None and gpu.snapshot is not None else []
         return NodeSignals(gpus=data("gpu", "gpus"), interfaces=data("ethtool", "interfaces"),
-                           ports=data("rdma", "ports"), checkpoint=self.checkpoint_overlap)
+                           ports=data("rdma", "ports"), gpu_pci_bus_ids={g["index"]: g["pci_bus_id"] for g in gpu_status},
+                           checkpoint=self.checkpoint_overlap)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()

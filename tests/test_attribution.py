@@ -1,12 +1,16 @@
-"""Loss attribution with the real sources' snapshot shapes: one test per cause, and overlaps resolved by precedence."""
+"""Loss attribution with the real sources' snapshot shapes: one test per cause, and overlaps resolved by precedence.
+
+tests/test_attribution_sources.py drives the same through the real sources over the fakes."""
 
 import pytest
 
 from exporter.attribution import CAUSES, Attributor, NodeSignals, Thresholds
 from exporter.counters import Changes
+from exporter.fakes.nvml import h100
 from exporter.jobs import JobView
 from exporter.sources.ethtool import InterfaceReading
-from exporter.sources.rdma import PortReading, RdmaPort
+from exporter.sources.rdma import PortReading, RdmaPort, discover_ports
+from tests.test_preflight import hgx_node
 
 
 def job(mfu=0.2, rate=1000.0, expected=0.45, gpus=8, indices=tuple(range(8)), name="llama"):
@@ -27,9 +31,9 @@ def healthy_gpus(**overrides):
     return gpus
 
 
-def nic(name, **deltas):
+def nic(name, rdma_ports=(), **deltas):
     """An ethtool reading whose stats grew by ``deltas`` over one second (pause durations in µs, as mlx5 counts)."""
-    return InterfaceReading(interface=name, rdma_ports=(), stats=dict.fromkeys(deltas, 0),
+    return InterfaceReading(interface=name, rdma_ports=rdma_ports, stats=dict.fromkeys(deltas, 0),
                             changes=Changes(elapsed=1.0, deltas=deltas))
 
 
@@ -96,6 +100,19 @@ def test_overlapping_causes_resolve_by_precedence():
 def test_only_the_jobs_gpus_count():
     signals = NodeSignals(gpus=healthy_gpus(**{"7": {"up": False}}))
     assert verdict(job(gpus=4, indices=(0, 1, 2, 3)), signals)[1].cause == "unknown"
+
+
+def test_a_job_watches_the_nics_on_its_gpus_pcie_switches(tmp_path):
+    """On an HGX node each GPU shares a PCIe switch with one NIC: GPU 2's NIC, on the NUMA node of GPUs 0 and 1 too,
+    pausing is not the network of a job on GPUs 0 and 1."""
+    node = hgx_node(tmp_path)
+    ports = {p.key: PortReading(p, {}, {}, Changes(elapsed=1.0), Changes(elapsed=1.0)) for p in discover_ports(str(node.sys))}
+    signals = NodeSignals(gpus=healthy_gpus(), ports=ports, gpu_pci_bus_ids={i: h100(i).pci_bus_id for i in range(8)},
+                          interfaces={"eth2": nic("eth2", rdma_ports=("mlx5_2/1",), rx_prio3_pause_duration=450_000)})
+    assert verdict(job(gpus=2, indices=(0, 1)), signals)[1].cause == "unknown"
+    found = verdict(job(gpus=2, indices=(2, 3)), signals)[1]
+    assert found.cause == "network"
+    assert found.evidence == "eth2 paused 45% of the time on priority 3 (the switch paused it); nearest NIC of the job's GPU 2"
 
 
 def test_healthy_job_is_none_and_loses_nothing():
