@@ -8,7 +8,8 @@ import logging
 import os
 import signal
 import sys
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from aiohttp import web
 
@@ -27,13 +28,48 @@ def env_name(flag: str) -> str:
     return "MFU_EXPORTER_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
 
 
+@dataclass(frozen=True)
+class BadEnv:
+    """An env var whose value does not fit its flag; stands as the flag's default until the flag is parsed.
+
+    argparse never checks a default against ``choices``, so ``add_flag`` checks the env value itself. The error
+    waits in the parsed namespace rather than being raised while the parser is built, so a bad value only stops
+    the commands that use the flag, and a value on the command line overrides it as it would a good one.
+    """
+
+    env: str
+    expected: str
+    value: str
+
+    def error(self) -> ConfigError:
+        return ConfigError(self.env, "", self.expected, self.value)
+
+
 def add_flag(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs) -> None:
     """A flag whose default comes from its env var (``--web.listen-address`` ↔ MFU_EXPORTER_WEB_LISTEN_ADDRESS)."""
     env = env_name(flag)
-    default = os.environ.get(env, kwargs.pop("default", None))
+    default = kwargs.pop("default", None)
     shown = f" (env {env}" + (f", default {kwargs['metavar_default']}" if "metavar_default" in kwargs else "") + ")"
     kwargs.pop("metavar_default", None)
+    if env in os.environ:
+        default = _env_default(flag, env, os.environ[env], kwargs.get("type"), kwargs.get("choices"))
     parser.add_argument(flag, default=default, help=help + shown, **kwargs)
+
+
+def _env_default(flag: str, env: str, value: str, convert: Callable[[str], Any] | None,
+                 choices: Iterable[str] | None) -> Any:
+    """The env value as the flag would parse it, or a ``BadEnv`` saying what was expected."""
+    parsed: Any = value
+    if convert is not None:
+        try:
+            parsed = convert(value)
+        except argparse.ArgumentTypeError as exc:  # the flag's own wording of what it takes
+            return BadEnv(env, str(exc), value)
+        except (TypeError, ValueError):
+            return BadEnv(env, f"a {getattr(convert, '__name__', 'valid')} value, as {flag} takes", value)
+    if choices is not None and parsed not in choices:
+        return BadEnv(env, "one of " + ", ".join(choices), value)
+    return parsed
 
 
 def add_path_flags(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +83,8 @@ def add_daemon_flags(parser: argparse.ArgumentParser) -> None:
              dest="listen_address", metavar="HOST:PORT", metavar_default=":9495")
     add_flag(parser, "--web.config.file", "exporter-toolkit web config (TLS, basic auth)", dest="web_config_file", metavar="FILE")
     add_path_flags(parser)
-    add_flag(parser, "--log.level", "debug, info, warning or error", dest="log_level", default="info",
-             choices=["debug", "info", "warning", "error"], metavar_default="info")
+    add_flag(parser, "--log.level", "debug, info, warning or error (any case)", dest="log_level", default="info",
+             type=str.lower, choices=["debug", "info", "warning", "error"], metavar_default="info")
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -66,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mfu-exporter",
         description="Prometheus exporter and live MFU monitor for LLM training nodes. With no command, runs the daemon.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the epilog's flag table as formatted
     )
     parser.add_argument("--version", action="version", version=f"mfu-exporter {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -73,7 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         configure(sub)
         sub.set_defaults(run=run)
+    parser.epilog = run_flags_help(commands.choices["run"])
     return parser
+
+
+def run_flags_help(run: argparse.ArgumentParser) -> str:
+    """The daemon's flags with their env vars, for the top-level --help: ``mfu-exporter --config FILE`` runs the
+    daemon, so its flags are what a person reading the top-level help is looking for."""
+    formatter = run._get_formatter()
+    formatter.start_section("flags of run, the default command (each also read from its env var)")
+    formatter.add_arguments([action for action in run._actions if action.option_strings and action.dest != "help"])
+    formatter.end_section()
+    return formatter.format_help().strip() + "\n\nEach command's own flags: mfu-exporter COMMAND --help"
 
 
 def setup_logging(level: str) -> None:
@@ -149,8 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "run")
     args = build_parser().parse_args(argv)
-    setup_logging(getattr(args, "log_level", None) or "info")
     try:
+        for value in vars(args).values():
+            if isinstance(value, BadEnv):
+                raise value.error()
+        setup_logging(getattr(args, "log_level", None) or "info")
         return args.run(args)
     except ConfigError as exc:
         print(f"mfu-exporter: {exc}", file=sys.stderr)

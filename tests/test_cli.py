@@ -1,3 +1,4 @@
+import argparse
 import os
 import signal
 import socket
@@ -5,6 +6,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+
+import pytest
+
+from exporter.cli import add_flag, build_parser, main
+from exporter.config import ConfigError
 
 
 def free_port():
@@ -43,3 +49,57 @@ def test_help_documents_every_env_var():
     result = subprocess.run([sys.executable, "-m", "exporter", "run", "--help"], capture_output=True, text=True, timeout=30)
     for env in ("MFU_EXPORTER_CONFIG", "MFU_EXPORTER_WEB_LISTEN_ADDRESS", "MFU_EXPORTER_PATH_SYSFS", "MFU_EXPORTER_LOG_LEVEL"):
         assert env in result.stdout
+
+
+def test_plain_help_shows_the_daemon_flags_and_their_env_vars():
+    result = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0
+    for flag, env in (("--config", "MFU_EXPORTER_CONFIG"), ("--web.listen-address", "MFU_EXPORTER_WEB_LISTEN_ADDRESS"),
+                      ("--web.config.file", "MFU_EXPORTER_WEB_CONFIG_FILE"), ("--path.sysfs", "MFU_EXPORTER_PATH_SYSFS"),
+                      ("--path.procfs", "MFU_EXPORTER_PATH_PROCFS"), ("--log.level", "MFU_EXPORTER_LOG_LEVEL")):
+        assert flag in result.stdout and env in result.stdout
+    assert "run, the default command" in result.stdout
+
+
+def test_a_bad_env_value_exits_two_naming_the_variable():
+    env = {**os.environ, "MFU_EXPORTER_LOG_LEVEL": "bogus"}
+    result = subprocess.run([sys.executable, "-m", "exporter"], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr == 'mfu-exporter: MFU_EXPORTER_LOG_LEVEL: expected one of debug, info, warning, error, got "bogus"\n'
+
+
+def test_env_values_are_checked_only_where_used(monkeypatch):
+    monkeypatch.setenv("MFU_EXPORTER_LOG_LEVEL", "bogus")
+    # the command line overrides the variable, and a command without the flag never reads it
+    assert build_parser().parse_args(["run", "--log.level", "debug"]).log_level == "debug"
+    assert main(["plan", "--params", "7B", "--tokens", "1T", "--gpus", "8", "--gpu", "h100-sxm", "--json"]) == 0
+
+
+def test_log_levels_in_any_case(monkeypatch):
+    monkeypatch.setenv("MFU_EXPORTER_LOG_LEVEL", "WARNING")
+    assert build_parser().parse_args(["run"]).log_level == "warning"
+    monkeypatch.setenv("MFU_EXPORTER_LOG_LEVEL", "debug")
+    assert build_parser().parse_args(["run"]).log_level == "debug"
+    assert build_parser().parse_args(["run", "--log.level", "Error"]).log_level == "error"
+
+
+def test_a_bad_env_value_in_a_typed_flag_is_reported_in_the_flag_s_words(monkeypatch):
+    def count(text):
+        if not text.isdigit():
+            raise argparse.ArgumentTypeError("a whole number of GPUs")
+        return int(text)
+
+    def parse():
+        parser = argparse.ArgumentParser()
+        add_flag(parser, "--test.count", "a count", dest="count", type=count)
+        add_flag(parser, "--test.ratio", "a ratio", dest="ratio", type=float)
+        return parser.parse_args([])
+
+    monkeypatch.setenv("MFU_EXPORTER_TEST_COUNT", "many")
+    monkeypatch.setenv("MFU_EXPORTER_TEST_RATIO", "half")
+    args = parse()
+    assert str(args.count.error()) == 'MFU_EXPORTER_TEST_COUNT: expected a whole number of GPUs, got "many"'
+    assert str(args.ratio.error()) == 'MFU_EXPORTER_TEST_RATIO: expected a float value, as --test.ratio takes, got "half"'
+    monkeypatch.setenv("MFU_EXPORTER_TEST_COUNT", "8")
+    monkeypatch.setenv("MFU_EXPORTER_TEST_RATIO", "0.5")
+    assert (parse().count, parse().ratio) == (8, 0.5)
