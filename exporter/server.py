@@ -15,7 +15,7 @@ from aiohttp import web
 
 from exporter.jobs import TooManyJobs, ValidationError, parse_progress
 from exporter.runtime import Runtime
-from exporter.sources.checkpoint import parse_checkpoint_event
+from exporter.sources.checkpoint import CheckpointConflict, parse_checkpoint_event
 from exporter.websecurity import WEB_SECURITY, WebSecurity
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,8 @@ async def api_errors(request: web.Request, handler):
         return await handler(request)
     except ValidationError as exc:
         return _error(400, exc.message, exc.field)
+    except CheckpointConflict as exc:
+        return _error(409, exc.message, exc.field)
     except TooManyJobs as exc:
         return _error(429, str(exc), "job")
     except web.HTTPRequestEntityTooLarge:

@@ -122,8 +122,33 @@ async def test_a_started_never_finished_times_out_as_a_failure(checkpoint_client
     assert values[("mfu_checkpoint_in_progress", KEY)] == 0
     assert values[("mfu_checkpoint_write_failures_total", KEY)] == 1
     assert client.runtime.checkpoints.overlap(JOB, 60)["last_failure"]["reason"] == "timeout"
-    status, _ = await post(client, job=JOB, checkpoint="step-5", phase="finished")
-    assert status == 400  # too late: it already counted as failed
+    status, answer = await post(client, job=JOB, checkpoint="step-5", phase="finished")
+    assert (status, answer["field"]) == (409, "checkpoint")  # too late: it already counted as failed
+    assert "already counted as a failed write (timeout" in answer["error"]
+
+
+async def test_a_late_end_of_a_timed_out_write_is_refused_not_counted_again(checkpoint_client, clock):
+    client = await checkpoint_client()
+    await post(client, job=JOB, checkpoint="step-5", phase="started")
+    clock.now += 3601
+    before = await metrics_after_a_sample(client)
+    assert (before[("mfu_checkpoint_writes_total", KEY)], before[("mfu_checkpoint_write_failures_total", KEY)]) == (1, 1)
+    # the client's context manager sends finished with its own duration, which needs no open started
+    status, answer = await post(client, job=JOB, checkpoint="step-5", phase="finished", duration_seconds=3700)
+    assert status == 409
+    assert answer == {"field": "checkpoint", "error": "checkpoint 'step-5' of job 'llama3-70b' was already counted as a "
+                      "failed write (timeout: no finished within sources.checkpoint.started_timeout (3600 s)); "
+                      "this late end is not counted again"}
+    assert (await post(client, job=JOB, checkpoint="step-5", phase="failed"))[0] == 409
+    assert (await post(client, job=JOB, checkpoint="step-5", duration_seconds=3700))[0] == 409
+    after = await metrics_after_a_sample(client)
+    assert after[("mfu_checkpoint_writes_total", KEY)] == 1
+    assert after[("mfu_checkpoint_write_failures_total", KEY)] == 1
+    assert after[("mfu_checkpoint_write_duration_seconds_count", KEY)] == 0
+    # writing the same checkpoint again is a new write, counted as usual
+    await post(client, job=JOB, checkpoint="step-5", phase="started", time=clock.now - 40)
+    assert (await post(client, job=JOB, checkpoint="step-5", phase="finished"))[0] == 200
+    assert (await metrics_after_a_sample(client))[("mfu_checkpoint_write_duration_seconds_count", KEY)] == 1
 
 
 async def test_job_json_and_status_show_a_checkpoint_overlapping_the_mfu_window(checkpoint_client, clock):

@@ -18,12 +18,15 @@ from exporter.config import validate
 from exporter.jobs import ValidationError
 from exporter.sources import checkpoint as checkpoint_module
 from exporter.sources.checkpoint import (
+    MAX_ENDED_BY_US_PER_JOB,
     MAX_OPEN_PER_JOB,
+    CheckpointConflict,
     CheckpointSource,
     CheckpointTracker,
     checkpoint_families,
     filesystem_type,
     is_network_filesystem,
+    parse_checkpoint_event,
 )
 
 NOW = 1_800_000_000.0
@@ -440,6 +443,40 @@ def test_open_writes_per_job_are_bounded():
     assert totals.failures == 1
     assert tracker.overlap(JOB, 60)["last_failure"]["checkpoint"] == "step-0"
     assert tracker.overlap(JOB, 60)["last_failure"]["reason"] == "superseded"
+
+
+def event(**body):
+    return parse_checkpoint_event({"job": JOB, **body}, NOW)
+
+
+def test_a_superseded_write_ended_late_is_refused_not_counted_again():
+    tracker = CheckpointTracker(clock=Clock())
+    for index in range(MAX_OPEN_PER_JOB + 1):
+        tracker.record(event(checkpoint=f"step-{index}", phase="started", time=NOW + index))
+    with pytest.raises(CheckpointConflict) as error:
+        tracker.record(event(checkpoint="step-0", phase="finished", duration_seconds=30))
+    assert error.value.field == "checkpoint"
+    assert "superseded: more than 16 writes of the job were open" in error.value.message
+    totals = tracker.totals()[JOB]
+    assert (totals.writes, totals.failures, totals.cumulative_buckets[-1]) == (1, 1, 0)
+    tracker.record(event(checkpoint="step-1", phase="finished", time=NOW + 20))  # still open: counted
+    assert tracker.totals()[JOB].cumulative_buckets[-1] == 1
+
+
+def test_the_record_of_writes_failed_here_is_bounded_per_job():
+    clock = Clock()
+    tracker = CheckpointTracker(started_timeout=60, clock=clock)
+    for index in range(MAX_ENDED_BY_US_PER_JOB + 1):
+        tracker.record(event(checkpoint=f"step-{index}", phase="started", time=clock.now))
+        clock.advance(61)
+        assert tracker.tick() == [("api", f"step-{index}")]
+    assert len(tracker._jobs[JOB].ended_by_us) == MAX_ENDED_BY_US_PER_JOB
+    for index in range(1, MAX_ENDED_BY_US_PER_JOB + 1):
+        with pytest.raises(CheckpointConflict):
+            tracker.record(event(checkpoint=f"step-{index}", phase="failed"))
+    # the oldest is forgotten: its late end counts again, the price of bounded memory
+    tracker.record(event(checkpoint="step-0", phase="finished", duration_seconds=61))
+    assert tracker.totals()[JOB].writes == MAX_ENDED_BY_US_PER_JOB + 2
 
 
 def test_idle_jobs_are_forgotten_but_watched_ones_are_kept():

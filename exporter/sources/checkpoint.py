@@ -49,6 +49,7 @@ DURATION_BUCKETS = (1, 2, 5, 10, 15, 30, 45, 60, 120, 300, 600, 900, 1800, 3600)
 MAX_CHECKPOINT_BYTES = 2**50  # 1 PiB: far above a 1T-parameter model with its Adam state (~16 TB)
 MAX_DURATION_SECONDS = 86400.0
 MAX_OPEN_PER_JOB = 16  # started, not yet finished: async saves overlap a few, a leaking job must not grow us
+MAX_ENDED_BY_US_PER_JOB = 64  # API writes we failed for the job (timeout, superseded), remembered to refuse late ends
 MAX_WRITES_PER_WATCH = MAX_OPEN_PER_JOB  # so the tracker never supersedes a write a watch still follows
 MAX_DIRECTORY_WATCHES_PER_WRITE = 256  # a deeper tree is polled instead of spending the node's inotify watches
 CHECKPOINT_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")
@@ -68,6 +69,15 @@ TREE_MASK = CHANGES | IN.ONLYDIR
 
 
 # --- events from the job -------------------------------------------------------------------------------------
+
+
+class CheckpointConflict(Exception):
+    """An event for a write that already ended here (the server answers 409); ``field`` names the key at fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,9 @@ class JobCheckpoints:
     last_failure: dict[str, Any] | None = None
     last_ended: float | None = None  # of any write, for the MFU-window overlap
     open: dict[tuple[str, str], OpenWrite] = field(default_factory=dict)  # (origin, checkpoint) -> write
+    # API writes the exporter counted as failed without the job saying so, oldest first: checkpoint -> reason.
+    # A finished or failed event arriving later is refused rather than counting the same write a second time.
+    ended_by_us: dict[str, str] = field(default_factory=dict)
     touched: float = 0.0  # our clock, of the newest event
 
 
@@ -174,6 +187,9 @@ class CheckpointTracker:
     a job reporting events and a watch naming the same job never finish each other's writes. Writes started and
     never finished fail with reason ``timeout`` after ``started_timeout``; a job with no event for
     ``forget_after`` is forgotten, except the jobs named by watches (``pinned``), whose series exist from the start.
+    The API's writes failed that way (and those ``superseded`` by too many open ones) are remembered, up to
+    ``MAX_ENDED_BY_US_PER_JOB`` per job, so the job's late finished or failed for one raises ``CheckpointConflict``
+    instead of counting that write again.
     """
 
     def __init__(self, started_timeout: float = 7200.0, forget_after: float = 86400.0, pinned: Iterable[str] = (),
@@ -194,6 +210,8 @@ class CheckpointTracker:
         at = event.time if event.time is not None else self._clock()
         answer: dict[str, Any] = {"job": event.job, "checkpoint": event.checkpoint}
         with self._lock:
+            if event.phase != "started":
+                self._not_ended_by_us(event)
             if event.phase != "started" and event.ok:
                 self._duration(event.job, event.checkpoint, API, at, event.duration)
             admit(event.job)
@@ -214,6 +232,9 @@ class CheckpointTracker:
                 key, oldest = min(((k, w) for k, w in opened.items() if k[0] == origin), key=lambda item: item[1].started)
                 del opened[key]
                 self._failed(job, state, oldest.checkpoint, at, "superseded", at - oldest.started)
+                self._ended_by_us(state, key, "superseded")
+            if origin == API:
+                state.ended_by_us.pop(checkpoint, None)  # the job writes this checkpoint again: a new write
             opened[(origin, checkpoint)] = OpenWrite(checkpoint, at)  # a repeated started restarts the clock
 
     def finish(self, job: str, checkpoint: str, at: float, origin: str = API, size: float | None = None,
@@ -256,6 +277,7 @@ class CheckpointTracker:
                     if now - write.started > self.started_timeout:
                         del state.open[key]
                         self._failed(job, state, write.checkpoint, now, "timeout", now - write.started)
+                        self._ended_by_us(state, key, "timeout")
                         expired.append(key)
                 if job not in self._pinned and not state.open and now - state.touched > self.forget_after:
                     del self._jobs[job]
@@ -309,6 +331,27 @@ class CheckpointTracker:
         if at < opened.started:
             raise ValidationError("time", f"time is before the started time of checkpoint {checkpoint!r} ({opened.started})")
         return at - opened.started
+
+    def _not_ended_by_us(self, event: CheckpointEvent) -> None:
+        """Raise CheckpointConflict, changing nothing, for the end of a write already counted as failed here."""
+        state = self._jobs.get(event.job)
+        reason = state.ended_by_us.get(event.checkpoint) if state else None
+        if reason is None:
+            return
+        why = (f"no finished within sources.checkpoint.started_timeout ({self.started_timeout:g} s)" if reason == "timeout"
+               else f"more than {MAX_OPEN_PER_JOB} writes of the job were open")
+        raise CheckpointConflict("checkpoint", f"checkpoint {event.checkpoint!r} of job {event.job!r} was already counted "
+                                               f"as a failed write ({reason}: {why}); this late end is not counted again")
+
+    @staticmethod
+    def _ended_by_us(state: JobCheckpoints, key: tuple[str, str], reason: str) -> None:
+        origin, checkpoint = key
+        if origin != API:
+            return  # a watch is told by tick() and drops the write itself; only a job's events can come late
+        state.ended_by_us.pop(checkpoint, None)
+        state.ended_by_us[checkpoint] = reason
+        if len(state.ended_by_us) > MAX_ENDED_BY_US_PER_JOB:
+            del state.ended_by_us[next(iter(state.ended_by_us))]
 
     def _job(self, job: str) -> JobCheckpoints:
         state = self._jobs.get(job)
