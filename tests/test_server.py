@@ -132,10 +132,11 @@ async def test_status_page_and_its_assets_are_served_locally(make_client):
     client = await make_client()
     page = await (await client.get("/")).text()
     assert "<title>mfu-exporter</title>" in page
-    for asset in ("/static/status.js", "/static/status.css"):
-        assert asset in page
-        assert (await client.get(asset)).status == 200
-    assert "http" not in page.replace('href="/', "").split("<nav>")[0]  # no CDN, no external fonts
+    # relative references, so the page works behind a path-prefix proxy
+    for reference in ('src="static/status.js"', 'href="static/status.css"'):
+        assert reference in page
+        assert (await client.get("/" + reference.split('"')[1])).status == 200
+    assert "http" not in page.split("<nav>")[0]  # no CDN, no external fonts
 
 
 async def test_health_and_readiness(make_client, scripted_source):
