@@ -145,12 +145,17 @@ def listen_address(value: Any) -> str:
 
 
 def job_gpus(value: Any) -> int | list[int | str]:
-    """A GPU count, or a list of GPU indices and/or UUIDs."""
+    """A GPU count, or a list of GPU indices and/or UUIDs, each GPU once (a repeat would count its peak twice)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     if isinstance(value, list) and value and all(
         (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (isinstance(v, str) and v) for v in value
     ):
+        seen: set[int | str] = set()
+        for item in value:
+            if item in seen:
+                raise Invalid(f"each GPU listed once, like [0, 1, 2, 3] ({_show(item)} is listed twice)")
+            seen.add(item)
         return value
     raise Invalid("a GPU count like 8, or a list of GPU indices or UUIDs like [0, 1, 2, 3]")
 

@@ -206,7 +206,7 @@ class JobTracker:
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
-        self._warned: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
         self.generation = 0
 
     def report(self, report: ProgressReport) -> JobView:
@@ -268,9 +268,12 @@ class JobTracker:
             return [self._view(job, now) for job in self._jobs.values()]
 
     def _expire(self, now: float) -> None:
-        for name in [n for n, j in self._jobs.items() if now - max(j.last_arrival, j.created) > self.job_ttl]:
+        expired = [n for n, j in self._jobs.items() if now - max(j.last_arrival, j.created) > self.job_ttl]
+        for name in expired:
             del self._jobs[name]
             self.generation += 1
+        if expired:  # a job of the same name later is a new one, and the set stays as small as the jobs
+            self._warned = {key for key in self._warned if key[0] not in expired}
 
     def _rate(self, job: Job, now: float) -> float | None:
         if not job.reported:
@@ -308,6 +311,13 @@ class JobTracker:
         missing = [w for w in wanted if w not in by_key]
         if missing:
             return chosen, len(wanted), f"job GPUs not found on this node: {', '.join(map(str, missing))}"
+        # Validation refuses a repeated entry, but an index and a UUID can name the same GPU: counted twice, its
+        # peak would halve the job's MFU.
+        named = {}
+        for key, gpu in zip(wanted, chosen):
+            if gpu.index in named:
+                return None, None, f"job GPUs name GPU {gpu.index} twice (as {named[gpu.index]} and {key}); list each GPU once"
+            named[gpu.index] = key
         return chosen, len(wanted), None
 
     def _peak(self, facts: dict, gpus: list[GpuInfo] | None, count: int | None) -> tuple[float | None, str | None]:
@@ -347,8 +357,9 @@ class JobTracker:
             reason = "peak FLOP/s unknown for this job's GPUs"
         if reason is None and rate is None:
             reason = "waiting for a second progress report"
-        if reason and reason not in self._warned:
-            self._warned.add(reason)
+        # Per job: two jobs without params each deserve a line, though the reason reads the same.
+        if reason and (job.name, reason) not in self._warned:
+            self._warned.add((job.name, reason))
             log.warning("job %s: no MFU: %s", job.name, reason)
         utilization = None
         if reason is None:

@@ -52,6 +52,8 @@ def test_human_forms_in_jobs():
     ({"web": {"listen_address": "9495"}}, 'config.yaml: web.listen_address: expected HOST:PORT such as ":9495"'),
     ({"jobs": {"bad name": {}}}, 'config.yaml: jobs.bad name: expected the name to be a job name'),
     ({"jobs": {"x": {"gpus": 0}}}, "config.yaml: jobs.x.gpus: expected a GPU count like 8"),
+    ({"jobs": {"x": {"gpus": [0, 1, 0]}}}, "config.yaml: jobs.x.gpus: expected each GPU listed once, like [0, 1, 2, 3] "
+                                           "(0 is listed twice), got [0, 1, 0]"),
     ({"jobs": {"x": {"dtype": "int4"}}}, 'config.yaml: jobs.x.dtype: expected one of bf16, fp16, fp8, tf32, got "int4"'),
     ({"ingest": {"max_jobs": -1}}, "config.yaml: ingest.max_jobs: expected a positive whole number, got -1"),
     ({"sources": {"rdma": {"devices_include": ["("]}}}, 'config.yaml: sources.rdma.devices_include[0]: expected a valid regular expression'),

@@ -120,6 +120,31 @@ def test_job_gpu_list_on_a_mixed_node_sums_each_peak():
     assert "not found on this node: 5" in view.reason
 
 
+def test_a_gpu_named_by_index_and_uuid_is_not_counted_twice():
+    jobs = tracker(Clock())
+    view = jobs.report(report(tokens=0, gpus=[0, 1, "GPU-0"]))
+    assert view.reason == "job GPUs name GPU 0 twice (as 0 and GPU-0); list each GPU once"
+    assert (view.gpus, view.peak_flops, view.mfu) == (None, None, None)  # no peak a cluster ratio would sum twice
+    view = jobs.report(report(tokens=0, gpus=[0, 1]))
+    assert (view.gpus, view.peak_flops) == (2, pytest.approx(2 * 989.4e12))
+
+
+def test_the_no_mfu_line_is_logged_once_per_job_and_reason(caplog):
+    clock = Clock()
+    jobs = JobTracker(gpu_inventory=eight_h100, job_ttl=100, clock=clock)
+    with caplog.at_level("WARNING", logger="exporter.jobs"):
+        for job in ("a", "b", "a", "b"):
+            jobs.report(report(job=job))
+        assert [r.getMessage() for r in caplog.records] == [
+            f"job {job}: no MFU: model params unknown: send model.params in a progress report or set jobs.<name>.params"
+            for job in ("a", "b")]
+        caplog.clear()
+        clock.now += 101  # both forgotten: a new job "a" is logged again
+        jobs.report(report(job="a"))
+        assert [r.getMessage() for r in caplog.records] == [
+            "job a: no MFU: model params unknown: send model.params in a progress report or set jobs.<name>.params"]
+
+
 def test_eta_from_target_tokens():
     clock = Clock()
     jobs = tracker(clock)
@@ -156,6 +181,8 @@ def test_job_cap_and_expiry():
     ({"job": "ok", "tokens_total": 1, "model": []}, "model"),
     ({"job": "ok", "tokens_total": 1, "dtype": "int4"}, "dtype"),
     ({"job": "ok", "tokens_total": 1, "gpus": -1}, "gpus"),
+    ({"job": "ok", "tokens_total": 1, "gpus": [0, 0]}, "gpus"),
+    ({"job": "ok", "tokens_total": 1, "gpus": ["GPU-a", 1, "GPU-a"]}, "gpus"),
     ({"job": "ok", "tokens_total": 1, "tokens": 1}, "tokens"),
     ([1, 2], ""),
 ])
