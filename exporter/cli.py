@@ -15,7 +15,7 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.config import ConfigError, Invalid, listen_address, load_config
-from exporter.runtime import Paths, Runtime, build_runtime, build_sources
+from exporter.runtime import Paths, Runtime, build_runtime, build_sources, require_sources
 from exporter.server import create_app
 from exporter.websecurity import HTTP_LIMITS, WEB_SECURITY
 
@@ -179,7 +179,9 @@ async def serve(runtime: Runtime, on_started: Callable[[list[str]], None] | None
 @command("run", "Run the exporter daemon (the default command).", add_daemon_flags)
 def run_daemon(args: argparse.Namespace) -> int:
     config = load_daemon_config(args)
-    runtime = build_runtime(config, build_sources(config, Paths(args.sysfs, args.procfs)))
+    sources = build_sources(config, Paths(args.sysfs, args.procfs))
+    require_sources(config, sources, args.config)
+    runtime = build_runtime(config, sources)
     asyncio.run(serve(runtime))
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -17,7 +18,8 @@ from exporter.daemon import Daemon
 from exporter.exposition import MetricsCache
 from exporter.history import MfuHistory
 from exporter.jobs import GpuInfo, JobTracker, JobView
-from exporter.sources.base import Source
+from exporter.config import ConfigError
+from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.checkpoint import CheckpointSource, CheckpointTracker, checkpoint_source
 from exporter.sources.ethtool import build_ethtool_source
 from exporter.sources.rdma import build_rdma_source
@@ -100,7 +102,8 @@ def gpu_inventory_from(daemon: Daemon, source_name: str = "gpu") -> Callable[[],
 
 
 def build_sources(config: dict, paths: Paths) -> list[Source]:
-    """Every source enabled in the config (``auto`` and ``true`` both try; a source that cannot work reports down)."""
+    """Every source not disabled in the config. ``auto`` and ``true`` both build it; ``require_sources`` is what
+    makes ``true`` stop the start when the source cannot work here."""
     sources: list[Source] = []
     for name, factory in SOURCE_FACTORIES.items():
         section = config["sources"][name]
@@ -108,6 +111,43 @@ def build_sources(config: dict, paths: Paths) -> list[Source]:
             continue
         sources.append(factory(section, paths))
     return sources
+
+
+def require_sources(config: dict, sources: list[Source], file: str | None) -> None:
+    """Sample once, before the daemon starts, each source the config sets to ``enabled: true``; raise ConfigError
+    (exit 2) when one cannot work here, so a node meant to export it does not serve without it unnoticed.
+
+    ``auto`` is for sources that may be absent (it reports them down and serves the rest); ``true`` says the source
+    is required. Only the start is checked: a required source that fails later (a GPU falling off the bus) reports
+    down like any other, since stopping the exporter then would hide everything else it shows. The samples run
+    together, each in its own thread bounded by the source's timeout, as the daemon would run them.
+    """
+    required = [s for s in sources if config["sources"][s.name]["enabled"] == "true"]
+    outcomes: dict[str, Exception | None] = {}
+
+    def probe(source: Source) -> None:
+        try:
+            source.sample()
+        except Exception as exc:  # noqa: BLE001 - reported below as why the source cannot start
+            outcomes[source.name] = exc
+        else:
+            outcomes[source.name] = None
+
+    threads = [threading.Thread(target=probe, args=(s,), name=f"require-{s.name}", daemon=True) for s in required]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    for source, thread in zip(required, threads):
+        thread.join(max(source.timeout - (time.monotonic() - started), 0.0))
+    for source in required:
+        if source.name not in outcomes:
+            why = f"its first sample took longer than its timeout of {source.timeout:g}s"
+        elif (error := outcomes[source.name]) is None:
+            continue
+        else:
+            why = str(error) if isinstance(error, SourceUnavailable) else f"{type(error).__name__}: {error}"
+        raise ConfigError(file or "<config>", f"sources.{source.name}.enabled", "a node where it works, or auto to serve without it",
+                          problem=f"true requires this source, but it cannot start here ({why}); ")
 
 
 def _gpu_source(section: dict, paths: Paths) -> Source:

@@ -10,7 +10,10 @@ import urllib.request
 import pytest
 
 from exporter.cli import add_flag, build_parser, main
-from exporter.config import ConfigError
+from exporter.config import ConfigError, validate
+from exporter.runtime import require_sources
+from exporter.sources.base import SourceUnavailable
+from tests.conftest import ScriptedSource
 
 
 def free_port():
@@ -103,3 +106,33 @@ def test_a_bad_env_value_in_a_typed_flag_is_reported_in_the_flag_s_words(monkeyp
     monkeypatch.setenv("MFU_EXPORTER_TEST_COUNT", "8")
     monkeypatch.setenv("MFU_EXPORTER_TEST_RATIO", "0.5")
     assert (parse().count, parse().ratio) == (8, 0.5)
+
+
+def test_a_required_source_that_cannot_start_stops_the_start_with_exit_two(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("sources:\n  rdma: {enabled: true}\n  checkpoint: {enabled: true}\n")
+    env = {**os.environ, "MFU_EXPORTER_WEB_LISTEN_ADDRESS": f"127.0.0.1:{free_port()}"}
+    result = subprocess.run([sys.executable, "-m", "exporter", "--config", str(config), "--path.sysfs", str(tmp_path)],
+                            env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"mfu-exporter: {config}: sources.rdma.enabled: true requires this source, but it cannot start here "
+        f"(no_devices: {tmp_path}/class/infiniband does not exist (no RDMA driver loaded)); expected a node where it works, "
+        "or auto to serve without it")
+
+
+def test_required_sources_are_sampled_once_before_the_start(scripted_source):
+    config = validate({"sources": {"rdma": {"enabled": "true"}, "ethtool": {"enabled": "auto"}}})
+    scripted_source.name = "rdma"
+    absent = ScriptedSource(name="ethtool")
+    absent.unavailable = SourceUnavailable("no_interfaces")
+    require_sources(config, [scripted_source, absent], "config.yaml")  # auto may be down; true must work
+    assert (scripted_source.calls, absent.calls) == (1, 0)
+    scripted_source.unavailable = SourceUnavailable("no_devices", "none under /sys/class/infiniband")
+    with pytest.raises(ConfigError, match=r"^config.yaml: sources.rdma.enabled: true requires this source, but it "
+                                          r"cannot start here \(no_devices: none under /sys/class/infiniband\)"):
+        require_sources(config, [scripted_source], "config.yaml")
+    scripted_source.unavailable = None
+    scripted_source.release.clear()  # a first sample that hangs past the source's timeout
+    with pytest.raises(ConfigError, match=r"its first sample took longer than its timeout of 0.2s"):
+        require_sources(config, [scripted_source], "config.yaml")
