@@ -76,6 +76,8 @@ def test_yaml_syntax_error_names_line(tmp_path):
 def test_example_config_loads():
     config = load_config("examples/config.yaml")
     assert config["jobs"]["llama3-70b"]["seq_len"] == 8192
+    # node-local, like the tokens a job reports: Llama 3's 15T over an 8-GPU node of a 1,024-GPU job
+    assert config["jobs"]["llama3-70b"]["target_tokens"] == pytest.approx(15e12 * 8 / 1024, rel=1e-3)
 
 
 def test_cli_exits_2_with_one_clear_line(tmp_path):
