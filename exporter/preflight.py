@@ -133,7 +133,11 @@ def read_gpus(nvml: Any) -> GpuFacts:
     except nvml.NVMLError as exc:
         return GpuFacts(unavailable=f"NVML unavailable: {exc}")
     try:
-        return GpuFacts(tuple(_read_gpu(nvml, index) for index in range(nvml.nvmlDeviceGetCount())))
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:  # a driver in a bad state can init and still fail to enumerate
+            return GpuFacts(unavailable=f"NVML could not count the GPUs: {exc}")
+        return GpuFacts(tuple(_read_gpu(nvml, index) for index in range(count)))
     finally:
         nvml.nvmlShutdown()
 
@@ -655,22 +659,27 @@ def check_iommu(facts: NodeFacts, settings: PreflightSettings) -> CheckResult:
 
 
 def read_env_file(path: str) -> dict[str, str]:
-    """``KEY=VALUE`` lines as a shell, systemd or Docker env file writes them (``export``, quotes, comments)."""
+    """``KEY=VALUE`` lines as a shell, systemd or Docker env file writes them (``export``, quotes, comments).
+
+    Raises OSError when unreadable and UnicodeDecodeError when not UTF-8; the file is decoded whole, so the
+    error's ``start`` is the offending byte's offset in the file.
+    """
     env = {}
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            line = line.removeprefix("export ").strip()
-            key, sep, value = line.partition("=")
-            if not sep:
-                continue
-            try:
-                parts = shlex.split(value, comments=True)
-            except ValueError:  # an unbalanced quote: keep the text as written
-                parts = [value.strip()]
-            env[key.strip()] = parts[0] if parts else ""
+    with open(path, "rb") as handle:
+        text = handle.read().decode("utf-8")
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").strip()
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        try:
+            parts = shlex.split(value, comments=True)
+        except ValueError:  # an unbalanced quote: keep the text as written
+            parts = [value.strip()]
+        env[key.strip()] = parts[0] if parts else ""
     return env
 
 
@@ -935,6 +944,8 @@ def run_check(args: argparse.Namespace, nvml: Any = pynvml, qos: NicQos | None =
         env = read_env_file(args.env_file) if args.env_file else dict(os.environ)
     except OSError as exc:
         raise ConfigError(args.env_file, "", f"a readable env file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(args.env_file, "", f"a UTF-8 text file (byte {exc.start} is not UTF-8)") from None
     facts = gather(settings, args.sysfs, args.procfs, nvml=nvml, qos=qos, nccl_env=env)
     results = run_checks(facts, settings)
     if args.json:

@@ -415,6 +415,21 @@ def test_bare_machine_skips_everything_with_a_reason(tmp_path):
     assert results["gpu.inventory"].observed.startswith("NVML unavailable")
 
 
+class NvmlThatCannotCount(FakeNvml):
+    """Initialises, then fails to enumerate: what a driver in a bad state does."""
+
+    def nvmlDeviceGetCount(self):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+
+def test_gpus_that_nvml_cannot_count_skip_with_the_reason(tmp_path):
+    nvml = NvmlThatCannotCount([h100(i) for i in range(8)])
+    results = run(hgx_node(tmp_path), nvml=nvml, qos=healthy_qos())
+    assert results["gpu.inventory"].status == Status.SKIP
+    assert results["gpu.inventory"].observed == "NVML could not count the GPUs: Unknown Error"
+    assert not nvml.initialized  # shut down again
+
+
 def test_nccl_checks_skip_without_a_job_environment(tmp_path):
     facts = preflight.gather(PreflightSettings(), hgx_node(tmp_path).sys, tmp_path / "proc",
                              nvml=FakeNvml([h100(i) for i in range(8)]), qos=healthy_qos(), nccl_env=None)
@@ -524,6 +539,11 @@ def test_bad_config_and_env_file_exit_two(tmp_path):
         check_command(node, "--config", str(config))
     with pytest.raises(ConfigError, match="a readable env file"):
         check_command(node, "--env-file", str(tmp_path / "missing.env"))
+    latin1 = tmp_path / "latin1.env"
+    latin1.write_bytes(b"NCCL_IB_HCA=mlx5_0\nNCCL_DEBUG=caf\xe9\n")
+    with pytest.raises(ConfigError) as error:
+        check_command(node, "--env-file", str(latin1))
+    assert str(error.value) == f"{latin1}: expected a UTF-8 text file (byte 33 is not UTF-8)"
 
 
 def test_command_line_runs_on_this_machine(tmp_path):
@@ -537,6 +557,10 @@ def test_command_line_runs_on_this_machine(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "a readable env file" in bad.stderr
+    (tmp_path / "latin1.env").write_bytes(b"NCCL_DEBUG=caf\xe9\n")
+    bad = subprocess.run([sys.executable, "-m", "exporter", "check", "--env-file", str(tmp_path / "latin1.env")],
+                         capture_output=True, text=True, timeout=60)
+    assert (bad.returncode, bad.stderr) == (2, f"mfu-exporter: {tmp_path}/latin1.env: expected a UTF-8 text file (byte 14 is not UTF-8)\n")
 
 
 # --- the daemon source ------------------------------------------------------------------------------------------
@@ -564,6 +588,17 @@ def test_source_counts_an_unreadable_env_file(tmp_path):
     source = PreflightSource(PreflightSettings(), str(node.sys), str(node.proc), FakeNvml([h100(0)]), qos=healthy_qos(),
                              nccl_env_file=str(tmp_path / "missing.env"))
     assert source.sample().errors == {"nccl_env_file_unreadable": 1}
+
+
+def test_source_counts_an_env_file_that_is_not_utf8(tmp_path):
+    node = hgx_node(tmp_path)
+    env_file = tmp_path / "latin1.env"
+    env_file.write_bytes(b"NCCL_DEBUG=caf\xe9\n")
+    source = PreflightSource(PreflightSettings(), str(node.sys), str(node.proc), FakeNvml([h100(0)]), qos=healthy_qos(),
+                             nccl_env_file=str(env_file))
+    snapshot = source.sample()
+    assert snapshot.errors == {"nccl_env_file_unreadable": 1}
+    assert snapshot.status["results"]  # the other checks still ran
 
 
 def test_source_is_registered_with_config_defaults(tmp_path):

@@ -52,7 +52,7 @@ class PreflightSource:
         if self.nccl_env_file:
             try:
                 env = read_env_file(self.nccl_env_file)
-            except OSError:
+            except (OSError, UnicodeDecodeError):  # missing, unreadable, or not UTF-8 text
                 errors["nccl_env_file_unreadable"] += 1  # the NCCL checks SKIP, saying no environment was given
         facts = gather(self.settings, self.sysfs, self.procfs, nvml=self.nvml, qos=self.qos, nccl_env=env)
         results = run_checks(facts, self.settings)
