@@ -1,9 +1,12 @@
 """The GPU source against the fake pynvml module: healthy and mixed nodes, every fault of issue 3, exact metrics."""
 
 import asyncio
+import importlib.util
 import logging
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -20,6 +23,7 @@ from exporter.sources.base import SourceUnavailable
 from exporter.sources.gpu import GpuSource, decode_throttle_reasons
 from tests.conftest import require_tool
 
+SMOKE_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu-smoke.py"
 H100_PEAK = 989.4e12
 A100_PEAK = 312e12
 L40S_PEAK = 362e12
@@ -380,6 +384,35 @@ def test_xid_events_are_counted_once_each_including_the_one_a_lost_gpu_leaves():
     assert values[("mfu_gpu_xid_errors_total", gpu(3, xid="79"))] == 1  # fell off the bus, and still says so
 
 
+def test_reinit_for_a_lost_gpu_costs_the_healthy_gpu_no_activity_and_no_xid():
+    node = h100_node(count=2, retry_interval=30)
+    healthy = node.nvml.gpus[0]
+    busy(healthy)
+    node.tick()
+    node.nvml.lose(1)
+    node.tick(5)  # GPU 1 is lost: NVML is re-initialised 30 s from now
+    inits = node.nvml.calls["nvmlInit"]
+    pcie_rate = healthy.pcie_tx_rate
+    pcie_before = exposition(node.tick(5))[1][("mfu_gpu_pcie_transmit_bytes_total", gpu(0))]
+    for step, tensor in enumerate((50.0, 60.0, 70.0, 80.0), start=1):  # the third step, 30 s after the loss, re-initialises
+        healthy.set_activity(tensor)
+        if step == 3:
+            node.nvml.xid(0, 31)  # queued in the old session's event set, which the re-initialisation frees
+        snapshot = node.tick(10)
+        _, values = exposition(snapshot)
+        assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == pytest.approx(tensor / 100), step
+        assert values[("mfu_gpu_hardware_flops_utilization_ratio", gpu(0))] == pytest.approx(tensor / 100), step
+        # GPM's PCIe rate integrated over every interval, the one the re-initialisation closed included
+        pcie = values[("mfu_gpu_pcie_transmit_bytes_total", gpu(0))]
+        assert pcie - pcie_before == pytest.approx(pcie_rate * 10), step
+        pcie_before = pcie
+        assert values[("mfu_gpu_up", gpu(1))] == 0
+    assert node.nvml.calls["nvmlInit"] == inits + 1
+    assert values[("mfu_gpu_xid_errors_total", gpu(0, xid="31"))] == 1
+    assert values[("mfu_gpu_xid_errors_total", gpu(1, xid="79"))] == 1
+    assert node.nvml.live_gpm_samples == 2  # the old session's samples were freed
+
+
 def test_throttle_bitmask_decoding():
     assert decode_throttle_reasons(0) == []
     assert decode_throttle_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
@@ -495,6 +528,7 @@ def test_close_releases_everything():
 
 def test_snapshots_do_not_change_once_taken():
     node = h100_node(count=1)
+    node.source.sample()  # registers the Xid event set: the driver delivers nothing raised before
     node.nvml.xid(0, 48)
     first = node.tick()
     before = exposition(first)[0]
@@ -507,17 +541,20 @@ def test_snapshots_do_not_change_once_taken():
 async def test_metrics_pass_promtool(aiohttp_client):
     promtool = require_tool("promtool", "prometheus")
     nvml = fake.node(fake.h100(0), fake.a100(1), fake.l40s(2), fake.h100(3, mig_mode=1))
-    nvml.xid(0, 13)
     source = GpuSource(nvml, interval=0.05)
     runtime = build_runtime(validate({}), [source])
     client = await aiohttp_client(create_app(runtime))
     state = runtime.daemon.states["gpu"]
     deadline = time.monotonic() + 5
-    while state.cycles < 3:  # a few cycles so GPM has values
+    while state.cycles < 1:  # the first cycle registers the Xid event sets
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    nvml.xid(0, 13)
+    while state.cycles < 4:  # a few cycles more so GPM has values and the Xid is read
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
     body = await (await client.get("/metrics")).read()
-    assert b"mfu_gpu_tensor_active_ratio" in body and b"mfu_gpu_xid_errors_total" in body
+    assert b"mfu_gpu_tensor_active_ratio" in body and b'mfu_gpu_xid_errors_total{gpu="0",xid="13"} 1.0' in body
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
@@ -558,3 +595,38 @@ async def test_hanging_nvml_call_leaves_metrics_answering_from_the_last_snapshot
     finally:
         release.set()
     await wait_for(lambda: state.up)
+
+
+def load_smoke_script():
+    spec = importlib.util.spec_from_file_location("gpu_smoke", SMOKE_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_script_prints_the_metrics_and_notes_and_passes_a_healthy_node(capsys):
+    nvml = fake.node(fake.h100(0), fake.a100(1, mig_mode=1))
+    assert load_smoke_script().main(["--pause", "0.12"], nvml=nvml) == 0
+    out, err = capsys.readouterr()
+    metrics, notes = out.split("# status notes:\n")
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(metrics) for s in family.samples}
+    assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == 0  # the second sample: GPM measured 0.12 s
+    assert gpu(1) not in series_of(values, "mfu_gpu_utilization_ratio")  # MIG: none, and that is not a failure
+    assert notes.startswith("#   GPU 1: in MIG mode")
+    assert notes.endswith("# errors counted (reasons of mfu_exporter_source_errors_total{source=\"gpu\"}): none\n")
+    assert err == "gpu-smoke: OK: 2 GPU(s) up with every core series\n"
+    assert not nvml.initialized
+
+
+def test_smoke_script_fails_when_a_core_series_is_missing(capsys):
+    nvml = fake.node(fake.h100(0), fake.h100(1, fail={"nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NOT_SUPPORTED}))
+    assert load_smoke_script().main(["--pause", "0.12"], nvml=nvml) == 1
+    assert capsys.readouterr().err == "gpu-smoke: FAIL: GPU 1 lacks mfu_gpu_power_watts\n"
+
+
+def test_smoke_script_fails_when_nvml_does_not_start():
+    result = subprocess.run([sys.executable, str(SMOKE_SCRIPT)], capture_output=True, text=True, timeout=60)
+    # The real pynvml: where no driver is loaded (CI, this machine) NVML does not start; a healthy GPU machine passes.
+    expected = "gpu-smoke: OK: " if result.returncode == 0 else "gpu-smoke: NVML did not start: "
+    assert result.returncode in (0, 1) and expected in result.stderr, result.stderr

@@ -14,8 +14,10 @@ Behaviour worth knowing:
   taken (a simulation sets the table each tick), or ``NOT_SUPPORTED`` for an ID the GPU lacks. PCIe and NVLink
   rates (IDs 20/21/60/61) come from the GPU's byte rates, so they agree with the byte counters.
 - NVLink throughput fields answer per link (``scopeId`` = link) or summed over all links (``scopeId`` = UINT_MAX).
-- Xid events: ``FakeNvml.xid(index, code)`` queues one; ``nvmlEventSetWait`` returns queued events and raises
-  ``NVMLError_Timeout`` when none is left (it never sleeps).
+- Xid events: ``FakeNvml.xid(index, code)`` queues one on every event set registered for that GPU, as the driver
+  does: an Xid raised while no set is registered reaches nobody, and ``nvmlEventSetFree`` drops what its set still
+  holds. ``nvmlEventSetWait`` returns queued events and raises ``NVMLError_Timeout`` when none is left (it never
+  sleeps).
 - ``fail`` maps a function name to an error code raised for that GPU; ``hang(name)`` makes that function block
   until the returned event is set.
 """
@@ -80,7 +82,6 @@ class FakeGpu:
     persistence_mode: bool = True  # on, as on a tuned training node
     fail: dict[str, int] = field(default_factory=dict)  # NVML function name -> NVML_ERROR_* raised for this GPU
     lost: bool = False
-    xids: deque = field(default_factory=deque)
 
     def set_activity(self, tensor: float, sm: float | None = None, occupancy: float | None = None, dram: float | None = None) -> None:
         """GPM activity in percent, as NVML reports it; unspecified ones follow the tensor activity."""
@@ -141,6 +142,7 @@ class _Handle:
 class _EventSet:
     def __init__(self) -> None:
         self.gpus: list[FakeGpu] = []
+        self.xids: deque[int] = deque()  # delivered, not yet read
         self.freed = False
 
 
@@ -171,6 +173,7 @@ class FakeNvml:
         self._session = 0
         self._enumerated: list[FakeGpu] = []
         self._samples: dict[int, _GpmSample] = {}
+        self._event_sets: list[_EventSet] = []  # created and not freed: where the driver delivers events
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -194,11 +197,16 @@ class FakeNvml:
             gpu.pcie_rx_bytes += gpu.pcie_rx_rate * seconds
 
     def xid(self, index: int, code: int) -> None:
-        self.gpus[index].xids.append(code)
+        """The driver reports Xid ``code`` on GPU ``index``: each event set registered for that GPU gets it."""
+        gpu = self.gpus[index]
+        with self._lock:
+            for event_set in self._event_sets:
+                if gpu in event_set.gpus:
+                    event_set.xids.append(code)
 
     def lose(self, index: int) -> None:
-        """The GPU falls off the bus: its calls fail from now on, and NVML queues Xid 79 as a real driver does."""
-        self.gpus[index].xids.append(79)
+        """The GPU falls off the bus: its calls fail from now on, and NVML reports Xid 79 as a real driver does."""
+        self.xid(index, 79)
         self.gpus[index].lost = True
 
     def hang(self, function: str) -> threading.Event:
@@ -379,7 +387,10 @@ class FakeNvml:
 
     def nvmlEventSetCreate(self) -> _EventSet:
         self._enter("nvmlEventSetCreate")
-        return _EventSet()
+        event_set = _EventSet()
+        with self._lock:
+            self._event_sets.append(event_set)
+        return event_set
 
     def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: _EventSet) -> None:
         gpu = self._enter("nvmlDeviceRegisterEvents", handle)
@@ -391,17 +402,19 @@ class FakeNvml:
         self._enter("nvmlEventSetWait")
         if event_set.freed:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        for gpu in event_set.gpus:
-            if gpu.xids:
-                return pynvml.c_nvmlEventData_t(eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=gpu.xids.popleft(),
-                                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+        if event_set.xids:
+            return pynvml.c_nvmlEventData_t(eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=event_set.xids.popleft(),
+                                            gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
         raise _error(pynvml.NVML_ERROR_TIMEOUT)
 
     def nvmlEventSetFree(self, event_set: _EventSet) -> None:
         self._enter("nvmlEventSetFree")
         if event_set.freed:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            self._event_sets.remove(event_set)
         event_set.freed = True
+        event_set.xids.clear()
 
     # --- GPM --------------------------------------------------------------------------------------------------
 

@@ -8,8 +8,11 @@ remembered per GPU and not made again; label tuples are built once per GPU.
 
 Faults stay local to one GPU: a GPU that answers GPU_IS_LOST, RESET_REQUIRED or UNKNOWN is marked down (its
 readings disappear, ``mfu_gpu_up`` is 0, a ``gpu_lost`` error is counted) while the others keep reporting; every
-``retry_interval`` while a GPU is missing, NVML is shut down and initialised again to find it. GPUs are keyed by
-UUID, so a GPU keeps its ``gpu`` label (the index NVML gave it when first seen) across re-initialisations.
+``retry_interval`` while a GPU is missing, NVML is shut down and initialised again to find it (a new session
+enumerates the GPUs anew, which finds one that was reset or re-bound to the driver). The re-initialisation costs the
+healthy GPUs nothing: the old session's queued Xid events and GPM interval are read before it closes (``_reopen``).
+GPUs are keyed by UUID, so a GPU keeps its ``gpu`` label (the index NVML gave it when first seen) across
+re-initialisations.
 """
 
 from __future__ import annotations
@@ -219,7 +222,7 @@ class GpuSource:
         now = self._monotonic()
         if self._initialized and self._reinit_at is not None and now >= self._reinit_at:
             log.info("re-initialising NVML to look for lost GPUs")
-            self._close_session()
+            self._reopen(now)
         if not self._initialized:
             self._open(now)
         rows = []
@@ -416,38 +419,44 @@ class GpuSource:
 
     def _read_gpm(self, gpu: _Gpu, now: float, reading: dict[str, Any]) -> None:
         gpm = gpu.gpm
-        if gpm is None:
+        if gpm is None or not self._measure_gpm(gpu, now):
             return
-        elapsed = now - gpm.taken_at
-        if elapsed >= MIN_GPM_INTERVAL:
-            nvml = self._nvml
-            try:
-                nvml.nvmlGpmSampleGet(gpu.handle, gpm.current)
-                gpm.request.sample1 = gpm.previous
-                gpm.request.sample2 = gpm.current
-                nvml.nvmlGpmMetricsGet(gpm.request)
-            except nvml.NVMLError as exc:
-                self._refused(gpu, "gpm", exc)
-                if "gpm" in gpu.unsupported:
-                    self._close_gpm(gpu, "unavailable: " + gpu.unsupported["gpm"])
-                # A passing failure: no activity this cycle; the previous sample stays, so the next interval is longer.
-                gpm.ratios = {}
-                return
-            gpm.previous, gpm.current = gpm.current, gpm.previous
-            gpm.taken_at = now
-            for slot, key in enumerate(gpm.keys):
-                metric = gpm.request.metrics[slot]
-                if metric.nvmlReturn != nvml.NVML_SUCCESS:
-                    self._refused(gpu, f"gpm:{key}", nvml.NVMLError(metric.nvmlReturn), self._absent_id_codes)
-                    gpm.ratios.pop(key, None)
-                elif key in GPM_RATES:
-                    gpu.integrated[key] = gpu.integrated.get(key, 0.0) + metric.value * MIB * elapsed
-                else:
-                    gpm.ratios[key] = metric.value / 100
         reading.update(gpm.ratios)
         for key, total in gpu.integrated.items():
             if key in gpu.unsupported:  # the field value is missing on this GPU: the integrated counter stands in
                 reading[key] = total
+
+    def _measure_gpm(self, gpu: _Gpu, now: float) -> bool:
+        """Close the GPM interval that began at the last sample: its ratios, its bytes added to the integrated counters.
+        Under 100 ms after that sample there is nothing new and the last ratios stand. False when NVML failed it."""
+        gpm, nvml = gpu.gpm, self._nvml
+        elapsed = now - gpm.taken_at
+        if elapsed < MIN_GPM_INTERVAL:
+            return True
+        try:
+            nvml.nvmlGpmSampleGet(gpu.handle, gpm.current)
+            gpm.request.sample1 = gpm.previous
+            gpm.request.sample2 = gpm.current
+            nvml.nvmlGpmMetricsGet(gpm.request)
+        except nvml.NVMLError as exc:
+            self._refused(gpu, "gpm", exc)
+            if "gpm" in gpu.unsupported:
+                self._close_gpm(gpu, "unavailable: " + gpu.unsupported["gpm"])
+            # A passing failure: no activity this cycle; the previous sample stays, so the next interval is longer.
+            gpm.ratios = {}
+            return False
+        gpm.previous, gpm.current = gpm.current, gpm.previous
+        gpm.taken_at = now
+        for slot, key in enumerate(gpm.keys):
+            metric = gpm.request.metrics[slot]
+            if metric.nvmlReturn != nvml.NVML_SUCCESS:
+                self._refused(gpu, f"gpm:{key}", nvml.NVMLError(metric.nvmlReturn), self._absent_id_codes)
+                gpm.ratios.pop(key, None)
+            elif key in GPM_RATES:
+                gpu.integrated[key] = gpu.integrated.get(key, 0.0) + metric.value * MIB * elapsed
+            else:
+                gpm.ratios[key] = metric.value / 100
+        return True
 
     # --- Xid events -----------------------------------------------------------------------------------------
 
@@ -586,6 +595,28 @@ class GpuSource:
                     gpu.index, gpu.uuid, why, self.retry_interval)
         if self._reinit_at is None:
             self._reinit_at = now + self.retry_interval
+
+    def _reopen(self, now: float) -> None:
+        """Shut NVML down and initialise it again to find lost GPUs, at no cost to the healthy ones. Freeing an event
+        set drops the Xid events still queued in it, so every GPU's queue is read first; and a GPM interval can only be
+        closed against its own first sample, so each healthy GPU's interval is measured now and its ratios carried (by
+        UUID) into the new session, whose first GPM sample starts the next interval. Only Xids past the
+        MAX_XIDS_PER_CYCLE read here, or raised between this read and the new session's registration, can be missed."""
+        for gpu in self._ordered:
+            self._poll_xids(gpu)
+            if gpu.up and gpu.gpm is not None:
+                try:
+                    self._measure_gpm(gpu, now)
+                except self._nvml.NVMLError as exc:
+                    if exc.value not in self._lost_codes:
+                        raise
+                    self._lose(gpu, exc, now)
+        activity = {gpu.uuid: gpu.gpm.ratios for gpu in self._ordered if gpu.up and gpu.gpm is not None}
+        self._close_session()
+        self._open(now)
+        for gpu in self._ordered:
+            if gpu.gpm is not None and gpu.uuid in activity:
+                gpu.gpm.ratios = activity[gpu.uuid]
 
     def _close_session(self) -> None:
         nvml = self._nvml
