@@ -1,5 +1,6 @@
 """The ethtool source with the text reader: recorded-style ConnectX-7 ``ethtool -S`` output with PFC on priority 3,
-then on 3 and 4, interface selection from sysfs, stats_include, and every way an interface read can fail."""
+then on 3 and 4, interface selection from sysfs (RDMA device filters, representors), stats_include, and every way an
+interface read can fail."""
 
 import errno
 import subprocess
@@ -11,10 +12,11 @@ from exporter.config import validate
 from exporter.fakes.mlx5 import SimulatedNode, ethtool_stat_names, format_ethtool_statistics
 from exporter.fakes.sysfs import FakeSysfs
 from exporter.runtime import Paths, build_sources
+from exporter.sources import ethtool
 from exporter.sources.base import SourceUnavailable
-from exporter.sources.ethtool import EthtoolSource, EthtoolTextReader, parse_ethtool_statistics
+from exporter.sources.ethtool import EthtoolSource, EthtoolTextReader, build_ethtool_source, parse_ethtool_statistics
 from tests.conftest import require_tool
-from tests.test_rdma_source import Clock, exposition, samples, value
+from tests.test_rdma_source import Clock, exposition, representors, samples, value
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ethtool"
 PFC3 = (FIXTURES / "connectx7-pfc3.txt").read_text()
@@ -26,8 +28,10 @@ class Texts:
 
     def __init__(self, **texts):
         self.texts = texts
+        self.reads = []  # interfaces asked for, in order
 
     def __call__(self, interface):
+        self.reads.append(interface)
         text = self.texts.get(interface)
         if text is None:
             raise OSError(errno.ENODEV, "No such device")
@@ -173,6 +177,71 @@ def test_failed_reads_are_counted_by_reason(sysfs):
     texts.texts["ens1np0"] = PFC3
     clock.now += 1
     assert list(source.sample().data["interfaces"]) == ["ens1np0"]  # rediscovered after the missing interface
+
+
+def test_an_interface_without_statistics_is_counted_once_while_it_exists(sysfs):
+    sysfs.add_rdma_device("mlx5_1", "0000:1c:00.0")
+    sysfs.add_rdma_port("mlx5_1", 1, netdev="ens2np0")
+    texts = Texts(ens1np0=PFC3, ens2np0=OSError(errno.EOPNOTSUPP, "no stats"))
+    clock = Clock()
+    source = source_for(sysfs, texts, clock, rediscover_interval=1.0)
+    assert source.sample().errors == {"not_supported": 1}
+    for _ in range(4):  # each sample rediscovers the interfaces
+        clock.now += 1
+        snapshot = source.sample()
+        assert snapshot.errors == {}
+        assert list(snapshot.data["interfaces"]) == ["ens1np0"]
+    assert texts.reads.count("ens2np0") == 1
+    # Unplugged and back: another interface, asked afresh.
+    sysfs.remove_rdma_device("mlx5_1")
+    clock.now += 1
+    assert source.sample().errors == {}
+    sysfs.add_rdma_device("mlx5_1", "0000:1c:00.0")
+    sysfs.add_rdma_port("mlx5_1", 1, netdev="ens2np0")
+    clock.now += 1
+    assert source.sample().errors == {"not_supported": 1}
+
+
+def test_netdevs_of_excluded_rdma_devices_are_never_read(sysfs):
+    sysfs.add_rdma_device("mlx5_1", "0000:1c:00.0")
+    sysfs.add_rdma_port("mlx5_1", 1, netdev="ens2np0")
+    sysfs.add_netdev("ens2np0", "0000:1c:00.0", ifindex=3)
+    sysfs.add_netdev("eth9", "0000:5c:00.0", ifindex=4)
+    texts = Texts(ens1np0=PFC3, ens2np0=PFC3, eth9=PFC3)
+    # mlx5_1 stands for a Fabric Manager limited PF, which rejects the register reads behind ethtool -S.
+    source = source_for(sysfs, texts, rdma_devices_exclude=[r"^mlx5_1$"], interfaces_include=[".*"])
+    snapshot = source.sample()
+    assert list(snapshot.data["interfaces"]) == ["ens1np0", "eth9"]
+    assert "ens2np0" not in texts.reads
+    only = source_for(sysfs, Texts(ens1np0=PFC3, ens2np0=PFC3), rdma_devices_include=[r"^mlx5_1$"]).sample()
+    assert only.data["interfaces"]["ens2np0"].rdma_ports == ("mlx5_1/1",)
+    assert list(only.data["interfaces"]) == ["ens2np0"]
+
+
+def test_factory_takes_the_rdma_device_lists_from_the_rdma_section(sysfs, monkeypatch):
+    sysfs.add_rdma_device("mlx5_1", "0000:1c:00.0")
+    sysfs.add_rdma_port("mlx5_1", 1, netdev="ens2np0")
+    texts = Texts(ens1np0=PFC3, ens2np0=PFC3)
+    # The factory builds the ioctl reader; these interfaces exist only in the fake sysfs.
+    monkeypatch.setattr(ethtool, "EthtoolIoctlReader", lambda: EthtoolTextReader(texts))
+    sources = validate({"sources": {"rdma": {"devices_exclude": [r"^mlx5_1$"]}}})["sources"]
+    source = build_ethtool_source(sources["ethtool"], Paths(sysfs=str(sysfs.root)), rdma=sources["rdma"])
+    assert list(source.sample().data["interfaces"]) == ["ens1np0"]
+    assert texts.reads == ["ens1np0"]
+
+
+def test_switchdev_representors_are_not_read_unless_asked_for(tmp_path):
+    sysfs = FakeSysfs(tmp_path / "sys")
+    representors(sysfs)
+    # A representor with no RDMA port, which only interfaces_include could bring in.
+    sysfs.add_netdev("ens1f1pf1vf2", "0000:0c:00.1", ifindex=9, phys_port_name="pf1vf2")
+    texts = Texts(ens1f0np0=PFC3, ens1f0pf0vf0=PFC3, ens1f0pf0sf88=PFC3, ens1f1pf1vf2=PFC3)
+    default = source_for(sysfs, texts, interfaces_include=[".*"]).sample()
+    assert list(default.data["interfaces"]) == ["ens1f0np0"]
+    assert texts.reads == ["ens1f0np0"]
+    every = source_for(sysfs, texts, interfaces_include=[".*"], representors=True).sample()
+    assert list(every.data["interfaces"]) == ["ens1f0np0", "ens1f0pf0vf0", "ens1f0pf0sf88", "ens1f1pf1vf2"]
+    assert every.data["interfaces"]["ens1f0pf0sf88"].rdma_ports == ("mlx5_0/3",)
 
 
 def test_no_interfaces_is_source_unavailable(tmp_path):

@@ -1,6 +1,9 @@
 """The RDMA source on sysfs trees written by exporter.fakes: RoCE and IB ports, missing and N/A counters, VFs,
-32-bit wraps, resets and hot unplug; plus the wrap/reset rules of exporter.counters it relies on."""
+representors, per-file errors injected into the source's ``os``, 32-bit wraps, resets and hot unplug; plus the
+wrap/reset rules of exporter.counters it relies on."""
 
+import errno
+import os
 import subprocess
 
 import pytest
@@ -10,9 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.config import validate
 from exporter.counters import CounterHistory, increase
 from exporter.fakes.mlx5 import hw_counters, port_counters
-from exporter.fakes.sysfs import FakeSysfs
+from exporter.fakes.sysfs import FakeSysfs, KernfsOs
 from exporter.runtime import Paths, build_sources
 from exporter.sources.base import SourceUnavailable
+from exporter.sources import rdma
 from exporter.sources.rdma import RdmaSource, discover_ports
 from tests.conftest import require_tool
 
@@ -52,6 +56,39 @@ def value(snapshot, name, **labels):
 @pytest.fixture
 def sysfs(tmp_path):
     return FakeSysfs(tmp_path / "sys")
+
+
+class InjectedOs:
+    """``os`` as the RDMA source sees it, with errors injected per file: ``open_errors`` / ``read_errors`` map a path
+    ending (``counters/symbol_error``) to the errno that opening / reading it raises."""
+
+    def __init__(self):
+        self.open_errors: dict[str, int] = {}
+        self.read_errors: dict[str, int] = {}
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    @staticmethod
+    def _raise_for(errors, path):
+        for ending, number in errors.items():
+            if path.endswith("/" + ending):
+                raise OSError(number, os.strerror(number), path)
+
+    def open(self, path, flags, *mode):
+        self._raise_for(self.open_errors, path)
+        return os.open(path, flags, *mode)
+
+    def pread(self, fd, length, offset):
+        self._raise_for(self.read_errors, os.readlink(f"/proc/self/fd/{fd}"))
+        return os.pread(fd, length, offset)
+
+
+@pytest.fixture
+def injected(monkeypatch):
+    faulty = InjectedOs()
+    monkeypatch.setattr(rdma, "os", faulty)
+    return faulty
 
 
 def roce_device(sysfs, device="mlx5_0", pci="0000:0c:00.0", netdev="ens1np0", numa_node=0, **counter_values):
@@ -168,6 +205,90 @@ def test_no_pma_files_are_skipped_and_counted_once(sysfs):
     assert source.sample().errors == {}
 
 
+@pytest.mark.parametrize("at, number, reason", [
+    ("read", errno.EOPNOTSUPP, "not_supported"),
+    ("read", errno.EINVAL, "not_supported"),
+    ("open", errno.EACCES, "unreadable"),
+    ("read", errno.EACCES, "unreadable"),
+    ("open", errno.ENOENT, "missing"),
+])
+def test_a_failing_counter_file_skips_that_file_only(sysfs, injected, at, number, reason):
+    roce_device(sysfs, symbol_error=2, link_downed=1, port_rcv_data=10, np_cnp_sent=5)
+    (injected.open_errors if at == "open" else injected.read_errors)["counters/symbol_error"] = number
+    clock = Clock()
+    source = RdmaSource(str(sysfs.root), clock=clock)
+    first = source.sample()
+    assert first.errors == {reason: 1}
+    port = {"device": "mlx5_0", "port": "1"}
+    assert value(first, "mfu_rdma_port_counters_total", **port, counter="symbol_error") is None
+    assert value(first, "mfu_rdma_port_counters_total", **port, counter="link_downed") == 1
+    assert value(first, "mfu_rdma_port_data_received_bytes_total", **port) == 40
+    assert value(first, "mfu_rdma_hw_counters_total", **port, counter="np_cnp_sent") == 5
+    assert value(first, "mfu_rdma_port_up", **port) == 1
+    clock.now += 1
+    second = source.sample()
+    assert second.errors == {}  # the file is not tried again until the ports are rediscovered
+    assert value(second, "mfu_rdma_port_counters_total", **port, counter="link_downed") == 1
+    injected.open_errors.clear()
+    injected.read_errors.clear()
+    clock.now += 30
+    rediscovered = source.sample()
+    assert rediscovered.errors == {}
+    # A file that vanished between listing and opening is a race, tried again at the next rediscovery; one the
+    # device refused stays known-bad for the life of the port.
+    expected = 2 if reason == "missing" else None
+    assert value(rediscovered, "mfu_rdma_port_counters_total", **port, counter="symbol_error") == expected
+
+
+def test_known_bad_files_are_counted_once_for_the_life_of_the_port(sysfs, injected):
+    roce_device(sysfs, port_rcv_data=10)
+    sysfs.write_counters("mlx5_0", 1, {"symbol_error": "N/A (no PMA)"})
+    injected.read_errors["hw_counters/np_cnp_sent"] = errno.EOPNOTSUPP
+    injected.open_errors["hw_counters/rp_cnp_handled"] = errno.EACCES
+    clock = Clock()
+    source = RdmaSource(str(sysfs.root), clock=clock, rediscover_interval=30.0)
+    assert source.sample().errors == {"no_pma": 1, "not_supported": 1, "unreadable": 1}
+    for index in range(1, 4):
+        # Each round rediscovers the ports twice: a device that appears changes the listing, then the timer.
+        roce_device(sysfs, f"mlx5_{index}", f"0000:{index + 0x10:02x}:00.0", f"ens{index + 1}np0")
+        sysfs.write_counters(f"mlx5_{index}", 1, {"symbol_error": "N/A (no PMA)"})
+        clock.now += 1
+        appeared = source.sample()
+        assert f"mlx5_{index}/1" in appeared.data["ports"]
+        assert appeared.errors == {"no_pma": 1, "not_supported": 1, "unreadable": 1}  # the new port's, once
+        clock.now += 30
+        assert source.sample().errors == {}
+    assert value(appeared, "mfu_rdma_port_data_received_bytes_total", device="mlx5_0", port="1") == 40
+    # Unplugged and plugged in again, the device is a new one and is asked afresh.
+    sysfs.remove_rdma_device("mlx5_0")
+    clock.now += 1
+    assert source.sample().errors == {"port_removed": 1}
+    roce_device(sysfs, port_rcv_data=10)
+    sysfs.write_counters("mlx5_0", 1, {"symbol_error": "N/A (no PMA)"})
+    clock.now += 1
+    assert source.sample().errors == {"no_pma": 1, "not_supported": 1, "unreadable": 1}
+
+
+def test_a_device_removed_and_added_back_between_samples_is_read_afresh(sysfs, monkeypatch):
+    monkeypatch.setattr(rdma, "os", KernfsOs())
+    roce_device(sysfs, port_rcv_data=10)
+    roce_device(sysfs, "mlx5_1", "0000:1c:00.0", "ens2np0", port_rcv_data=7)
+    clock = Clock()
+    source = RdmaSource(str(sysfs.root), clock=clock)
+    source.sample()
+    # A driver reload between two samples: the device list reads the same, but the files kept open are gone.
+    sysfs.remove_rdma_device("mlx5_1")
+    roce_device(sysfs, "mlx5_1", "0000:1c:00.0", "ens2np0", port_rcv_data=3)
+    clock.now += 1
+    gone = source.sample()
+    assert gone.errors == {"port_removed": 1}
+    assert list(gone.data["ports"]) == ["mlx5_0/1"]
+    clock.now += 1
+    back = source.sample()
+    assert back.errors == {}
+    assert value(back, "mfu_rdma_port_data_received_bytes_total", device="mlx5_1", port="1") == 12
+
+
 def test_unparsable_value_counts_every_sample_but_keeps_the_file(sysfs):
     roce_device(sysfs)
     sysfs.write_counters("mlx5_0", 1, {"symbol_error": "garbage"})
@@ -201,6 +322,28 @@ def test_vf_is_excluded_by_default_and_included_by_config(sysfs):
     config = validate({"sources": {"rdma": {"virtual_functions": True}}})
     with_vfs, = [s for s in build_sources(config, paths) if s.name == "rdma"]
     assert list(with_vfs.sample().data["ports"]) == ["mlx5_0/1", "mlx5_4/1"]
+
+
+def representors(sysfs):
+    """mlx5_0 in switchdev mode: port 1 is the uplink (phys_port_name p0), ports 2 and 3 represent VF 0 and SF 88."""
+    sysfs.add_rdma_device("mlx5_0", "0000:0c:00.0")
+    for port, netdev, port_name in ((1, "ens1f0np0", "p0"), (2, "ens1f0pf0vf0", "pf0vf0"),
+                                    (3, "ens1f0pf0sf88", "pf0sf88")):
+        sysfs.add_rdma_port("mlx5_0", port, netdev=netdev, counters=port_counters(), hw_counters=hw_counters())
+        sysfs.add_netdev(netdev, "0000:0c:00.0", ifindex=port + 1, phys_port_name=port_name)
+
+
+def test_switchdev_representors_are_left_out_unless_asked_for(sysfs):
+    representors(sysfs)
+    root = str(sysfs.root)
+    assert [p.netdev for p in discover_ports(root)] == ["ens1f0np0"]
+    assert [p.netdev for p in discover_ports(root, representors=True)] == ["ens1f0np0", "ens1f0pf0vf0", "ens1f0pf0sf88"]
+    assert list(RdmaSource(root, clock=Clock()).sample().data["ports"]) == ["mlx5_0/1"]
+    with_representors = RdmaSource(root, clock=Clock(), representors=True).sample()
+    assert list(with_representors.data["ports"]) == ["mlx5_0/1", "mlx5_0/2", "mlx5_0/3"]
+    # The configured default regex cannot see them: they are ports of mlx5_0, not devices named "rep".
+    default, = [s for s in build_sources(validate({}), Paths(sysfs=root)) if s.name == "rdma"]
+    assert list(default.sample().data["ports"]) == ["mlx5_0/1"]
 
 
 def test_32_bit_counter_wrap_between_samples_gives_the_true_increase(sysfs):
@@ -268,6 +411,19 @@ def test_ports_created_after_their_device_are_found_on_a_later_look(sysfs):
     clock.now += 1
     assert list(source.sample().data["ports"]) == ["mlx5_0/1"]  # same device listing: no walk every second
     clock.now += 30
+    assert sorted(source.sample().data["ports"]) == ["mlx5_0/1", "mlx5_1/1"]
+
+
+def test_rediscover_interval_is_a_constructor_argument(sysfs):
+    roce_device(sysfs, "mlx5_0")
+    sysfs.add_rdma_device("mlx5_1", "0000:1c:00.0")
+    clock = Clock()
+    source = RdmaSource(str(sysfs.root), clock=clock, rediscover_interval=1.0)
+    assert list(source.sample().data["ports"]) == ["mlx5_0/1"]
+    sysfs.add_rdma_port("mlx5_1", 1, netdev="ens2np0", counters=port_counters(), hw_counters=hw_counters())
+    clock.now += 0.5
+    assert list(source.sample().data["ports"]) == ["mlx5_0/1"]
+    clock.now += 0.5
     assert sorted(source.sample().data["ports"]) == ["mlx5_0/1", "mlx5_1/1"]
 
 

@@ -7,16 +7,19 @@ Only the files the sources read, with the kernel's formats and links::
     devices/pci0000:00/<pci>/infiniband/<device>/ports/<n>/{state,phys_state,rate,link_layer}
     devices/pci0000:00/<pci>/infiniband/<device>/ports/<n>/{counters,hw_counters}/*
     devices/pci0000:00/<pci>/infiniband/<device>/ports/<n>/gid_attrs/{ndevs,types}/<index>
-    devices/pci0000:00/<pci>/net/<netdev>/{operstate,ifindex,address,mtu,device -> ../../../<pci>}
+    devices/pci0000:00/<pci>/net/<netdev>/{operstate,ifindex,address,mtu,phys_port_name,device -> ../../../<pci>}
     class/infiniband/<device> -> ../../devices/pci0000:00/<pci>/infiniband/<device>
     class/net/<netdev> -> ../../devices/pci0000:00/<pci>/net/<netdev>
 
 Counter files are rewritten in place (same inode), because the RDMA source keeps them open and re-reads with
-pread, as it does on the real sysfs.
+pread, as it does on the real sysfs. A removed file differs: a plain file system keeps serving its old content
+through descriptors still open, where the kernel's fails the read; ``KernfsOs`` gives a reader the kernel's
+behaviour.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -38,6 +41,24 @@ def write_in_place(path: Path, text: str) -> None:
         os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
+
+
+class KernfsOs:
+    """The ``os`` module as a sysfs reader sees it on the kernel: ``pread`` on a descriptor of a removed file
+    fails with ENODEV (kernfs deactivates the node of a removed attribute) instead of returning the old content.
+
+    Install it as the reader module's ``os`` (``monkeypatch.setattr(exporter.sources.rdma, "os", KernfsOs())``)
+    so a device unplugged while its files are open is seen as the kernel shows it. Everything else is ``os``.
+    """
+
+    def __getattr__(self, name: str):
+        return getattr(os, name)
+
+    @staticmethod
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        if os.fstat(fd).st_nlink == 0:
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+        return os.pread(fd, length, offset)
 
 
 class FakeSysfs:
@@ -118,15 +139,22 @@ class FakeSysfs:
         shutil.rmtree(self._devices.pop(device))
 
     def add_netdev(self, name: str, pci_address: str | None = None, *, ifindex: int = 2,
-                   mac: str = "b8:3f:d2:00:00:00", mtu: int = 4200, operstate: str = "up") -> Path:
-        """A network interface; without a PCI address it is virtual (devices/virtual/net)."""
+                   mac: str = "b8:3f:d2:00:00:00", mtu: int = 4200, operstate: str = "up",
+                   phys_port_name: str | None = None) -> Path:
+        """A network interface; without a PCI address it is virtual (devices/virtual/net).
+
+        ``phys_port_name`` is set on switchdev netdevs only: ``p0`` on the uplink, ``pf0vf1`` or ``pf0sf88`` on a
+        representor. Without it the file is left out; the kernel's read fails (EOPNOTSUPP) and that reads the same.
+        """
         if pci_address is None:
             path = self.root / "devices" / "virtual" / "net" / name
         else:
             path = self.pci_function(pci_address) / "net" / name
         path.mkdir(parents=True)
-        for attribute, value in (("ifindex", ifindex), ("address", mac), ("mtu", mtu), ("operstate", operstate)):
-            (path / attribute).write_text(f"{value}\n")
+        for attribute, value in (("ifindex", ifindex), ("address", mac), ("mtu", mtu), ("operstate", operstate),
+                                 ("phys_port_name", phys_port_name)):
+            if value is not None:
+                (path / attribute).write_text(f"{value}\n")
         if pci_address is not None:
             os.symlink(f"../../../{pci_address}", path / "device")
         os.symlink(os.path.relpath(path, self.root / "class" / "net"), self.root / "class" / "net" / name)

@@ -29,7 +29,7 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.counters import Changes, CounterHistory
 from exporter.sources.base import Snapshot, SourceUnavailable
-from exporter.sources.rdma import NameFilter, discover_ports, natural_key
+from exporter.sources.rdma import NameFilter, discover_ports, is_representor, natural_key
 
 # include/uapi/linux/sockios.h and include/uapi/linux/ethtool.h
 SIOCETHTOOL = 0x8946
@@ -312,11 +312,13 @@ class InterfaceReading:
 
 
 class _Interface:
-    """Per-interface state kept across samples: counter history and the label tuples its series reuse."""
+    """Per-interface state kept across samples while discovery keeps finding the interface: counter history, the
+    label tuples its series reuse, and whether its driver has no statistics (counted once, then not read)."""
 
     def __init__(self, name: str, rdma_ports: tuple[str, ...]):
         self.name = name
         self.rdma_ports = rdma_ports
+        self.unsupported = False
         self.history = CounterHistory(STAT_WIDTHS)
         self.curated_labels: dict[str, tuple[str, ...]] = {}
         self.extra_labels: dict[str, tuple[str, str]] = {}
@@ -337,10 +339,15 @@ class _Interface:
 class EthtoolSource:
     """PFC/pause/discard counters of the RDMA ports' netdevs plus configured interfaces.
 
-    The interface list is resolved from sysfs every ``REDISCOVER_INTERVAL`` seconds and whenever an interface
-    goes missing. An interface whose driver has no statistics is skipped until the next resolution. The RDMA
-    ports are found with ``discover_ports``' defaults (every device, host-side VFs left out), not with
-    ``sources.rdma`` filters: leave an interface out with ``interfaces_exclude``.
+    The RDMA ports are those of the devices ``rdma_devices_include``/``rdma_devices_exclude`` select (pass
+    ``sources.rdma``'s lists), host-side VFs left out. The netdev of an excluded device is never read, even when
+    ``interfaces_include`` matches it: devices are excluded because some (Fabric Manager's limited PFs on DGX and
+    GB200) reject the register reads behind ``ethtool -S`` and flood the kernel log. Switchdev representors are
+    left out unless ``representors``, whichever list names them.
+
+    The interface list is resolved from sysfs every ``rediscover_interval`` seconds and whenever an interface
+    goes missing. An interface whose driver has no statistics is counted once and not read again while
+    discovery keeps finding it.
     """
 
     name = "ethtool"
@@ -348,44 +355,54 @@ class EthtoolSource:
     def __init__(self, sysfs_root: str = "/sys", interfaces_include: Iterable[str] = (),
                  interfaces_exclude: Iterable[str] = (), stats_include: Iterable[str] = (),
                  reader: StatsReader | None = None, interval: float = 1.0, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, rediscover_interval: float = REDISCOVER_INTERVAL):
+                 clock: Callable[[], float] = time.monotonic, rediscover_interval: float = REDISCOVER_INTERVAL,
+                 rdma_devices_include: Iterable[str] = (".*",), rdma_devices_exclude: Iterable[str] = (),
+                 representors: bool = False):
         self.interval = interval
         self.timeout = timeout
         self._sysfs_root = sysfs_root
         self._include = list(interfaces_include)
         self._exclude = NameFilter([".*"], interfaces_exclude)
+        self._rdma_devices = NameFilter(rdma_devices_include, rdma_devices_exclude)
+        self._representors = representors
         stats_pattern = "|".join(f"(?:{p})" for p in stats_include)
         self._stats_include = re.compile(stats_pattern) if stats_pattern else None
         self._reader = reader if reader is not None else EthtoolIoctlReader()
         self._clock = clock
         self._rediscover_interval = rediscover_interval
         self._interfaces: dict[str, _Interface] = {}
-        self._skipped: dict[str, str] = {}  # interface -> why it is not read until the next discovery
+        self._missing: set[str] = set()  # interfaces the reader did not find: not read until the next discovery
         self._next_discovery = float("-inf")
         self._extra: dict[str, bool] = {}
 
     def _discover(self, now: float) -> None:
         by_netdev: dict[str, list[str]] = {}
-        for port in discover_ports(self._sysfs_root):
+        # Netdevs of RDMA devices the filters leave out; one shared with a selected device is left out too, since
+        # the register reads go to the devices behind it.
+        excluded: set[str] = set()
+        for port in discover_ports(self._sysfs_root, representors=self._representors):
             if port.netdev:
-                by_netdev.setdefault(port.netdev, []).append(port.key)
-        names = list(by_netdev)
+                if self._rdma_devices(port.device):
+                    by_netdev.setdefault(port.netdev, []).append(port.key)
+                else:
+                    excluded.add(port.netdev)
+        names = [name for name in by_netdev if name not in excluded and self._exclude(name)]
         if self._include:
             include = NameFilter(self._include)
             try:
                 present = sorted(os.listdir(os.path.join(self._sysfs_root, "class", "net")), key=natural_key)
             except OSError:
                 present = []
-            names += [name for name in present if include(name) and name not in by_netdev]
+            # discover_ports already left the representors out of by_netdev; these are the rest of the node's.
+            names += [name for name in present if include(name) and self._exclude(name) and name not in by_netdev
+                      and name not in excluded and (self._representors or not is_representor(self._sysfs_root, name))]
         interfaces = {}
         for name in names:
-            if not self._exclude(name):
-                continue
             rdma_ports = tuple(by_netdev.get(name, ()))
-            known = self._interfaces.get(name)
-            interfaces[name] = known if known is not None and known.rdma_ports == rdma_ports else _Interface(name, rdma_ports)
+            interface = interfaces[name] = self._interfaces.get(name) or _Interface(name, rdma_ports)
+            interface.rdma_ports = rdma_ports  # a port can gain or lose its netdev; the history is the interface's
         self._interfaces = interfaces
-        self._skipped = {}
+        self._missing = set()
         self._next_discovery = now + self._rediscover_interval
 
     def _is_extra(self, name: str) -> bool:
@@ -409,18 +426,18 @@ class EthtoolSource:
         rows: list[tuple[str, tuple[str, ...], int]] = []
         extras: list[tuple[tuple[str, str], int]] = []
         for name, state in self._interfaces.items():
-            if name in self._skipped:
+            if state.unsupported or name in self._missing:
                 continue
             try:
                 stats = self._reader.read(name)
             except OSError as exc:
                 if exc.errno in (errno.ENODEV, errno.ENOENT, errno.ENXIO):
                     errors["interface_missing"] += 1
-                    self._skipped[name] = "interface_missing"
+                    self._missing.add(name)
                     self._next_discovery = now  # renamed or unplugged: look again next sample
                 elif exc.errno == errno.EOPNOTSUPP:
                     errors["not_supported"] += 1
-                    self._skipped[name] = "not_supported"
+                    state.unsupported = True
                 else:
                     errors["read_failed"] += 1
                 continue
@@ -435,7 +452,9 @@ class EthtoolSource:
                     extras.append((state.extra_labels_of(stat), value))
             readings.append(InterfaceReading(name, state.rdma_ports, stats, state.history.update(read_at, curated)))
         if not readings:
-            reason = (errors or Counter(self._skipped.values())).most_common(1)[0][0]
+            skipped = Counter("not_supported" if state.unsupported else "interface_missing"
+                              for name, state in self._interfaces.items() if state.unsupported or name in self._missing)
+            reason = (errors or skipped).most_common(1)[0][0]
             raise SourceUnavailable(reason, f"no statistics could be read from {', '.join(self._interfaces)}")
         return Snapshot(
             render=lambda: _render(rows, extras),
@@ -487,8 +506,9 @@ def _render(rows: list[tuple[str, tuple[str, ...], int]], extras: list[tuple[tup
         yield stat
 
 
-def build_ethtool_source(section: dict, paths) -> EthtoolSource:
-    """Factory for ``exporter.runtime.SOURCE_FACTORIES``: the ``sources.ethtool`` config section and the paths."""
+def build_ethtool_source(section: dict, paths, rdma: dict | None = None) -> EthtoolSource:
+    """Factory for ``exporter.runtime.SOURCE_FACTORIES``: the ``sources.ethtool`` config section, the paths, and the
+    ``sources.rdma`` section whose device lists also choose the RDMA netdevs read here (every device when None)."""
     return EthtoolSource(
         sysfs_root=paths.sysfs,
         interfaces_include=section["interfaces_include"],
@@ -496,4 +516,6 @@ def build_ethtool_source(section: dict, paths) -> EthtoolSource:
         stats_include=section["stats_include"],
         interval=section["interval"],
         timeout=section["timeout"],
+        rdma_devices_include=rdma["devices_include"] if rdma is not None else (".*",),
+        rdma_devices_exclude=rdma["devices_exclude"] if rdma is not None else (),
     )

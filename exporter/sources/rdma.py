@@ -11,9 +11,15 @@ Layout read, under the configurable sysfs root (``--path.sysfs``)::
     class/infiniband/<device>/ports/<n>/hw_counters/*  (driver counters: mlx5 Q-counters, congestion)
 
 Every counter file is optional (firmware decides which groups exist) and read through a file descriptor kept
-open across samples: one ``pread`` per file per sample. A file the device does not support (EOPNOTSUPP,
-EINVAL, ``N/A (no PMA)``) is counted once as an error and not read again until the ports are rediscovered,
-which happens when the device list changes or a read finds its device gone (hot unplug, driver reload).
+open across samples: one ``pread`` per file per sample. The ports are rediscovered, every file closed and opened
+again, when the device list changes, when a read finds its device gone (hot unplug, driver reload) and every
+``rediscover_interval`` seconds (the kernel creates a device's directory before its ports). A file the device
+does not support (EOPNOTSUPP, EINVAL, ``N/A (no PMA)``) or will not let us read (EACCES, EPERM) is counted once
+as an error and never opened again while its port exists: its path is remembered across rediscoveries and
+forgotten only with the port, so a device plugged in again is asked afresh.
+
+Switchdev representors (a VF's or SF's port on the eswitch, ``phys_port_name`` ``pf0vf3``) are left out by
+default: mlx5 names them like any port (``mlx5_0`` port 2), so no device-name regex can.
 """
 
 from __future__ import annotations
@@ -82,6 +88,9 @@ _DIGITS = re.compile(r"(\d+)")
 _UNSUPPORTED_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.EINVAL})
 _GONE_ERRNOS = frozenset({errno.ENODEV, errno.ENOENT, errno.ENXIO})
 _DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+# phys_port_name of an eswitch representor: PF number then VF or SF number. The uplink's is "p0", and netdevs of
+# drivers without switchdev fail the read (EOPNOTSUPP).
+_REPRESENTOR_PORT_NAME = re.compile(r"^pf\d+(?:vf|sf)\d+$")
 
 
 @dataclass(frozen=True)
@@ -170,6 +179,12 @@ def _port_netdev(port_path: str) -> str | None:
     return None
 
 
+def is_representor(sysfs_root: str, netdev: str) -> bool:
+    """Whether ``netdev`` is a switchdev representor, from ``class/net/<netdev>/phys_port_name``."""
+    name = _read_text(os.path.join(sysfs_root, "class", "net", netdev, "phys_port_name"))
+    return bool(name and _REPRESENTOR_PORT_NAME.match(name))
+
+
 def _pci_function(device_path: str) -> tuple[str | None, int | None, bool]:
     """PCI address, NUMA node and whether it is a virtual function, from the device's ``device`` link."""
     link = os.path.join(device_path, "device")
@@ -198,11 +213,14 @@ def list_devices(sysfs_root: str) -> list[str] | None:
 
 
 def discover_ports(sysfs_root: str, include: Iterable[str | Pattern] = (".*",),
-                   exclude: Iterable[str | Pattern] = (), *, virtual_functions: bool = False) -> list[RdmaPort]:
+                   exclude: Iterable[str | Pattern] = (), *, virtual_functions: bool = False,
+                   representors: bool = False) -> list[RdmaPort]:
     """Every port of the RDMA devices under ``<sysfs_root>/class/infiniband`` whose device name passes the filters.
 
     ``include``/``exclude`` are regexes searched in the device name. Virtual functions seen from the host are
     left out unless ``virtual_functions`` (inside a guest a passed-through VF looks like any device and stays).
+    Ports whose netdev is a switchdev representor (``is_representor``) are left out unless ``representors``:
+    they carry a VF's traffic as the eswitch sees it, not the node's fabric.
     Never raises: a device or file sysfs lacks yields fewer ports or None fields.
     """
     accept = NameFilter(include, exclude)
@@ -222,12 +240,15 @@ def discover_ports(sysfs_root: str, include: Iterable[str | Pattern] = (".*",),
         for number in numbers:
             path = os.path.join(ports_path, str(number))
             link_layer = _read_text(os.path.join(path, "link_layer")) or None
+            netdev = _port_netdev(path) if link_layer != "InfiniBand" else None
+            if netdev is not None and not representors and is_representor(sysfs_root, netdev):
+                continue
             rate = _read_text(os.path.join(path, "rate")) or None
             ports.append(RdmaPort(
                 device=device,
                 port=number,
                 link_layer=link_layer,
-                netdev=_port_netdev(path) if link_layer != "InfiniBand" else None,
+                netdev=netdev,
                 state=_state_name(_read_text(os.path.join(path, "state"))),
                 physical_state=_state_name(_read_text(os.path.join(path, "phys_state"))),
                 rate=rate,
@@ -273,19 +294,16 @@ class _FileBudget:
     def __init__(self, limit: int):
         self.left = limit
 
-    def open(self, name: str, path: str, errors: Counter) -> _SysfsFile | None:
+    def open(self, name: str, path: str) -> _SysfsFile:
+        """The file, kept open while the budget lasts; raises OSError when it is unreadable or gone."""
         fd = None
         if self.left > 0:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 self.left -= 1
             except OSError as exc:
-                if exc.errno in _DENIED_ERRNOS:
-                    errors["unreadable"] += 1
-                    return None
-                if exc.errno in _GONE_ERRNOS:
-                    errors["missing"] += 1
-                    return None
+                if exc.errno in _DENIED_ERRNOS or exc.errno in _GONE_ERRNOS:
+                    raise
                 # EMFILE/ENFILE and friends: read this one by path instead.
         return _SysfsFile(name, path, fd)
 
@@ -343,19 +361,38 @@ class PortReading:
 
 
 class _OpenPort:
-    """A discovered port with its files open and the label tuples its series reuse every sample."""
+    """A discovered port with its files open and the label tuples its series reuse every sample.
 
-    def __init__(self, port: RdmaPort, budget: _FileBudget, errors: Counter):
+    ``known_bad`` holds the paths of the port's files already counted as unsupported or unreadable; they are not
+    opened. The source keeps the set across rediscoveries of the port, and this port adds to it.
+    """
+
+    def __init__(self, port: RdmaPort, budget: _FileBudget, errors: Counter, known_bad: set[str]):
         self.port = port
+        self.known_bad = known_bad
         self.labels = (port.device, str(port.port))
-        self.state_file = budget.open("state", os.path.join(port.path, "state"), errors)
-        self.rate_file = budget.open("rate", os.path.join(port.path, "rate"), errors)
+        self.state_file = self._open("state", os.path.join(port.path, "state"), budget, errors)
+        self.rate_file = self._open("rate", os.path.join(port.path, "rate"), budget, errors)
         self.counter_files = self._open_dir(os.path.join(port.path, "counters"), budget, errors)
         self.hw_files = self._open_dir(os.path.join(port.path, "hw_counters"), budget, errors)
         self.counter_labels = {f.name: (*self.labels, f.name) for f in self.counter_files + self.hw_files}
 
-    @staticmethod
-    def _open_dir(path: str, budget: _FileBudget, errors: Counter) -> list[_SysfsFile]:
+    def _open(self, name: str, path: str, budget: _FileBudget, errors: Counter) -> _SysfsFile | None:
+        if path in self.known_bad:
+            return None
+        try:
+            return budget.open(name, path)
+        except OSError as exc:
+            if exc.errno in _DENIED_ERRNOS:
+                errors["unreadable"] += 1
+                self.known_bad.add(path)
+            else:
+                # Listed a moment ago, gone now: the device is going away, or the file was being replaced. Not
+                # remembered; the next rediscovery tries it again.
+                errors["missing"] += 1
+            return None
+
+    def _open_dir(self, path: str, budget: _FileBudget, errors: Counter) -> list[_SysfsFile]:
         try:
             names = sorted(os.listdir(path))
         except OSError:
@@ -364,7 +401,7 @@ class _OpenPort:
         for name in names:
             if name in NOT_COUNTERS:
                 continue
-            opened = budget.open(name, os.path.join(path, name), errors)
+            opened = self._open(name, os.path.join(path, name), budget, errors)
             if opened is not None:
                 files.append(opened)
         return files
@@ -375,8 +412,9 @@ class _OpenPort:
                 handle.close()
 
 
-def _read_counters(files: list[_SysfsFile], errors: Counter) -> dict[str, int]:
-    """Values of ``files``; files that turn out unsupported are closed and dropped from the list."""
+def _read_counters(files: list[_SysfsFile], errors: Counter, known_bad: set[str]) -> dict[str, int]:
+    """Values of ``files``; files that turn out unsupported or unreadable are closed, dropped from the list and
+    added to ``known_bad``. Other failures (EIO, an unparsable value) count every sample and keep the file."""
     values: dict[str, int] = {}
     dropped: list[_SysfsFile] = []
     for handle in files:
@@ -405,6 +443,7 @@ def _read_counters(files: list[_SysfsFile], errors: Counter) -> dict[str, int]:
     for handle in dropped:
         handle.close()
         files.remove(handle)
+        known_bad.add(handle.path)
     return values
 
 
@@ -427,16 +466,21 @@ class RdmaSource:
     def __init__(self, sysfs_root: str = "/sys", devices_include: Iterable[str] = (".*",),
                  devices_exclude: Iterable[str] = (), virtual_functions: bool = False,
                  interval: float = 1.0, timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 max_open_files: int = DEFAULT_MAX_OPEN_FILES):
+                 max_open_files: int = DEFAULT_MAX_OPEN_FILES, rediscover_interval: float = REDISCOVER_INTERVAL,
+                 representors: bool = False):
         self.interval = interval
         self.timeout = timeout
         self._sysfs_root = sysfs_root
         self._include = list(devices_include)
         self._exclude = list(devices_exclude)
         self._virtual_functions = virtual_functions
+        self._representors = representors
         self._clock = clock
         self._max_open_files = max_open_files
+        self._rediscover_interval = rediscover_interval
         self._ports: dict[str, _OpenPort] = {}
+        # Port key -> paths of its files counted as unsupported or unreadable; lives as long as the port does.
+        self._known_bad: dict[str, set[str]] = {}
         self._histories: dict[str, tuple[CounterHistory, CounterHistory]] = {}
         self._listed: list[str] | None = None
         self._stale = True
@@ -447,11 +491,10 @@ class RdmaSource:
             opened.close()
         previous = set(self._ports)
         budget = _FileBudget(self._max_open_files)
-        self._ports = {
-            port.key: _OpenPort(port, budget, errors)
-            for port in discover_ports(self._sysfs_root, self._include, self._exclude,
-                                       virtual_functions=self._virtual_functions)
-        }
+        discovered = discover_ports(self._sysfs_root, self._include, self._exclude,
+                                    virtual_functions=self._virtual_functions, representors=self._representors)
+        self._known_bad = {port.key: self._known_bad.get(port.key, set()) for port in discovered}
+        self._ports = {port.key: _OpenPort(port, budget, errors, self._known_bad[port.key]) for port in discovered}
         removed = len(previous - set(self._ports))
         if removed:
             errors["port_removed"] += removed
@@ -459,7 +502,7 @@ class RdmaSource:
             del self._histories[key]
         self._listed = listed
         self._stale = False
-        self._next_discovery = self._clock() + REDISCOVER_INTERVAL
+        self._next_discovery = self._clock() + self._rediscover_interval
 
     def sample(self) -> Snapshot:
         errors: Counter = Counter()
@@ -483,6 +526,7 @@ class RdmaSource:
                 opened.close()
                 del self._ports[key]
                 self._histories.pop(key, None)
+                self._known_bad.pop(key, None)
                 errors["port_removed"] += 1
                 self._stale = True
         return Snapshot(
@@ -499,8 +543,8 @@ class RdmaSource:
         rate = _read_attribute(opened.rate_file)
         if state != port.state or rate != port.rate:
             port = opened.port = dataclasses.replace(port, state=state, rate=rate, rate_gbps=parse_rate_gbps(rate))
-        counters = _read_counters(opened.counter_files, errors)
-        hw_counters = _read_counters(opened.hw_files, errors)
+        counters = _read_counters(opened.counter_files, errors, opened.known_bad)
+        hw_counters = _read_counters(opened.hw_files, errors, opened.known_bad)
         histories = self._histories.get(key)
         if histories is None:
             histories = self._histories[key] = (CounterHistory(PORT_COUNTER_WIDTHS), CounterHistory(HW_COUNTER_WIDTHS))
