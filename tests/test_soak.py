@@ -2,10 +2,13 @@
 
 For ``SOAK_SECONDS`` (default 50, so the test stays within a minute; ``make soak`` runs it for ten) the real
 exporter serves over HTTP while a chaos thread makes the fake NVML raise GPU_IS_LOST, UNKNOWN and TIMEOUT, lose
-GPUs and hang calls past the source timeout, unplugs RDMA devices (their sysfs counter files vanish and come back)
-and makes the ethtool reader fail. Afterwards, with the faults healed: the server still answers, its memory grew
-by a bounded amount, every source reports again with current values, and every job's ``mfu_job_tokens_total`` is
-the last total its reporter sent. ``SOAK_SEED`` picks the chaos sequence.
+GPUs and hang calls past the source timeout, unplugs RDMA devices (their sysfs counter files vanish and come back,
+at any moment of a sample: reads of the removed files fail as the kernel's do, ``KernfsOs``) and makes the ethtool
+reader fail. The RDMA source rediscovers its ports every second, so a device whose directory appeared before its
+ports (as the kernel creates them) is found within a second, not the production 30. Afterwards, with the faults
+healed: the server still answers, its memory grew by a bounded amount, every source reports again with current
+values, and every job's ``mfu_job_tokens_total`` is the last total its reporter sent. ``SOAK_SEED`` picks the
+chaos sequence.
 """
 
 import asyncio
@@ -26,7 +29,9 @@ from exporter.client import ProgressReporter
 from exporter.config import validate
 from exporter.fakes import nvml as fake_nvml
 from exporter.fakes.mlx5 import SimulatedNode, hw_counters, port_counters
+from exporter.fakes.sysfs import KernfsOs
 from exporter.runtime import build_runtime
+from exporter.sources import rdma
 from exporter.sources.ethtool import EthtoolSource, EthtoolTextReader
 from exporter.sources.gpu import GpuSource
 from exporter.sources.rdma import RdmaSource
@@ -71,32 +76,11 @@ class FlakyReader:
         self.reader.close()
 
 
-class Serialized:
-    """A source whose samples never overlap a device change the test makes under ``lock``.
-
-    The kernel creates an RDMA device's directory before its ports' (ib_register_device), and the RDMA source,
-    seeing an unchanged device list afterwards, would not look for the ports again; the soak is about faults,
-    so it keeps that race out (reported to the source's owner).
-    """
-
-    def __init__(self, source, lock):
-        self.source, self.lock = source, lock
-        self.name, self.interval, self.timeout = source.name, source.interval, source.timeout
-
-    def sample(self):
-        with self.lock:
-            return self.source.sample()
-
-    def close(self):
-        self.source.close()
-
-
 class Chaos:
     """Moves the node's counters forward and injects faults, each undone after a while; ``heal`` undoes all."""
 
     def __init__(self, nvml, fabric, reader, rng):
         self.nvml, self.fabric, self.reader, self.rng = nvml, fabric, reader, rng
-        self.sysfs_lock = threading.Lock()
         self.undo = []  # (due, action)
         self.unplugged = {}  # device -> nic
         self.steps = 0
@@ -149,19 +133,17 @@ class Chaos:
 
     def unplug(self, nic):
         """A driver reload: the device's sysfs directory, counter files included, disappears."""
-        with self.sysfs_lock:
-            self.fabric.nics.remove(nic)
-            self.fabric.sysfs.remove_rdma_device(nic.device)
+        self.fabric.nics.remove(nic)
+        self.fabric.sysfs.remove_rdma_device(nic.device)
         self.unplugged[nic.device] = nic
 
     def replug(self, nic):
         sysfs = self.fabric.sysfs
-        with self.sysfs_lock:
-            sysfs.add_rdma_device(nic.device, nic.pci_address, numa_node=nic.numa_node)
-            sysfs.add_rdma_port(nic.device, 1, netdev=nic.netdev, rate=f"{nic.rate_gbps:g} Gb/sec (4X NDR)",
-                                counters=port_counters(**{k: int(v) for k, v in nic.counters.items()}),
-                                hw_counters=hw_counters(**{k: int(v) for k, v in nic.hw_counters.items()}))
-            self.fabric.nics.append(nic)
+        sysfs.add_rdma_device(nic.device, nic.pci_address, numa_node=nic.numa_node)
+        sysfs.add_rdma_port(nic.device, 1, netdev=nic.netdev, rate=f"{nic.rate_gbps:g} Gb/sec (4X NDR)",
+                            counters=port_counters(**{k: int(v) for k, v in nic.counters.items()}),
+                            hw_counters=hw_counters(**{k: int(v) for k, v in nic.hw_counters.items()}))
+        self.fabric.nics.append(nic)
         del self.unplugged[nic.device]
 
     def heal(self):
@@ -198,7 +180,8 @@ def value(found, name, **labels):
 
 
 @pytest.mark.slow
-async def test_soak_under_faults(tmp_path):
+async def test_soak_under_faults(tmp_path, monkeypatch):
+    monkeypatch.setattr(rdma, "os", KernfsOs())
     rng = random.Random(SEED)
     nvml = fake_nvml.node(fake_nvml.h100, count=GPUS)
     fabric = SimulatedNode(tmp_path / "fabric", nics=NICS)
@@ -208,7 +191,7 @@ async def test_soak_under_faults(tmp_path):
     chaos = Chaos(nvml, fabric, reader, rng)
     sources = [
         GpuSource(nvml, interval=0.1, timeout=0.3, retry_interval=0.5),
-        Serialized(RdmaSource(fabric.sysfs_root, interval=0.1, timeout=1.0), chaos.sysfs_lock),
+        RdmaSource(fabric.sysfs_root, interval=0.1, timeout=1.0, rediscover_interval=1.0),
         EthtoolSource(fabric.sysfs_root, reader=reader, interval=0.1, timeout=1.0, rediscover_interval=1.0),
     ]
     port = free_port()
