@@ -1,6 +1,11 @@
 """The ioctl reader against a real kernel: a veth pair in a network namespace the test creates, read from inside
 that namespace and compared with Debian's ``ethtool -S`` for the same interface, before and after its stat set
-changes (``ethtool -L`` changes the number of per-queue stats)."""
+changes (``ethtool -L`` changes the number of per-queue stats).
+
+As root (CI) the namespace is a named one (``ip netns add``). Otherwise it is an unprivileged user + network +
+mount namespace (``unshare -Urnm``), where the test is root over its own network: the kernel lets a user namespace
+create veth pairs, change their channels and mount a sysfs of that network. Only a machine that forbids user
+namespaces (or the steps inside one) skips, with the step and the kernel's answer."""
 
 import errno
 import json
@@ -52,6 +57,20 @@ print(json.dumps(seen))
 
 PERMISSION_WORDS = ("Operation not permitted", "Permission denied", "Read-only file system")
 
+# Runs as root of a fresh user + network + mount namespace (unshare -Urnm); prints INSIDE's JSON, then the links.
+# Exit 77 when a setup step is refused (the machine's policy, a skip); anything else that fails is a failure.
+IN_USER_NAMESPACE = r"""
+ip="$1" python="$2" ethtool="$3" inside="$4"
+refused() { echo "$1: $2" >&2; exit 77; }
+out=$("$ip" link add va numrxqueues 4 numtxqueues 4 type veth peer name vb numrxqueues 4 numtxqueues 4 2>&1) \
+    || refused "creating a veth pair in a user namespace" "$out"
+"$ip" link set va up && "$ip" link set vb up || exit 1
+# ip netns exec does the same: /sys shows the network namespace of whoever mounted it.
+out=$(mount -t sysfs sysfs /sys 2>&1) || refused "mounting this namespace's sysfs" "$out"
+"$python" -c "$inside" "$ethtool" || exit 1
+"$ip" -j link show
+"""
+
 
 def _run(*command, check=True):
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
@@ -62,10 +81,9 @@ def _run(*command, check=True):
 
 @pytest.fixture(scope="module")
 def namespace():
+    """A named network namespace with the veth pair; root only."""
     ip = require_tool("ip", "iproute2")
     require_tool("ethtool", "ethtool")
-    if os.geteuid() != 0:
-        pytest.skip("creating a network namespace and a veth pair needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN)")
     name = f"mfu-ethtool-test-{os.getpid()}"
     created = _run(ip, "netns", "add", name, check=False)
     if created.returncode != 0:
@@ -86,10 +104,7 @@ def namespace():
         _run(ip, "netns", "del", name, check=False)
 
 
-@pytest.fixture(scope="module")
-def seen(namespace):
-    ethtool = require_tool("ethtool", "ethtool")
-    ip = require_tool("ip", "iproute2")
+def _seen_in_named_namespace(namespace: str, ip: str, ethtool: str) -> dict:
     result = subprocess.run([ip, "netns", "exec", namespace, sys.executable, "-c", INSIDE, ethtool],
                             capture_output=True, text=True, timeout=60, cwd=REPOSITORY)
     assert result.returncode == 0, result.stderr
@@ -97,6 +112,32 @@ def seen(namespace):
     links = json.loads(_run(ip, "-n", namespace, "-j", "link", "show").stdout)
     seen["ifindex"] = {link["ifname"]: link["ifindex"] for link in links}
     return seen
+
+
+def _seen_in_user_namespace(ip: str, ethtool: str) -> dict:
+    unshare = require_tool("unshare", "util-linux")
+    result = subprocess.run([unshare, "--user", "--map-root-user", "--net", "--mount", "sh", "-c", IN_USER_NAMESPACE,
+                             "sh", ip, sys.executable, ethtool, INSIDE],
+                            capture_output=True, text=True, timeout=60, cwd=REPOSITORY)
+    if result.returncode == 77:
+        pytest.skip(f"not root, and this machine refuses a step in a user namespace: {result.stderr.strip()}")
+    if result.returncode != 0 and result.stderr.startswith("unshare:") \
+            and any(word in result.stderr for word in PERMISSION_WORDS):
+        pytest.skip(f"not root, and this machine forbids unprivileged user namespaces: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    inside, links = result.stdout.split("\n", 1)
+    seen = json.loads(inside)
+    seen["ifindex"] = {link["ifname"]: link["ifindex"] for link in json.loads(links)}
+    return seen
+
+
+@pytest.fixture(scope="module")
+def seen(request):
+    ethtool = require_tool("ethtool", "ethtool")
+    ip = require_tool("ip", "iproute2")
+    if os.geteuid() == 0:
+        return _seen_in_named_namespace(request.getfixturevalue("namespace"), ip, ethtool)
+    return _seen_in_user_namespace(ip, ethtool)
 
 
 def test_reader_returns_what_ethtool_prints(seen):
