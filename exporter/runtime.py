@@ -109,7 +109,10 @@ def build_sources(config: dict, paths: Paths) -> list[Source]:
         section = config["sources"][name]
         if section["enabled"] == "false":
             continue
-        sources.append(factory(section, paths))
+        if name == "ethtool":  # it reads the RDMA ports' netdevs: only those of the devices sources.rdma selects
+            sources.append(factory(section, paths, rdma=config["sources"]["rdma"]))
+        else:
+            sources.append(factory(section, paths))
     return sources
 
 
