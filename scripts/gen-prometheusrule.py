@@ -93,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else None
         if current != wanted:
-            print(f"gen-prometheusrule: {args.output} is out of date with {args.alerts}/; "
-                  "run scripts/gen-prometheusrule.py", file=sys.stderr)
+            print(
+                f"gen-prometheusrule: {args.output} is out of date with {args.alerts}/; "
+                "run scripts/gen-prometheusrule.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     args.output.write_text(wanted, encoding="utf-8")
