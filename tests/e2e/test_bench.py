@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_tool
+from tests.support.tools import require_tool
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 SOURCES = ("gpu", "rdma", "ethtool", "checkpoint", "preflight")

@@ -4,7 +4,6 @@ promtool for the dialect), names only documented or recorded series, and filters
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from datetime import timedelta
@@ -14,11 +13,11 @@ import promql_parser
 import pytest
 import yaml
 
-from tests.conftest import require_tool
+from tests.support.dashboards import DASHBOARDS_DIR, dashboards, panels, queries
 from tests.support.prom_harness import RULE_FILES, documented_metrics, promql_nodes
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARDS_DIR = ROOT / "dashboards"
 PROVISIONING = DASHBOARDS_DIR / "provisioning.yaml"
 DEPLOY_PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "mfu-exporter.yaml"
 RULES_FILE = RULE_FILES[0]
@@ -42,33 +41,6 @@ GRAFANA_DURATIONS = {
 }
 RATE_INTERVAL = timedelta(seconds=7777)
 LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>[a-z_]+)\)$")
-
-
-def dashboards() -> list[tuple[str, dict]]:
-    return [(path.name, json.loads(path.read_text())) for path in sorted(DASHBOARDS_DIR.glob("*.json"))]
-
-
-def panels(dashboard: dict) -> list[dict]:
-    """Every panel that shows data: rows left out, panels of collapsed rows included."""
-    found = []
-    for panel in dashboard["panels"]:
-        if panel["type"] == "row":
-            found += panel.get("panels", [])
-        else:
-            found.append(panel)
-    return found
-
-
-def queries() -> list[tuple[str, str]]:
-    """(where, expr) of every panel target and annotation of every dashboard."""
-    found = []
-    for name, dashboard in dashboards():
-        for panel in panels(dashboard):
-            for target in panel["targets"]:
-                found.append((f"{name}: {panel['title']} {target['refId']}", target["expr"]))
-        for annotation in dashboard["annotations"]["list"]:
-            found.append((f"{name}: annotation {annotation['name']}", annotation["expr"]))
-    return found
 
 
 def substitute(expr: str) -> str:

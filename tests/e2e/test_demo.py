@@ -3,7 +3,8 @@
 import pytest
 
 from exporter.sim import node as demo
-from tests.support.demo_harness import get, get_json, metric_samples, running_demo, wait_until
+from tests.support.demo_harness import get, get_json, metric_samples, running_demo
+from tests.support.wait import wait_until
 
 JOB = (("training_job", "llama3-70b"),)
 

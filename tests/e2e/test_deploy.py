@@ -27,7 +27,7 @@ from exporter.config import DEFAULT_LISTEN_ADDRESS, load_config
 from exporter.quantities import parse_duration
 from exporter.service import build_service
 from exporter.web.app import create_app
-from tests.conftest import require_tool
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"

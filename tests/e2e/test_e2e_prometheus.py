@@ -35,10 +35,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from exporter.sim.node import JOB
-from tests.conftest import require_tool
-from tests.e2e.test_dashboards import queries
+from tests.support.dashboards import queries
 from tests.support.demo_harness import get_json, running_demo
 from tests.support.prom_harness import RULE_FILES, SCRAPE_JOB, Prometheus, derived_rules, listening_addresses
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.slow
 

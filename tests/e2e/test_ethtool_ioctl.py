@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from exporter.node.ethtool import parse_ethtool_statistics
-from tests.conftest import require_tool
+from tests.support.tools import require_tool
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 

@@ -4,30 +4,24 @@ brings the job back, because it sends the model facts and cumulative totals with
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.client import ProgressReporter
 from exporter.sources import SOURCE_FACTORIES
-from tests.support.helpers import wait_until
+from tests.support.expo import matching, samples
+from tests.support.net import free_port
+from tests.support.wait import wait_until
 
 TOKEN = "restart-test-token"
 MODEL = {"params": "7B"}
 GPUS, PEAK_TFLOPS = 8, 989.0
 FLOPS_PER_TOKEN = 6 * 7e9
 REPORT_INTERVAL = 10.0  # seconds of the job's clock between reports; the test drives that clock
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ExporterProcess:
@@ -60,11 +54,8 @@ class ExporterProcess:
         return job
 
     def metric(self, name):
-        for family in text_string_to_metric_families(self.get("/metrics")):
-            for sample in family.samples:
-                if sample.name == name and sample.labels.get("training_job") == "llama":
-                    return sample.value
-        return None
+        values = matching(samples(self.get("/metrics")), name, training_job="llama")
+        return values[0] if values else None
 
     def kill(self):
         self.process.send_signal(signal.SIGKILL)

@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from exporter.client import ProgressReporter
-from tests.conftest import require_tool
 from tests.support.prom_harness import (  # noqa: F401 - start_exporter and start_prometheus are fixtures
     RULE_FILES,
     SCRAPE_JOB,
@@ -26,6 +25,7 @@ from tests.support.prom_harness import (  # noqa: F401 - start_exporter and star
     start_exporter,
     start_prometheus,
 )
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS_DIR = ROOT / "alerts"

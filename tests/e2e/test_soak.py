@@ -15,14 +15,12 @@ import asyncio
 import errno
 import os
 import random
-import socket
 import threading
 import time
 
 import pynvml
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.client import ProgressReporter
 from exporter.config import validate
@@ -36,6 +34,8 @@ from exporter.sources.ethtool import EthtoolSource
 from exporter.sources.gpu import GpuSource
 from exporter.sources.rdma import RdmaSource
 from exporter.web.app import serve
+from tests.support.expo import matching, samples
+from tests.support.net import free_port
 
 SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "50"))
 SEED = int(os.environ.get("SOAK_SEED", "0"))
@@ -68,12 +68,6 @@ GARBAGE = (
 def rss_bytes():
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class FlakyReader:
@@ -191,12 +185,9 @@ class Load(threading.Thread):
                     return
 
 
-def samples(text):
-    return [s for family in text_string_to_metric_families(text) for s in family.samples]
-
-
 def value(found, name, **labels):
-    matches = [s.value for s in found if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+    """The value of the one sample ``name`` with these labels (and maybe others); None when not exactly one."""
+    matches = matching(found, name, **labels)
     return matches[0] if len(matches) == 1 else None
 
 

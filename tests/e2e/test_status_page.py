@@ -3,8 +3,9 @@
 import re
 import subprocess
 
-from tests.conftest import require_tool
-from tests.support.demo_harness import get_json, metric_samples, running_demo, wait_until
+from tests.support.demo_harness import get_json, metric_samples, running_demo
+from tests.support.tools import require_tool
+from tests.support.wait import wait_until
 
 CHROMIUM_FLAGS = [
     "--headless",

@@ -6,20 +6,14 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from typing import Iterator
 
-from prometheus_client.parser import text_string_to_metric_families
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.support.expo import Samples, samples
+from tests.support.net import free_port
+from tests.support.wait import wait_until
 
 
 def get(url: str) -> bytes:
@@ -31,27 +25,9 @@ def get_json(url: str) -> dict:
     return json.loads(get(url))
 
 
-def metric_samples(base: str) -> dict[tuple[str, tuple], float]:
-    text = get(base + "metrics").decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except OSError:
-            last = None
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+def metric_samples(base: str) -> Samples:
+    """The samples of the demo's ``/metrics`` (``tests.support.expo.samples``)."""
+    return samples(get(base + "metrics").decode())
 
 
 @contextlib.contextmanager
@@ -76,7 +52,9 @@ def running_demo(*args: str, speed: float = 20.0, port: int | None = None) -> It
     )
     base = f"http://127.0.0.1:{port}/"
     try:
-        wait_until(lambda: process.poll() is None and get(base + "readyz"), 30, "the demo to be ready")
+        wait_until(
+            lambda: process.poll() is None and get(base + "readyz"), 30, "the demo to be ready", ignore=(OSError,)
+        )
         yield base
     finally:
         process.send_signal(signal.SIGINT)

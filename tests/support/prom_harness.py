@@ -15,7 +15,6 @@ are stopped by PID when the test ends. Import the fixtures into a test module to
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,8 @@ import requests
 import yaml
 
 from exporter.config import SCHEMA
-from tests.conftest import require_tool
+from tests.support.net import free_port
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
@@ -39,12 +39,6 @@ START_ATTEMPTS = 3  # a free port can be taken between finding it and binding it
 
 class ProcessFailed(Exception):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def listening_addresses(pid: int) -> list[str]:

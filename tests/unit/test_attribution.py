@@ -14,7 +14,7 @@ from exporter.node.rdma import RdmaPort, discover_ports
 from exporter.sim.nvml import h100
 from exporter.sources.ethtool import InterfaceReading
 from exporter.sources.rdma import PortReading
-from tests.unit.test_preflight import hgx_node
+from tests.support.nodes import hgx_node
 
 
 def job(mfu=0.2, rate=1000.0, expected=0.45, gpus=8, indices=tuple(range(8)), name="llama"):

@@ -8,8 +8,9 @@ import pytest
 from exporter.config import validate
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.sources.checkpoint import CheckpointSource
-from tests.conftest import require_tool
-from tests.support.helpers import samples, wait_for
+from tests.support.expo import samples
+from tests.support.tools import require_tool
+from tests.support.wait import wait_for
 
 JOB = "llama3-70b"
 KEY = (("training_job", JOB),)

@@ -1,7 +1,6 @@
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,8 @@ from exporter.cli.flags import add_flag
 from exporter.config import ConfigError, validate
 from exporter.sources import require_sources
 from exporter.sources.base import SourceUnavailable
-from tests.conftest import ScriptedSource
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.support.net import free_port
+from tests.support.sources import ScriptedSource
 
 
 def test_daemon_runs_without_config_and_stops_cleanly_on_sigterm(tmp_path):

@@ -5,7 +5,7 @@ import requests
 import responses
 
 from exporter.client import ProgressReporter
-from tests.support.helpers import wait_until
+from tests.support.wait import wait_until
 
 URL = "http://exporter.test:9495"
 PROGRESS = URL + "/api/v1/progress"

@@ -15,8 +15,10 @@ from exporter.sim.sysfs import FakeSysfs
 from exporter.sources import build_sources, ethtool
 from exporter.sources.base import Paths, SourceUnavailable
 from exporter.sources.ethtool import EthtoolSource, build_ethtool_source
-from tests.conftest import require_tool
-from tests.unit.test_rdma_source import Clock, exposition, representors, samples, value
+from tests.support.expo import exposition, snapshot_samples, snapshot_value
+from tests.support.nodes import representors
+from tests.support.sources import Clock
+from tests.support.tools import require_tool
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "ethtool"
 PFC3 = (FIXTURES / "connectx7-pfc3.txt").read_text()
@@ -71,23 +73,25 @@ def test_parse_ethtool_statistics_reads_every_stat_line():
 def test_pfc_families_from_recorded_connectx_output(sysfs):
     snapshot = source_for(sysfs, Texts(ens1np0=PFC3)).sample()
     labels = {"interface": "ens1np0"}
-    assert value(snapshot, "mfu_nic_pfc_pause_frames_total", **labels, priority="3", direction="rx") == 1520433
-    assert value(snapshot, "mfu_nic_pfc_pause_frames_total", **labels, priority="3", direction="tx") == 12
-    assert value(
+    assert snapshot_value(snapshot, "mfu_nic_pfc_pause_frames_total", **labels, priority="3", direction="rx") == 1520433
+    assert snapshot_value(snapshot, "mfu_nic_pfc_pause_frames_total", **labels, priority="3", direction="tx") == 12
+    assert snapshot_value(
         snapshot, "mfu_nic_pfc_pause_duration_seconds_total", **labels, priority="3", direction="rx"
     ) == pytest.approx(80.012345)
-    assert value(snapshot, "mfu_nic_pfc_pause_transitions_total", **labels, priority="3") == 152004
-    assert value(snapshot, "mfu_nic_pause_frames_total", **labels, direction="rx") == 0
-    assert value(snapshot, "mfu_nic_pause_storm_events_total", **labels, level="warning") == 2
-    assert value(snapshot, "mfu_nic_pause_storm_events_total", **labels, level="error") == 0
-    assert value(snapshot, "mfu_nic_discards_total", **labels, counter="rx_out_of_buffer") == 4294967290
-    assert value(snapshot, "mfu_nic_discards_total", **labels, counter="rx_prio3_buf_discard") == 0
-    assert value(snapshot, "mfu_nic_ecn_marked_packets_total", **labels, priority="3") == 448131
-    names = {name for name, _ in samples(snapshot)}
+    assert snapshot_value(snapshot, "mfu_nic_pfc_pause_transitions_total", **labels, priority="3") == 152004
+    assert snapshot_value(snapshot, "mfu_nic_pause_frames_total", **labels, direction="rx") == 0
+    assert snapshot_value(snapshot, "mfu_nic_pause_storm_events_total", **labels, level="warning") == 2
+    assert snapshot_value(snapshot, "mfu_nic_pause_storm_events_total", **labels, level="error") == 0
+    assert snapshot_value(snapshot, "mfu_nic_discards_total", **labels, counter="rx_out_of_buffer") == 4294967290
+    assert snapshot_value(snapshot, "mfu_nic_discards_total", **labels, counter="rx_prio3_buf_discard") == 0
+    assert snapshot_value(snapshot, "mfu_nic_ecn_marked_packets_total", **labels, priority="3") == 448131
+    names = {name for name, _ in snapshot_samples(snapshot)}
     assert "mfu_nic_stat_total" not in names  # stats_include is off by default
-    pfc = {dict(labels)["priority"] for n, labels in samples(snapshot) if n == "mfu_nic_pfc_pause_frames_total"}
+    pfc = {
+        dict(labels)["priority"] for n, labels in snapshot_samples(snapshot) if n == "mfu_nic_pfc_pause_frames_total"
+    }
     assert pfc == {"3"}
-    discards = {dict(labels)["counter"] for n, labels in samples(snapshot) if n == "mfu_nic_discards_total"}
+    discards = {dict(labels)["counter"] for n, labels in snapshot_samples(snapshot) if n == "mfu_nic_discards_total"}
     assert {
         "rx_discards_phy",
         "tx_discards_phy",
@@ -111,7 +115,10 @@ def test_stat_set_change_between_samples_and_the_rates_it_yields(sysfs):
     snapshot = source.sample()
     reading = snapshot.data["interfaces"]["ens1np0"]
     assert reading.pfc_priorities == (3, 4)
-    assert value(snapshot, "mfu_nic_pfc_pause_frames_total", interface="ens1np0", priority="4", direction="rx") == 3310
+    assert (
+        snapshot_value(snapshot, "mfu_nic_pfc_pause_frames_total", interface="ens1np0", priority="4", direction="rx")
+        == 3310
+    )
     # 2.5 s of rx pause in 10 s on priority 3; priority 4 only starts its baseline.
     assert reading.pause_ratio == {("rx", 3): 0.25, ("tx", 3): 0.0}
     assert reading.pause_frame_rates[("rx", 3)] == 6250
@@ -167,7 +174,9 @@ def test_interfaces_are_the_rdma_netdevs_plus_includes_minus_excludes(sysfs):
 
 def test_stats_include_exports_selected_raw_stats(sysfs):
     snapshot = source_for(sysfs, Texts(ens1np0=PFC3), stats_include=[r"^rx_prio3_(bytes|packets)$"]).sample()
-    stats = {dict(labels)["stat"]: v for (n, labels), v in samples(snapshot).items() if n == "mfu_nic_stat_total"}
+    stats = {
+        dict(labels)["stat"]: v for (n, labels), v in snapshot_samples(snapshot).items() if n == "mfu_nic_stat_total"
+    }
     assert set(stats) == {"rx_prio3_bytes", "rx_prio3_packets"}
     assert stats["rx_prio3_packets"] == parse_ethtool_statistics(PFC3)["rx_prio3_packets"]
 
@@ -287,7 +296,7 @@ def test_simulated_node_read_through_text_files(tmp_path):
     assert list(interfaces) == [f"ens{i}np0" for i in range(1, 9)]
     assert interfaces["ens3np0"].pause_ratio[("rx", 3)] == pytest.approx(0.4)
     assert interfaces["ens6np0"].discard_deltas == {"rx_discards_phy": 3, "rx_prio3_discards": 3}
-    assert value(snapshot, "mfu_nic_stat_total", interface="ens1np0", stat="rx_bytes_phy") == 30e9
+    assert snapshot_value(snapshot, "mfu_nic_stat_total", interface="ens1np0", stat="rx_bytes_phy") == 30e9
     node.set_pfc_priorities(node.nics[0], (3, 5))
     clock.now += 1
     assert source.sample().data["interfaces"]["ens1np0"].pfc_priorities == (3, 5)

@@ -1,17 +1,13 @@
 """The GPU source against the fake pynvml module: healthy and mixed nodes, every fault of issue 3, exact metrics."""
 
-import asyncio
 import importlib.util
 import logging
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pynvml
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import validate
 from exporter.model.jobs import GpuInfo, JobTracker, parse_progress
@@ -21,7 +17,9 @@ from exporter.sources import gpu as gpu_module
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.gpu import GpuSource, decode_throttle_reasons
 from exporter.web.app import create_app
-from tests.conftest import require_tool
+from tests.support import expo
+from tests.support.tools import require_tool
+from tests.support.wait import wait_for
 
 SMOKE_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-smoke.py"
 H100_PEAK = 989.4e12
@@ -57,20 +55,8 @@ def h100_node(count=8, **source_kwargs):
 
 def exposition(snapshot):
     """The snapshot's families as /metrics text and as {(sample name, sorted labels): value}."""
-
-    class Render:
-        def collect(self):
-            return snapshot.render()
-
-    registry = CollectorRegistry()
-    registry.register(Render())
-    text = generate_latest(registry).decode()
-    values = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-    return text, values
+    text = expo.exposition(snapshot)
+    return text, expo.samples(text)
 
 
 def gpu(index, **labels):
@@ -629,14 +615,9 @@ async def test_metrics_pass_promtool(aiohttp_client):
     runtime = build_service(validate({}), [source])
     client = await aiohttp_client(create_app(runtime))
     state = runtime.daemon.states["gpu"]
-    deadline = time.monotonic() + 5
-    while state.cycles < 1:  # the first cycle registers the Xid event sets
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await wait_for(lambda: state.cycles >= 1, what="the first cycle, which registers the Xid event sets")
     nvml.xid(0, 13)
-    while state.cycles < 4:  # a few cycles more so GPM has values and the Xid is read
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await wait_for(lambda: state.cycles >= 4, what="a few cycles more, so GPM has values and the Xid is read")
     body = await (await client.get("/metrics")).read()
     assert b"mfu_gpu_tensor_active_ratio" in body and b'mfu_gpu_xid_errors_total{gpu="0",xid="13"} 1.0' in body
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
@@ -651,19 +632,8 @@ async def test_hanging_nvml_call_leaves_metrics_answering_from_the_last_snapshot
     client = await aiohttp_client(create_app(runtime))
     state = runtime.daemon.states["gpu"]
 
-    async def wait_for(predicate):
-        deadline = time.monotonic() + 5
-        while not predicate():
-            assert time.monotonic() < deadline, "condition not reached"
-            await asyncio.sleep(0.01)
-
     async def scrape():
-        text = await (await client.get("/metrics")).text()
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+        return expo.samples(await (await client.get("/metrics")).text())
 
     await wait_for(lambda: state.up)
     release = nvml.hang("nvmlDeviceGetPowerUsage")
@@ -696,11 +666,7 @@ def test_smoke_script_prints_the_metrics_and_notes_and_passes_a_healthy_node(cap
     assert load_smoke_script().main(["--pause", "0.12"], nvml=nvml) == 0
     out, err = capsys.readouterr()
     metrics, notes = out.split("# status notes:\n")
-    values = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(metrics)
-        for s in family.samples
-    }
+    values = expo.samples(metrics)
     assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == 0  # the second sample: GPM measured 0.12 s
     assert gpu(1) not in series_of(values, "mfu_gpu_utilization_ratio")  # MIG: none, and that is not a failure
     assert notes.startswith("#   GPU 1: in MIG mode")

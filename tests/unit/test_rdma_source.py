@@ -7,8 +7,6 @@ import os
 import subprocess
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import validate
 from exporter.node.counters import CounterHistory, increase
@@ -18,42 +16,10 @@ from exporter.sim.sysfs import FakeSysfs, KernfsOs
 from exporter.sources import build_sources, rdma
 from exporter.sources.base import Paths, SourceUnavailable
 from exporter.sources.rdma import RdmaSource
-from tests.conftest import require_tool
-
-
-class Clock:
-    def __init__(self, now=100.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-
-class _Families:
-    def __init__(self, snapshot):
-        self.snapshot = snapshot
-
-    def collect(self):
-        return self.snapshot.render()
-
-
-def exposition(snapshot) -> str:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(snapshot))
-    return generate_latest(registry).decode()
-
-
-def samples(snapshot) -> dict:
-    """{(sample name, sorted label items): value} of a snapshot's families, as Prometheus would read them."""
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(exposition(snapshot))
-        for s in family.samples
-    }
-
-
-def value(snapshot, name, **labels):
-    return samples(snapshot).get((name, tuple(sorted(labels.items()))))
+from tests.support.expo import exposition, snapshot_samples, snapshot_value
+from tests.support.nodes import representors
+from tests.support.sources import Clock
+from tests.support.tools import require_tool
 
 
 @pytest.fixture
@@ -179,16 +145,24 @@ def test_sample_exports_data_in_bytes_packets_and_every_other_counter_file(sysfs
         out_of_sequence=3,
     )
     snapshot = RdmaSource(str(sysfs.root), clock=Clock()).sample()
-    assert value(snapshot, "mfu_rdma_port_data_received_bytes_total", device="mlx5_0", port="1") == 4000
-    assert value(snapshot, "mfu_rdma_port_data_transmitted_bytes_total", device="mlx5_0", port="1") == 1000
-    assert value(snapshot, "mfu_rdma_port_packets_received_total", device="mlx5_0", port="1") == 7
-    assert value(snapshot, "mfu_rdma_port_packets_transmitted_total", device="mlx5_0", port="1") == 9
-    assert value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="symbol_error") == 1
-    assert value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="port_xmit_wait") == 77
-    assert value(snapshot, "mfu_rdma_hw_counters_total", device="mlx5_0", port="1", counter="np_cnp_sent") == 5
-    assert value(snapshot, "mfu_rdma_hw_counters_total", device="mlx5_0", port="1", counter="out_of_sequence") == 3
+    assert snapshot_value(snapshot, "mfu_rdma_port_data_received_bytes_total", device="mlx5_0", port="1") == 4000
+    assert snapshot_value(snapshot, "mfu_rdma_port_data_transmitted_bytes_total", device="mlx5_0", port="1") == 1000
+    assert snapshot_value(snapshot, "mfu_rdma_port_packets_received_total", device="mlx5_0", port="1") == 7
+    assert snapshot_value(snapshot, "mfu_rdma_port_packets_transmitted_total", device="mlx5_0", port="1") == 9
     assert (
-        value(
+        snapshot_value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="symbol_error") == 1
+    )
+    assert (
+        snapshot_value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="port_xmit_wait")
+        == 77
+    )
+    assert snapshot_value(snapshot, "mfu_rdma_hw_counters_total", device="mlx5_0", port="1", counter="np_cnp_sent") == 5
+    assert (
+        snapshot_value(snapshot, "mfu_rdma_hw_counters_total", device="mlx5_0", port="1", counter="out_of_sequence")
+        == 3
+    )
+    assert (
+        snapshot_value(
             snapshot,
             "mfu_rdma_port_info",
             device="mlx5_0",
@@ -200,12 +174,14 @@ def test_sample_exports_data_in_bytes_packets_and_every_other_counter_file(sysfs
         )
         == 1
     )
-    assert value(snapshot, "mfu_rdma_port_up", device="mlx5_0", port="1") == 1
-    assert value(snapshot, "mfu_rdma_port_rate_bytes_per_second", device="mlx5_0", port="1") == 50e9
-    counters = {labels for name, labels in samples(snapshot) if name == "mfu_rdma_port_counters_total"}
+    assert snapshot_value(snapshot, "mfu_rdma_port_up", device="mlx5_0", port="1") == 1
+    assert snapshot_value(snapshot, "mfu_rdma_port_rate_bytes_per_second", device="mlx5_0", port="1") == 50e9
+    counters = {labels for name, labels in snapshot_samples(snapshot) if name == "mfu_rdma_port_counters_total"}
     exported = {dict(labels)["counter"] for labels in counters}
     assert not exported & {"port_rcv_data", "port_xmit_data", "port_rcv_packets", "port_xmit_packets"}
-    hardware = {dict(labels)["counter"] for name, labels in samples(snapshot) if name == "mfu_rdma_hw_counters_total"}
+    hardware = {
+        dict(labels)["counter"] for name, labels in snapshot_samples(snapshot) if name == "mfu_rdma_hw_counters_total"
+    }
     assert "lifespan" not in hardware and len(hardware) == len(hw_counters()) - 1
     assert snapshot.errors == {}
 
@@ -215,7 +191,7 @@ def test_ib_port_has_no_netdev_and_a_down_port_reports_up_0(sysfs):
     source = RdmaSource(str(sysfs.root), clock=Clock())
     first = source.sample()
     assert (
-        value(
+        snapshot_value(
             first,
             "mfu_rdma_port_info",
             device="mlx5_1",
@@ -227,10 +203,10 @@ def test_ib_port_has_no_netdev_and_a_down_port_reports_up_0(sysfs):
         )
         == 1
     )
-    assert value(first, "mfu_rdma_port_data_received_bytes_total", device="mlx5_1", port="1") == 72505381512
+    assert snapshot_value(first, "mfu_rdma_port_data_received_bytes_total", device="mlx5_1", port="1") == 72505381512
     sysfs.set_port_state("mlx5_1", 1, "DOWN", "Disabled")
     second = source.sample()
-    assert value(second, "mfu_rdma_port_up", device="mlx5_1", port="1") == 0
+    assert snapshot_value(second, "mfu_rdma_port_up", device="mlx5_1", port="1") == 0
     assert second.data["ports"]["mlx5_1/1"].port.state == "DOWN"
     assert second.status["ports"][0]["state"] == "DOWN"
 
@@ -244,9 +220,11 @@ def test_no_pma_files_are_skipped_and_counted_once(sysfs):
     source = RdmaSource(str(sysfs.root), clock=Clock())
     first = source.sample()
     assert first.errors == {"no_pma": 3}
-    assert value(first, "mfu_rdma_port_data_received_bytes_total", device="i40iw0", port="1") == 40
-    assert value(first, "mfu_rdma_port_counters_total", device="i40iw0", port="1", counter="symbol_error") is None
-    assert value(first, "mfu_rdma_port_up", device="i40iw0", port="1") == 1
+    assert snapshot_value(first, "mfu_rdma_port_data_received_bytes_total", device="i40iw0", port="1") == 40
+    assert (
+        snapshot_value(first, "mfu_rdma_port_counters_total", device="i40iw0", port="1", counter="symbol_error") is None
+    )
+    assert snapshot_value(first, "mfu_rdma_port_up", device="i40iw0", port="1") == 1
     assert source.sample().errors == {}
 
 
@@ -268,15 +246,15 @@ def test_a_failing_counter_file_skips_that_file_only(sysfs, injected, at, number
     first = source.sample()
     assert first.errors == {reason: 1}
     port = {"device": "mlx5_0", "port": "1"}
-    assert value(first, "mfu_rdma_port_counters_total", **port, counter="symbol_error") is None
-    assert value(first, "mfu_rdma_port_counters_total", **port, counter="link_downed") == 1
-    assert value(first, "mfu_rdma_port_data_received_bytes_total", **port) == 40
-    assert value(first, "mfu_rdma_hw_counters_total", **port, counter="np_cnp_sent") == 5
-    assert value(first, "mfu_rdma_port_up", **port) == 1
+    assert snapshot_value(first, "mfu_rdma_port_counters_total", **port, counter="symbol_error") is None
+    assert snapshot_value(first, "mfu_rdma_port_counters_total", **port, counter="link_downed") == 1
+    assert snapshot_value(first, "mfu_rdma_port_data_received_bytes_total", **port) == 40
+    assert snapshot_value(first, "mfu_rdma_hw_counters_total", **port, counter="np_cnp_sent") == 5
+    assert snapshot_value(first, "mfu_rdma_port_up", **port) == 1
     clock.now += 1
     second = source.sample()
     assert second.errors == {}  # the file is not tried again until the ports are rediscovered
-    assert value(second, "mfu_rdma_port_counters_total", **port, counter="link_downed") == 1
+    assert snapshot_value(second, "mfu_rdma_port_counters_total", **port, counter="link_downed") == 1
     injected.open_errors.clear()
     injected.read_errors.clear()
     clock.now += 30
@@ -285,7 +263,7 @@ def test_a_failing_counter_file_skips_that_file_only(sysfs, injected, at, number
     # A file that vanished between listing and opening is a race, tried again at the next rediscovery; one the
     # device refused stays known-bad for the life of the port.
     expected = 2 if reason == "missing" else None
-    assert value(rediscovered, "mfu_rdma_port_counters_total", **port, counter="symbol_error") == expected
+    assert snapshot_value(rediscovered, "mfu_rdma_port_counters_total", **port, counter="symbol_error") == expected
 
 
 def test_known_bad_files_are_counted_once_for_the_life_of_the_port(sysfs, injected):
@@ -306,7 +284,7 @@ def test_known_bad_files_are_counted_once_for_the_life_of_the_port(sysfs, inject
         assert appeared.errors == {"no_pma": 1, "not_supported": 1, "unreadable": 1}  # the new port's, once
         clock.now += 30
         assert source.sample().errors == {}
-    assert value(appeared, "mfu_rdma_port_data_received_bytes_total", device="mlx5_0", port="1") == 40
+    assert snapshot_value(appeared, "mfu_rdma_port_data_received_bytes_total", device="mlx5_0", port="1") == 40
     # Unplugged and plugged in again, the device is a new one and is asked afresh.
     sysfs.remove_rdma_device("mlx5_0")
     clock.now += 1
@@ -334,7 +312,7 @@ def test_a_device_removed_and_added_back_between_samples_is_read_afresh(sysfs, m
     clock.now += 1
     back = source.sample()
     assert back.errors == {}
-    assert value(back, "mfu_rdma_port_data_received_bytes_total", device="mlx5_1", port="1") == 12
+    assert snapshot_value(back, "mfu_rdma_port_data_received_bytes_total", device="mlx5_1", port="1") == 12
 
 
 def test_unparsable_value_counts_every_sample_but_keeps_the_file(sysfs):
@@ -347,16 +325,18 @@ def test_unparsable_value_counts_every_sample_but_keeps_the_file(sysfs):
     clock.now += 1
     snapshot = source.sample()
     assert snapshot.errors == {}
-    assert value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="symbol_error") == 4
+    assert (
+        snapshot_value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="symbol_error") == 4
+    )
 
 
 def test_device_without_counters_directory_still_reports_its_port(sysfs):
     sysfs.add_rdma_device("bnxt_re0", "0000:41:00.0")
     sysfs.add_rdma_port("bnxt_re0", 1, netdev="eno1np0", hw_counters={"rx_pkts": 12, "lifespan": 10})
     snapshot = RdmaSource(str(sysfs.root), clock=Clock()).sample()
-    assert value(snapshot, "mfu_rdma_port_up", device="bnxt_re0", port="1") == 1
-    assert value(snapshot, "mfu_rdma_hw_counters_total", device="bnxt_re0", port="1", counter="rx_pkts") == 12
-    assert value(snapshot, "mfu_rdma_port_data_received_bytes_total", device="bnxt_re0", port="1") is None
+    assert snapshot_value(snapshot, "mfu_rdma_port_up", device="bnxt_re0", port="1") == 1
+    assert snapshot_value(snapshot, "mfu_rdma_hw_counters_total", device="bnxt_re0", port="1", counter="rx_pkts") == 12
+    assert snapshot_value(snapshot, "mfu_rdma_port_data_received_bytes_total", device="bnxt_re0", port="1") is None
     assert snapshot.errors == {}
 
 
@@ -370,18 +350,6 @@ def test_vf_is_excluded_by_default_and_included_by_config(sysfs):
     config = validate({"sources": {"rdma": {"virtual_functions": True}}})
     (with_vfs,) = [s for s in build_sources(config, paths) if s.name == "rdma"]
     assert list(with_vfs.sample().data["ports"]) == ["mlx5_0/1", "mlx5_4/1"]
-
-
-def representors(sysfs):
-    """mlx5_0 in switchdev mode: port 1 is the uplink (phys_port_name p0), ports 2 and 3 represent VF 0 and SF 88."""
-    sysfs.add_rdma_device("mlx5_0", "0000:0c:00.0")
-    for port, netdev, port_name in (
-        (1, "ens1f0np0", "p0"),
-        (2, "ens1f0pf0vf0", "pf0vf0"),
-        (3, "ens1f0pf0sf88", "pf0sf88"),
-    ):
-        sysfs.add_rdma_port("mlx5_0", port, netdev=netdev, counters=port_counters(), hw_counters=hw_counters())
-        sysfs.add_netdev(netdev, "0000:0c:00.0", ifindex=port + 1, phys_port_name=port_name)
 
 
 def test_switchdev_representors_are_left_out_unless_asked_for(sysfs):
@@ -444,7 +412,7 @@ def test_hot_unplug_drops_the_device_and_keeps_the_others(sysfs):
     snapshot = source.sample()
     assert snapshot.errors == {"port_removed": 1}
     assert list(snapshot.data["ports"]) == ["mlx5_0/1"]
-    assert value(snapshot, "mfu_rdma_port_up", device="mlx5_1", port="1") is None
+    assert snapshot_value(snapshot, "mfu_rdma_port_up", device="mlx5_1", port="1") is None
     assert snapshot.data["ports"]["mlx5_0/1"].receive_bytes_per_second == 1000
     sysfs.remove_rdma_device("mlx5_0")
     with pytest.raises(SourceUnavailable) as raised:
@@ -493,7 +461,9 @@ def test_files_over_the_descriptor_budget_are_read_by_path(sysfs):
     sysfs.write_counters("mlx5_0", 1, {"np_cnp_sent": 19}, directory="hw_counters")
     clock.now += 1
     snapshot = source.sample()
-    assert value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="symbol_error") == 2
+    assert (
+        snapshot_value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="symbol_error") == 2
+    )
     assert snapshot.data["ports"]["mlx5_0/1"].congestion_rates["np_cnp_sent"] == 10
     source.close()
 

@@ -7,8 +7,9 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from exporter.sources.base import SourceUnavailable
-from tests.conftest import require_tool
-from tests.support.helpers import samples, wait_for
+from tests.support.expo import samples
+from tests.support.tools import require_tool
+from tests.support.wait import wait_for
 
 LLAMA = {"params": "70.6B", "layers": 80, "heads": 64, "head_dim": 128, "seq_len": 8192}
 JOB = {"jobs": {"llama3-70b": {**LLAMA, "gpus": 8, "peak_tflops": 989.4}}}

@@ -21,7 +21,8 @@ from exporter.service import build_service
 from exporter.web import security as websecurity
 from exporter.web.app import create_app, serve
 from exporter.web.security import WebSecurity, is_loopback, load_web_config
-from tests.support.helpers import wait_for
+from tests.support.net import free_port
+from tests.support.wait import wait_for
 
 PASSWORD = b"correct horse"
 # Cost 4 keeps the tests fast; "$2y$" is the prefix htpasswd -B writes, the same algorithm as "$2b$".
@@ -57,12 +58,6 @@ def write(path, text):
     write.stamp = stamp + 10
     os.utime(path, (stamp, stamp))
     return str(path)
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -1,0 +1,50 @@
+"""Stand-ins for a source and a clock, for tests of the scheduler, the service and the HTTP layer."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client.core import GaugeMetricFamily
+
+from exporter.sources.base import Snapshot, SourceUnavailable
+
+
+class Clock:
+    """A clock the test moves by hand: ``clock()`` is ``clock.now``."""
+
+    def __init__(self, now: float = 100.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedSource:
+    """A source whose behaviour each test sets: a value, an outage, or a call that blocks until released."""
+
+    def __init__(self, name="fake", interval=0.05, timeout=0.2):
+        self.name, self.interval, self.timeout = name, interval, timeout
+        self.value = 1.0
+        self.unavailable: SourceUnavailable | None = None
+        self.release = threading.Event()
+        self.release.set()
+        self.calls = 0
+        self.closed = False
+
+    def sample(self):
+        self.calls += 1
+        self.release.wait()
+        if self.unavailable:
+            raise self.unavailable
+        value = self.value
+
+        def render():
+            family = GaugeMetricFamily("mfu_fake_value", "A value from the scripted test source.")
+            family.add_metric([], value)
+            yield family
+
+        return Snapshot(render=render, status={"value": value})
+
+    def close(self):
+        self.closed = True
+        self.release.set()
