@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-unit lint soak bench system-deps rules clean
+.PHONY: demo run test test-unit lint golden soak bench system-deps rules clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+
+# Rewrite tests/fixtures/e2e-output.txt (the golden exposition) after an intended change of the metrics; review its diff.
+golden: $(STAMP)
+	$(PY) -m pytest -q tests/unit/test_golden_exposition.py --update-golden
 
 # The fault soak of tests/test_soak.py for longer: ten minutes unless SOAK_SECONDS says otherwise (make test: 50 s).
 soak: $(STAMP)

@@ -6,6 +6,19 @@ from exporter.web.app import create_app
 from tests.support.sources import ScriptedSource
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite tests/fixtures/e2e-output.txt from the live rendering instead of comparing with it",
+    )
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return request.config.getoption("--update-golden")
+
+
 @pytest.fixture
 def scripted_source():
     source = ScriptedSource()

@@ -1,8 +1,10 @@
-"""Simulated machines for tests, written the way the kernel lays them out: a PCI/procfs node (``Node``,
-``hgx_node``) for preflight and attribution, and mlx5 sysfs layouts (``representors``) for the fabric sources."""
+"""Simulated machines for tests, written the way the kernel lays them out. For preflight and attribution: a PCI and
+procfs node (``Node``, ``hgx_node``) and the NICs' QoS answers (``FakeQos``). For the fabric sources: mlx5 sysfs
+layouts (``representors``)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from pathlib import Path
@@ -11,6 +13,24 @@ from exporter.sim.mlx5 import hw_counters, port_counters
 from exporter.sim.sysfs import FakeSysfs
 
 GPU_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # the fake's HGX bus numbers
+
+
+class FakeQos:
+    """PFC priorities and global pause per interface; an interface missing from ``pfc`` answers EOPNOTSUPP."""
+
+    def __init__(self, pfc=None, pause=None):
+        self.pfc = dict(pfc or {})
+        self.pause = dict(pause or {})
+
+    def pfc_priorities(self, interface):
+        if interface not in self.pfc:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        return frozenset(self.pfc[interface])
+
+    def global_pause(self, interface):
+        if interface not in self.pause:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        return self.pause[interface]
 
 
 def acs_config(control=0):

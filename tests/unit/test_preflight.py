@@ -21,26 +21,8 @@ from exporter.sim.nvml import FakeNvml, a100, h100
 from exporter.sources import build_sources
 from exporter.sources.base import Paths
 from exporter.sources.preflight import PreflightSource
-from tests.support.nodes import Node, hgx_node
+from tests.support.nodes import FakeQos, Node, hgx_node
 from tests.support.tools import require_tool
-
-
-class FakeQos:
-    """PFC priorities and global pause per interface; an interface missing from ``pfc`` answers EOPNOTSUPP."""
-
-    def __init__(self, pfc=None, pause=None):
-        self.pfc = dict(pfc or {})
-        self.pause = dict(pause or {})
-
-    def pfc_priorities(self, interface):
-        if interface not in self.pfc:
-            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
-        return frozenset(self.pfc[interface])
-
-    def global_pause(self, interface):
-        if interface not in self.pause:
-            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
-        return self.pause[interface]
 
 
 def healthy_qos(count: int = 8) -> FakeQos:
