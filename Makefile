@@ -29,11 +29,12 @@ test: $(STAMP) system-deps lint
 test-unit: $(STAMP) lint
 	$(PY) -m pytest -q tests/unit
 
-# ruff (lint and format, pyproject.toml) and the import contracts of docs/architecture.md.
+# ruff (lint and format, pyproject.toml), the import contracts of docs/architecture.md, and mypy on model/ and node/.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # Rewrite tests/fixtures/e2e-output.txt (the golden exposition) after an intended change of the metrics; review its diff.
 golden: $(STAMP)

@@ -222,8 +222,8 @@ class CheckpointTracker:
             if event.ok:
                 duration = self.finish(event.job, event.checkpoint, at, size=event.bytes, duration=event.duration)
                 return {**answer, "state": "finished", "duration_seconds": duration, "bytes": event.bytes}
-            duration = self.fail(event.job, event.checkpoint, at, reason="failed", duration=event.duration)
-            return {**answer, "state": "failed", "duration_seconds": duration}
+            failed = self.fail(event.job, event.checkpoint, at, reason="failed", duration=event.duration)
+            return {**answer, "state": "failed", "duration_seconds": failed}
 
     def start(self, job: str, checkpoint: str, at: float, origin: str = API) -> None:
         with self._lock:
@@ -444,7 +444,7 @@ def checkpoint_families(totals: dict[str, JobTotals]) -> Iterable:
         failures.add_metric(key, job_totals.failures)
         written.add_metric(key, job_totals.written_bytes)
         in_progress.add_metric(key, 1.0 if job_totals.in_progress else 0.0)
-        if job_totals.last_success is not None:
+        if job_totals.last_success is not None and job_totals.last_duration is not None:  # set together
             last_success.add_metric(key, job_totals.last_success)
             last_duration.add_metric(key, job_totals.last_duration)
         if job_totals.last_bandwidth is not None:

@@ -87,15 +87,24 @@ class ModelShape:
     causal_attention: bool = False
 
     @property
+    def attention_shape(self) -> tuple[int, int, int, int] | None:
+        """(layers, heads, head_dim, seq_len) when all four are known."""
+        if self.layers is None or self.heads is None or self.head_dim is None or self.seq_len is None:
+            return None
+        return self.layers, self.heads, self.head_dim, self.seq_len
+
+    @property
     def has_attention_shape(self) -> bool:
-        return None not in (self.layers, self.heads, self.head_dim, self.seq_len)
+        return self.attention_shape is not None
 
 
 def flops_per_token(shape: ModelShape) -> float:
     """6·P, plus 12·L·H·Q·T when the attention shape is known (halved for causal attention)."""
     flops = 6.0 * shape.params
-    if shape.has_attention_shape:
-        attention = 12.0 * shape.layers * shape.heads * shape.head_dim * shape.seq_len
+    dims = shape.attention_shape
+    if dims is not None:
+        layers, heads, head_dim, seq_len = dims
+        attention = 12.0 * layers * heads * head_dim * seq_len
         flops += attention / 2 if shape.causal_attention else attention
     return flops
 

@@ -322,7 +322,7 @@ class JobTracker:
             return chosen, len(wanted), f"job GPUs not found on this node: {', '.join(map(str, missing))}"
         # Validation refuses a repeated entry, but an index and a UUID can name the same GPU: counted twice, its
         # peak would halve the job's MFU.
-        named = {}
+        named: dict[int, int | str] = {}  # GPU index -> how the job named it (its index or its UUID)
         for key, gpu in zip(wanted, chosen):
             if gpu.index in named:
                 return (
@@ -381,7 +381,7 @@ class JobTracker:
             self._warned.add((job.name, reason))
             log.warning("job %s: no MFU: %s", job.name, reason)
         utilization = None
-        if reason is None:
+        if reason is None and fpt is not None and rate is not None and peak is not None:  # no reason: all known
             utilization = mfu_math.model_flops_utilization(fpt, rate, peak)
         eta = None
         target = facts.get("target_tokens")

@@ -91,7 +91,7 @@ class EthtoolIoctlReader:
                 return {}
             names = self._read_names(interface, name, count)
             values = self._read_values(name, count) if names is not None else None
-            if values is not None:
+            if names is not None and values is not None:
                 self._counts[interface] = count
                 return dict(zip(names, values))
             count = self._count(interface, name)
@@ -100,6 +100,7 @@ class EthtoolIoctlReader:
 
     def _ioctl(self, name: bytes, buffer: array) -> None:
         # struct ifreq: ifr_name[16], then the union whose first member is the ifr_data pointer; 40 bytes on 64-bit.
+        assert self._socket is not None, "read() opens the socket before any ioctl"
         fcntl.ioctl(self._socket.fileno(), SIOCETHTOOL, struct.pack("16sP16x", name, buffer.buffer_info()[0]))
 
     def _count(self, interface: str, name: bytes) -> int:

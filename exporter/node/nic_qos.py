@@ -93,7 +93,7 @@ def parse_ieee_reply(message: bytes) -> frozenset[int]:
 class KernelNicQos:
     """Queries the running kernel. Thread-safe; one netlink socket per query keeps replies from crossing."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._sequence = 0
         self._lock = threading.Lock()
 
