@@ -23,7 +23,8 @@ class GpuModel:
 
 
 # Most specific first: GB200 before B200, GH200 before H200, H200 NVL before H200, L40S before L40 before L4.
-# Figures: ../shared/reference/mfu.md §2 (NVIDIA/AMD datasheets via Lightning and torchtitan, dense values).
+# Figures: dense (no 2:4 sparsity) per GPU at boost clock, from the vendors' datasheets as PyTorch Lightning
+# (lightning/fabric/utilities/throughput.py, _CUDA_FLOPS) and torchtitan (get_peak_flops) carry them.
 PEAK_TABLE: tuple[GpuModel, ...] = (
     GpuModel("gb200", ("gb200",), {"bf16": 2500, "fp16": 2500, "fp8": 5000, "tf32": 1250}),
     GpuModel("gb300", ("gb300",), {"bf16": 2500, "fp16": 2500}),
