@@ -310,14 +310,7 @@ async def test_soak_under_faults(tmp_path, monkeypatch):
             assert reporters[job].sent > 0
             assert value(found, "mfu_job_tokens_total", training_job=job) == last_total[job], job
         for source in ("gpu", "rdma", "ethtool"):  # the faults did reach every source
-            assert (
-                sum(
-                    s.value
-                    for s in found
-                    if s.name == "mfu_exporter_source_errors_total" and s.labels["source"] == source
-                )
-                > 0
-            ), source
+            assert sum(matching(found, "mfu_exporter_source_errors_total", source=source)) > 0, source
         growth = rss_bytes() - rss_after_warmup
         print(
             f"soak: {SOAK_SECONDS:g} s, {chaos.steps} chaos steps, RSS {rss_after_warmup / 2**20:.0f} MiB after warm-up, "
