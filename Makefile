@@ -40,9 +40,9 @@ lint: $(STAMP)
 golden: $(STAMP)
 	$(PY) -m pytest -q tests/unit/test_golden_exposition.py --update-golden
 
-# The fault soak of tests/test_soak.py for longer: ten minutes unless SOAK_SECONDS says otherwise (make test: 50 s).
+# The fault soak of tests/e2e/test_soak.py for longer: ten minutes unless SOAK_SECONDS says otherwise (make test: 50 s).
 soak: $(STAMP)
-	SOAK_SECONDS=$${SOAK_SECONDS:-600} $(PY) -m pytest -q -s tests/test_soak.py
+	SOAK_SECONDS=$${SOAK_SECONDS:-600} $(PY) -m pytest -q -s tests/e2e/test_soak.py
 
 # The benchmarks of docs/benchmarks.md on a simulated full node, against Debian's node_exporter (installed here when
 # missing and root): about five minutes on 2 cores; exits 1 when a target is missed. Figures in bench/results/.

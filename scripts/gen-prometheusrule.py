@@ -3,7 +3,7 @@
 
 Kustomize cannot read files outside its own directory, so the PrometheusRule carries a generated copy of every rule
 group in alerts/*.yaml (files with a top-level ``groups:`` key; alerts/tests/ and the Alertmanager example are not
-rule files). tests/test_deploy.py runs this with --check, so a rule changed in alerts/ without rerunning this fails.
+rule files). tests/e2e/test_deploy.py runs this with --check, so a rule changed in alerts/ without rerunning this fails.
 
     scripts/gen-prometheusrule.py            # regenerate
     scripts/gen-prometheusrule.py --check    # exit 1 when the committed file differs

@@ -6,7 +6,7 @@
 Samples every GPU twice through pynvml, 1 s apart (GPM activity is measured between two samples), and prints the
 second sample's series as /metrics serves them (Prometheus text format), then the source's status notes and the
 errors it counted as comments. Exits 1 when NVML does not start or a GPU lacks a core series: ``mfu_gpu_up`` = 1,
-utilization (except in MIG mode, where NVML has none), memory used and total, power. tests/test_gpu_source.py runs
+utilization (except in MIG mode, where NVML has none), memory used and total, power. tests/unit/test_gpu_source.py runs
 ``main`` against the fake NVML, so the script keeps working without a GPU to try it on.
 """
 

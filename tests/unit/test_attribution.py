@@ -1,6 +1,6 @@
 """Loss attribution with the real sources' snapshot shapes: one test per cause, and overlaps resolved by precedence.
 
-tests/test_attribution_sources.py drives the same through the real sources over the fakes."""
+tests/e2e/test_attribution_sources.py drives the same through the real sources over the fakes."""
 
 import functools
 
