@@ -4,6 +4,7 @@ for byte as recorded, and every family it exports is documented in docs/metrics.
 An intended change of the metrics rewrites the file: ``pytest --update-golden tests/unit/test_golden_exposition.py``
 (``make golden``); the diff of the file is then part of the change, for review."""
 
+import asyncio
 import difflib
 
 import pytest
@@ -15,8 +16,6 @@ from tests.support.prom_harness import documented_metrics
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    import asyncio
-
     text, _ = asyncio.run(render_full_node(tmp_path_factory.mktemp("full-node")))
     return text
 
