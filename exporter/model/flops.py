@@ -7,6 +7,7 @@ shape, halved for causal attention (Megatron's convention since 2025-03). Peaks 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 DTYPES = ("bf16", "fp16", "fp8", "tf32")
@@ -54,6 +55,7 @@ PEAK_TABLE: tuple[GpuModel, ...] = (
 GPU_ALIASES = {"h100": "h100-sxm", "h100-sxm5": "h100-sxm", "h200-sxm": "h200", "a100-sxm": "a100", "a100-pcie": "a100"}
 
 
+@functools.lru_cache(maxsize=256)  # a job's view asks for each of its GPUs at every report; a node has a few names
 def gpu_model(device_name: str) -> GpuModel | None:
     """The table row for an NVML device name, most specific match first; None when unknown."""
     name = device_name.lower()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
+import operator
 import os
 import re
 import socket
@@ -151,11 +153,28 @@ def parse_ethtool_statistics(text: str) -> dict[str, int]:
     return {name: int(value) for name, value in _STAT_LINE.findall(text)}
 
 
+_ONE_STAT_LINE = re.compile(r"\s+(\S.*?): ([0-9]+)\s*")
+# What ``_parse_line`` makes of a line of whitespace only. ``_STAT_LINE`` can match across such a line before the
+# text's end (its ``^\s+`` takes line ends too), so a text with one is left to it; without, the regex matches line
+# by line, as ``_parse_line`` does. Empty, so ``filter(None, ...)`` drops it with the lines that are no stat.
+_BLANK: tuple = ()
+
+
+def _parse_line(line: str) -> tuple[str, int] | tuple | None:
+    if not line.strip():
+        return _BLANK
+    match = _ONE_STAT_LINE.fullmatch(line)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
 class EthtoolTextReader:
     """Statistics parsed from ``ethtool -S`` text that ``load(interface)`` returns (recorded output, the demo)."""
 
     def __init__(self, load: Callable[[str], str]):
         self._load = load
+        # Per interface, the lines of its previous text and their parses: from one sample to the next most lines of
+        # a NIC's statistics keep their value (error and idle-queue counters), so most lines need no parse.
+        self._lines: dict[str, tuple[list[str], list[tuple[str, int] | tuple | None]]] = {}
 
     @classmethod
     def from_directory(cls, directory: str, filename: str = "statistics") -> "EthtoolTextReader":
@@ -175,7 +194,20 @@ class EthtoolTextReader:
         return cls(load)
 
     def read(self, interface: str) -> dict[str, int]:
-        return parse_ethtool_statistics(self._load(interface))
+        text = self._load(interface)
+        lines = text.split("\n")
+        previous = self._lines.get(interface)
+        if previous is not None and len(previous[0]) == len(lines):
+            # Only the lines that differ from the previous text's are parsed again (found without a Python loop).
+            parsed = previous[1].copy()
+            for index in itertools.compress(itertools.count(), map(operator.ne, lines, previous[0])):
+                parsed[index] = _parse_line(lines[index])
+        else:
+            parsed = [_parse_line(line) for line in lines]
+        self._lines[interface] = (lines, parsed)
+        if _BLANK in parsed[:-1]:  # the piece after the final line end may be blank
+            return parse_ethtool_statistics(text)
+        return dict(filter(None, parsed))
 
     def close(self) -> None:
-        pass
+        self._lines.clear()

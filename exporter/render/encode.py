@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import itertools
 import logging
+import math
+import operator
 import re
 import threading
 import time
@@ -47,6 +50,11 @@ _EOF = "# EOF\n"
 _plain_names: set[str] = set()  # names seen to be plain; a few hundred at most, the names this exporter writes
 MAX_LABEL_TEXTS = 65536  # label sets kept; a full node has about 1,300
 _label_texts: dict[tuple, str] = {}
+MAX_KEPT_FAMILIES = 4096  # families whose lines are kept, by name; a full node has about 60
+# family name -> (the samples last written, their lines, the signs of their values)
+_kept_lines: dict[str, tuple[list, list[str], list[float]]] = {}
+_ONES = itertools.repeat(1.0)
+_VALUE = operator.itemgetter(2)  # Sample.value
 
 
 def _plain(name: str) -> bool:
@@ -68,13 +76,7 @@ def _content_type_parameters(content_type: str) -> dict[str, str]:
 
 def _label_text(labels: dict[str, str]) -> str | None:
     """``a="1",b="2"`` as both formats write a sample's labels; None when a name is not plain or a value not text.
-    Kept by label set: a node's series keep their labels from one render to the next."""
-    try:
-        return _label_texts[tuple(labels.items())]
-    except KeyError:
-        pass
-    except TypeError:  # a value that cannot be hashed, hence not text: the library says what it makes of it
-        return None
+    Kept by label set (``_label_texts``): a node's series keep their labels from one render to the next."""
     pairs = []
     for label, value in sorted(labels.items()):
         if type(value) is not str or not _plain(label):
@@ -148,10 +150,46 @@ def _encode_family(metric: Metric, openmetrics: bool) -> str | None:
     else:
         family_name = name + text_type[1]
         lines = [f"# HELP {family_name} {documentation}\n# TYPE {family_name} {text_type[0]}\n"]
+    body = _sample_lines(metric)
+    if body is None:
+        return None
+    lines.append(body)
+    return "".join(lines)
+
+
+def _sample_lines(metric: Metric) -> str | None:
+    """The family's sample lines, the same in both formats; None when a sample needs the library.
+
+    The lines are kept by family name with the samples they were written from: from one sample of a node to the
+    next most series keep their value (error counters, link facts, idle GPUs), and a sample equal to the one kept
+    at its place is written as it was. Which samples differ is found by C-level comparisons (``map``), so a family
+    costs a Python-level write only for its changed samples. Equal samples are written the same: ``floatToGoString``
+    writes ``float(value)``, so 1, 1.0 and True all read 1.0; but equal zeros differ in sign, which it writes, so
+    the signs are compared too."""
+    samples = list(metric.samples)  # a copy: the family's own list could grow after it is encoded
+    try:
+        signs = list(map(math.copysign, _ONES, map(_VALUE, samples)))
+    except (TypeError, ValueError, OverflowError):  # a value that is no real number: the library says what it is
+        signs = None
+    kept = _kept_lines.get(metric.name)
+    if signs is not None and kept is not None and len(kept[0]) == len(samples):
+        lines = kept[1].copy()
+        try:
+            differs = map(operator.or_, map(operator.ne, samples, kept[0]), map(operator.ne, signs, kept[2]))
+            changed = list(itertools.compress(itertools.count(), differs))
+        except Exception:  # noqa: BLE001 - a label or value whose comparison fails: every sample is written afresh
+            changed = range(len(samples))
+    else:
+        lines = [""] * len(samples)
+        changed = range(len(samples))
     # The text format moves these to separate gauges after the family: left to the library.
-    moved = {name + "_created", name + "_gsum", name + "_gcount"}
-    for sample in metric.samples:
+    moved = None
+    for index in changed:
+        sample = samples[index]
         sample_name, labels, value = sample.name, sample.labels, sample.value
+        if moved is None:
+            name = metric.name
+            moved = {name + "_created", name + "_gsum", name + "_gcount"}
         if (
             sample.timestamp is not None
             or sample.exemplar is not None
@@ -160,14 +198,26 @@ def _encode_family(metric: Metric, openmetrics: bool) -> str | None:
             or sample_name in moved
             or not _plain(sample_name)
         ):
+            _kept_lines.pop(metric.name, None)
             return None
         if labels:
-            label_text = _label_text(labels)
+            try:
+                label_text = _label_texts.get(tuple(labels.items()))
+            except TypeError:  # a value that cannot be hashed, hence not text: the library says what it makes of it
+                label_text = None
+            else:
+                if label_text is None:
+                    label_text = _label_text(labels)
             if label_text is None:
+                _kept_lines.pop(metric.name, None)
                 return None
-            lines.append(f"{sample_name}{{{label_text}}} {floatToGoString(value)}\n")
+            lines[index] = f"{sample_name}{{{label_text}}} {floatToGoString(value)}\n"
         else:
-            lines.append(f"{sample_name} {floatToGoString(value)}\n")
+            lines[index] = f"{sample_name} {floatToGoString(value)}\n"
+    if signs is not None:
+        if len(_kept_lines) >= MAX_KEPT_FAMILIES and metric.name not in _kept_lines:
+            _kept_lines.clear()  # family names churn slowly, if at all; starting over costs one render
+        _kept_lines[metric.name] = (samples, lines, signs)
     return "".join(lines)
 
 

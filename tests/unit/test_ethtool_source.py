@@ -7,6 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from exporter.config import validate
 from exporter.node.ethtool import EthtoolTextReader, parse_ethtool_statistics
@@ -53,6 +55,47 @@ def sysfs(tmp_path):
 
 def source_for(sysfs, texts, clock=None, **kwargs):
     return EthtoolSource(str(sysfs.root), reader=EthtoolTextReader(texts), clock=clock or Clock(), **kwargs)
+
+
+# Lines as ethtool prints them and lines that only look alike: unindented, blank, spaced, odd whitespace, names with
+# ": " inside, values that are not plain ASCII digits.
+_LINE_PIECES = st.sampled_from(
+    [
+        "",
+        " ",
+        "\t",
+        "     ",
+        "\x0c",
+        "\r",
+        "rx_prio3_pause",
+        "[0]: rx_bytes",
+        "NIC statistics:",
+        ": ",
+        ":",
+        "7",
+        "12",
+        "007",
+        "\u0663",
+        "x",
+        " y",
+        "18446744073709551615",
+    ]
+)
+_TEXTS = st.lists(st.lists(_LINE_PIECES, max_size=5).map("".join), max_size=12).map("\n".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TEXTS, min_size=1, max_size=4))
+@example(["NIC statistics:\n     rx: 1\n\n     tx: 2\n", "NIC statistics:\n     rx: 1\n\ntx: 2\n"])
+@example(["     a: 1\n  \nb: 2", "     a: 1\n\nb: 2", "     a: 1\nb: 2\n"])
+def test_text_reader_parses_as_the_regex_does_sample_after_sample(texts):
+    # The reader reuses the previous text's line parses; whatever the texts, it must read what the regex reads.
+    current = {}
+    reader = EthtoolTextReader(lambda interface: current["text"])
+    for text in texts:
+        current["text"] = text
+        assert reader.read("eth0") == parse_ethtool_statistics(text)
+        assert list(reader.read("eth0")) == list(parse_ethtool_statistics(text))
 
 
 def test_parse_ethtool_statistics_reads_every_stat_line():

@@ -146,6 +146,42 @@ def test_label_texts_kept_are_bounded(monkeypatch):
     assert len(exposition._label_texts) <= 3
 
 
+def test_a_series_whose_value_changes_is_written_with_each_value(monkeypatch):
+    # Lines are kept by family with their samples: each new value, and a zero's sign, must still be written afresh.
+    monkeypatch.setattr(exposition, "_kept_lines", {})
+    values = [0.0, -0.0, 0, -0.0, 0.0, 1, 1.0, True, 1.0, 2, math.nan, math.nan, 2**63, float(2**63), 1e6, 1e6 + 1]
+    for value in values:
+        counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
+        counter.add_metric(["ens1np0"], value)
+        gauge = GaugeMetricFamily("mfu_test_plain", "No labels.")
+        gauge.add_metric([], value)
+        assert_same_bytes(Families([counter, gauge]))
+    assert set(exposition._kept_lines) == {"mfu_test", "mfu_test_plain"}  # so the comparisons above read them
+
+
+def test_families_whose_lines_are_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(exposition, "MAX_KEPT_FAMILIES", 3)
+    monkeypatch.setattr(exposition, "_kept_lines", {})
+    for index in range(10):
+        counter = CounterMetricFamily(f"mfu_test_{index}", "A counter.", labels=["interface"])
+        counter.add_metric(["ens1np0"], index)
+        assert_same_bytes(Families([counter]))
+    assert len(exposition._kept_lines) <= 3
+
+
+def test_a_family_that_grows_changes_or_shrinks_is_written_as_it_is_now(monkeypatch):
+    monkeypatch.setattr(exposition, "_kept_lines", {})
+    counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
+    for step, value in enumerate((1, 2, 2, 3)):
+        counter.add_metric([f"ens{step}np0"], value)
+        assert_same_bytes(Families([counter]))  # the same family object, one sample more each time
+    for labels in (["ens0np0", "ens1np0"], ["ens1np0", "ens0np0"], ["ens0np0"], []):
+        gauge = GaugeMetricFamily("mfu_test", "A gauge now.", labels=["interface"])
+        for label in labels:
+            gauge.add_metric([label], 1.0)
+        assert_same_bytes(Families([gauge]))
+
+
 def test_units_and_created_samples():
     duration = GaugeMetricFamily("mfu_test_duration", "A duration.", labels=["job"], unit="seconds")
     duration.add_metric(["llama"], 38.2)

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.model.jobs import GpuInfo, JobTracker, TooManyJobs, ValidationError, parse_progress
 
@@ -168,6 +170,42 @@ def test_job_cap_and_expiry():
     assert jobs.names() == ["c"]
 
 
+class EveryPass(JobTracker):
+    """A tracker that looks at every job for expiry every time, as before the pass could be skipped."""
+
+    def _expire(self, now):
+        self._expiry_bound = (float("inf"), 0.0)
+        super()._expire(now)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["report", "touch", "views", "names"]),
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from([0.0, 0.5, 3.0, 10.0, 10.5, 25.0, -4.0, -30.0]),  # clock steps, backwards too
+        ),
+        max_size=30,
+    )
+)
+def test_jobs_expire_when_they_did_when_every_report_looked_at_every_job(operations):
+    clocks = Clock(), Clock()
+    trackers = JobTracker(job_ttl=10, clock=clocks[0]), EveryPass(job_ttl=10, clock=clocks[1])
+    for operation, job, step in operations:
+        outcomes = []
+        for clock, jobs in zip(clocks, trackers):
+            clock.now += step
+            if operation == "report":
+                outcomes.append(jobs.report(report(job=job)).name)
+            elif operation == "touch":
+                jobs.touch(job)
+            elif operation == "views":
+                outcomes.append([view.name for view in jobs.views()])
+            outcomes.append((jobs.names(), jobs.generation))
+        assert outcomes[: len(outcomes) // 2] == outcomes[len(outcomes) // 2 :]
+
+
 @pytest.mark.parametrize(
     "body,field",
     [
@@ -195,3 +233,22 @@ def test_bad_progress_names_the_field(body, field):
     with pytest.raises(ValidationError) as caught:
         parse_progress(body, NOW)
     assert caught.value.field == field
+
+
+def test_facts_validated_once_are_told_apart_by_type_and_sign():
+    # Validated facts are kept by their JSON text: facts that read the same to ``==`` must still validate apart.
+    def facts(model, **more):
+        return parse_progress({"job": "llama", "tokens_total": 1, "model": model, **more}, 1e9).facts
+
+    for _ in range(2):  # the second time from what was kept
+        assert facts({"params": 8e9, "layers": 32}) == {"params": 8e9, "layers": 32}
+        with pytest.raises(ValidationError) as error:
+            facts({"params": 8e9, "layers": 32.0})
+        assert error.value.field == "model.layers"
+        assert facts({"params": "8B", "causal_attention": True})["causal_attention"] is True
+        with pytest.raises(ValidationError):
+            facts({"params": "8B", "causal_attention": 1})
+        assert facts({"params": "8B"}, gpus=[0, 1])["gpus"] == [0, 1]
+        with pytest.raises(ValidationError):
+            facts({"params": "8B"}, gpus=[0, True])
+        assert str(facts({"params": "8B"}, expected_mfu=0.0)["expected_mfu"]) == "0.0"
