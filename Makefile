@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test soak bench system-deps rules clean
+.PHONY: demo run test test-unit lint soak bench system-deps rules clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,19 @@ demo: $(STAMP)
 run: $(STAMP)
 	$(PY) -m exporter run
 
-test: $(STAMP) system-deps
+# The whole suite CI runs: code checks, then every test (unit and end-to-end), Debian tools installed when root.
+test: $(STAMP) system-deps lint
 	$(PY) -m pytest -q
+
+# Unit tests only: no root, no Debian tools, about a minute.
+test-unit: $(STAMP) lint
+	$(PY) -m pytest -q tests/unit
+
+# ruff (lint and format, pyproject.toml) and the import contracts of docs/architecture.md.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 # The fault soak of tests/test_soak.py for longer: ten minutes unless SOAK_SECONDS says otherwise (make test: 50 s).
 soak: $(STAMP)

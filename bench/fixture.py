@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from exporter.config import validate
-from exporter.demo import train_healthily
-from exporter.fakes import nvml as fake_nvml
-from exporter.fakes.mlx5 import SimulatedNode, ethtool_stat_names
-from exporter.runtime import SOURCE_FACTORIES, Paths
-from exporter.sources.base import Source
-from exporter.sources.ethtool import EthtoolSource, EthtoolTextReader
+from exporter.node.ethtool import EthtoolTextReader
+from exporter.sim import nvml as fake_nvml
+from exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names
+from exporter.sim.node import train_healthily
+from exporter.sources import SOURCE_FACTORIES
+from exporter.sources.base import Paths, Source
+from exporter.sources.ethtool import EthtoolSource
 from exporter.sources.gpu import GpuSource
 from exporter.sources.preflight import PreflightSource
 
@@ -76,9 +77,14 @@ def node_sources(config: dict, fixture_root: Path, nvml: Any) -> list[Source]:
         "gpu": lambda section: GpuSource.from_config(section, nvml),
         "preflight": lambda section: PreflightSource.from_config(section, paths.sysfs, paths.procfs, nvml),
         "ethtool": lambda section: EthtoolSource(
-            paths.sysfs, interfaces_include=ethtool["interfaces_include"], interfaces_exclude=ethtool["interfaces_exclude"],
-            stats_include=ethtool["stats_include"], interval=ethtool["interval"], timeout=ethtool["timeout"],
-            reader=EthtoolTextReader.from_directory(str(fixture_root / "ethtool"))),
+            paths.sysfs,
+            interfaces_include=ethtool["interfaces_include"],
+            interfaces_exclude=ethtool["interfaces_exclude"],
+            stats_include=ethtool["stats_include"],
+            interval=ethtool["interval"],
+            timeout=ethtool["timeout"],
+            reader=EthtoolTextReader.from_directory(str(fixture_root / "ethtool")),
+        ),
     }
     sources = []
     for name, factory in SOURCE_FACTORIES.items():
@@ -94,8 +100,13 @@ def progress_report(job_index: int, job: str, tokens_total: int, step: int) -> d
     """The body ``ProgressReporter.update`` posts: the totals plus the model facts every report carries."""
     first_gpu = (job_index % len(JOBS)) * GPUS_PER_JOB
     return {
-        "job": job, "tokens_total": tokens_total, "time": time.time(), "step": step,
-        "model": MODEL, "dtype": "bf16", "gpus": list(range(first_gpu, first_gpu + GPUS_PER_JOB)),
+        "job": job,
+        "tokens_total": tokens_total,
+        "time": time.time(),
+        "step": step,
+        "model": MODEL,
+        "dtype": "bf16",
+        "gpus": list(range(first_gpu, first_gpu + GPUS_PER_JOB)),
     }
 
 

@@ -15,15 +15,25 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 # What Prometheus 2.x sends (scrape_protocols' default order): OpenMetrics preferred, gzip accepted.
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
-                     "text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
-PROMETHEUS = {"Accept": PROMETHEUS_ACCEPT, "User-Agent": "Prometheus/2.53.0", "X-Prometheus-Scrape-Timeout-Seconds": "10"}
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+PROMETHEUS = {
+    "Accept": PROMETHEUS_ACCEPT,
+    "User-Agent": "Prometheus/2.53.0",
+    "X-Prometheus-Scrape-Timeout-Seconds": "10",
+}
 # The four ways a scrape can ask: format × compression.
 SCRAPE_MODES = {
     "openmetrics_gzip": {**PROMETHEUS, "Accept-Encoding": "gzip"},  # Prometheus by default
     "openmetrics": {**PROMETHEUS, "Accept-Encoding": "identity"},  # Prometheus with enable_compression: false
     # vmagent, or Prometheus with scrape_protocols: [PrometheusText0.0.4]
-    "text_gzip": {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", "Accept-Encoding": "gzip", "User-Agent": "vm_promscrape"},
+    "text_gzip": {
+        "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+        "Accept-Encoding": "gzip",
+        "User-Agent": "vm_promscrape",
+    },
     "text": {"User-Agent": "curl/8.5.0", "Accept": "*/*"},  # a plain curl: text format, no compression
 }
 
@@ -39,8 +49,10 @@ def get_request(address: str, path: str, headers: dict[str, str]) -> bytes:
 
 def post_json_request(address: str, path: str, payload: object) -> bytes:
     body = json.dumps(payload, separators=(",", ":")).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: python-requests/2.32.3\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: python-requests/2.32.3\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -129,8 +141,9 @@ async def back_to_back(address: str, request: bytes, clients: int, requests_each
             await connection.close()
 
 
-async def in_rounds(address: str, request: bytes, clients: int, rounds: int,
-                    before_round: Callable[[], Awaitable[None]]) -> list[float]:
+async def in_rounds(
+    address: str, request: bytes, clients: int, rounds: int, before_round: Callable[[], Awaitable[None]]
+) -> list[float]:
     """``rounds`` times: ``before_round()`` (untimed), then ``clients`` requests at once; every latency."""
     connections = [await Connection(address).open() for _ in range(clients)]
     latencies: list[float] = []

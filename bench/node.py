@@ -1,4 +1,4 @@
-"""The benchmarked exporter process: the real runtime and server (``exporter.cli.serve``) on the full-node fixture.
+"""The benchmarked exporter process: the real runtime and server (``exporter.web.app.serve``) on the full-node fixture.
 
     python -m bench.node --fixture DIR --web.listen-address 127.0.0.1:PORT
 
@@ -15,8 +15,9 @@ import threading
 from pathlib import Path
 
 from bench import fixture
-from exporter.cli import serve, setup_logging
-from exporter.runtime import build_runtime
+from exporter.cli import setup_logging
+from exporter.service import build_service
+from exporter.web.app import serve
 
 GPU_TICK_SECONDS = 1.0
 
@@ -31,7 +32,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixture", required=True, type=Path, help="fixture root (sys/ and ethtool/ inside)")
     parser.add_argument("--web.listen-address", dest="listen_address", required=True, metavar="HOST:PORT")
-    parser.add_argument("--hang-switch", type=Path, metavar="FILE", help="the GPU source's sample blocks while FILE exists")
+    parser.add_argument(
+        "--hang-switch", type=Path, metavar="FILE", help="the GPU source's sample blocks while FILE exists"
+    )
     args = parser.parse_args()
     setup_logging("warning")
     nvml = fixture.build_gpus()
@@ -39,7 +42,7 @@ def main() -> int:
     sources = fixture.node_sources(config, args.fixture, nvml)
     if args.hang_switch:
         sources = [fixture.Hangable(s, args.hang_switch) if s.name == "gpu" else s for s in sources]
-    runtime = build_runtime(config, sources)
+    runtime = build_service(config, sources)
     stop = threading.Event()
     threading.Thread(target=advance_gpus, args=(nvml, stop), name="bench-gpus", daemon=True).start()
     asyncio.run(serve(runtime, on_started=lambda urls: print("ready", urls[0], flush=True)))

@@ -49,12 +49,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import fixture, loadgen
-from exporter.exposition import encode
-from exporter.fakes.mlx5 import SimulatedNode
-from exporter.jobs import parse_progress
-from exporter.runtime import build_runtime
-from exporter.sources.checkpoint import parse_checkpoint_event
-from exporter.sources.ethtool import EthtoolTextReader
+from exporter.model.checkpoints import parse_checkpoint_event
+from exporter.model.jobs import parse_progress
+from exporter.node.ethtool import EthtoolTextReader
+from exporter.render.encode import encode
+from exporter.service import build_service
+from exporter.sim.mlx5 import SimulatedNode
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SCRAPERS = 16
@@ -67,8 +67,10 @@ HUNG_SOURCE = "gpu"  # NVML is the call that hangs on a sick GPU
 STATUS_REFRESH = 2.0  # seconds between the status page's polls of /api/v1/status (REFRESH_MS in status.js)
 # The series the README's remote_write example keeps (its write_relabel_configs regex): what a global store gets
 # per node. The instance: series are recorded by the shard's Prometheus, so not in a scrape: about 25 more per node.
-REMOTE_WRITE_KEEP = ("instance:mfu_.*|mfu_job_.*|mfu_model_flops_utilization_ratio|mfu_checkpoint_.*"
-                     "|mfu_exporter_source_up|mfu_preflight_check_ok")
+REMOTE_WRITE_KEEP = (
+    "instance:mfu_.*|mfu_job_.*|mfu_model_flops_utilization_ratio|mfu_checkpoint_.*"
+    "|mfu_exporter_source_up|mfu_preflight_check_ok"
+)
 
 
 @dataclass(frozen=True)
@@ -89,19 +91,48 @@ class Plan:
     demo_seconds: float
 
 
-FULL = Plan(repetitions=5, sample_cycles=40, render_times=20, single_scrapes=500, concurrent_scrapes=50,
-            fresh_scrapes=100, fresh_rounds=25, cpu_seconds=60, cpu_window=10, hung_repetitions=3, hung_seconds=6.0,
-            ingest_reports=625, demo_warmup=10.0, demo_seconds=30.0)
-QUICK = Plan(repetitions=2, sample_cycles=2, render_times=2, single_scrapes=20, concurrent_scrapes=2,
-             fresh_scrapes=5, fresh_rounds=2, cpu_seconds=2, cpu_window=1, hung_repetitions=1, hung_seconds=0.5,
-             ingest_reports=5, demo_warmup=0.0, demo_seconds=2.0)
+FULL = Plan(
+    repetitions=5,
+    sample_cycles=40,
+    render_times=20,
+    single_scrapes=500,
+    concurrent_scrapes=50,
+    fresh_scrapes=100,
+    fresh_rounds=25,
+    cpu_seconds=60,
+    cpu_window=10,
+    hung_repetitions=3,
+    hung_seconds=6.0,
+    ingest_reports=625,
+    demo_warmup=10.0,
+    demo_seconds=30.0,
+)
+QUICK = Plan(
+    repetitions=2,
+    sample_cycles=2,
+    render_times=2,
+    single_scrapes=20,
+    concurrent_scrapes=2,
+    fresh_scrapes=5,
+    fresh_rounds=2,
+    cpu_seconds=2,
+    cpu_window=1,
+    hung_repetitions=1,
+    hung_seconds=0.5,
+    ingest_reports=5,
+    demo_warmup=0.0,
+    demo_seconds=2.0,
+)
 
 # (figure, comparison, limit): a full run judges the median of each.
 TARGETS = [
     *((f"scrape.{mode}.single.p99_ms", "<=", 2.0) for mode in loadgen.SCRAPE_MODES),
     *((f"scrape.{mode}.concurrent.p99_ms", "<=", 10.0) for mode in loadgen.SCRAPE_MODES),
-    *((f"ratio.{mode}.{kind}.p99", "<=", 1.0) for mode in loadgen.SCRAPE_MODES
-      for kind in ("single", "concurrent", "fresh_single", "fresh_concurrent")),
+    *(
+        (f"ratio.{mode}.{kind}.p99", "<=", 1.0)
+        for mode in loadgen.SCRAPE_MODES
+        for kind in ("single", "concurrent", "fresh_single", "fresh_concurrent")
+    ),
     ("hung.scrape.p99_ms", "<=", 50.0),
     ("cpu.daemon_percent", "<=", 2.0),
     ("demo.cpu_percent", "<", 5.0),
@@ -166,8 +197,9 @@ class Process:
         self.address = address
         self.log = log
         with open(log, "wb") as output:
-            self.popen = subprocess.Popen(argv, cwd=REPOSITORY, stdout=subprocess.DEVNULL, stderr=output,
-                                          start_new_session=True)
+            self.popen = subprocess.Popen(
+                argv, cwd=REPOSITORY, stdout=subprocess.DEVNULL, stderr=output, start_new_session=True
+            )
 
     @property
     def pid(self) -> int:
@@ -220,8 +252,9 @@ async def wait_until(process: Process, path: str, ok: Callable[[loadgen.Response
 
 
 def all_sources_sampled(response: loadgen.Response) -> bool:
-    return response.status == 200 and all(s["last_sample_duration_seconds"] is not None
-                                          for s in json.loads(response.body)["sources"])
+    return response.status == 200 and all(
+        s["last_sample_duration_seconds"] is not None for s in json.loads(response.body)["sources"]
+    )
 
 
 # --- in-process measurements --------------------------------------------------------------------------------
@@ -272,7 +305,7 @@ async def measure_rendering(plan: Plan, root: Path, figures: Figures) -> dict[st
     """The CPU of one full render per format, on a runtime whose daemon sampled once, with the jobs reported and
     attributed; returns which source each family comes from (by its name in the text format)."""
     config = fixture.node_config()
-    runtime = build_runtime(config, fixture.node_sources(config, root, fixture.build_gpus()))
+    runtime = build_service(config, fixture.node_sources(config, root, fixture.build_gpus()))
     if runtime.checkpoints is not None:
         for job in fixture.JOBS:
             runtime.checkpoints.record(parse_checkpoint_event(fixture.checkpoint_event(job), time.time()))
@@ -285,7 +318,9 @@ async def measure_rendering(plan: Plan, root: Path, figures: Figures) -> dict[st
         await daemon.stop()
     for index, job in enumerate(fixture.JOBS):
         for step in (1, 2):
-            runtime.jobs.report(parse_progress(fixture.progress_report(index, job, step * fixture.TOKENS_PER_REPORT, step), time.time()))
+            runtime.jobs.report(
+                parse_progress(fixture.progress_report(index, job, step * fixture.TOKENS_PER_REPORT, step), time.time())
+            )
     runtime.attribution.evaluate(time.time(), runtime.jobs.views(), runtime.node_signals())  # as evaluate_jobs does
     source_of = {}
     for name, state in daemon.states.items():
@@ -293,8 +328,10 @@ async def measure_rendering(plan: Plan, root: Path, figures: Figures) -> dict[st
             source_of[family.name + "_info" if family.type == "info" else family.name] = name
     for label, accept in (("text", ""), ("openmetrics", loadgen.PROMETHEUS_ACCEPT)):
         encoder, content_type = choose_encoder(accept)
-        renders = {"cpu_ms": lambda: encode(runtime.registry, encoder, content_type),  # what a scrape waits for
-                   "library_cpu_ms": lambda: encoder(runtime.registry)}  # prometheus_client's own, for comparison
+        renders = {
+            "cpu_ms": lambda: encode(runtime.registry, encoder, content_type),  # what a scrape waits for
+            "library_cpu_ms": lambda: encoder(runtime.registry),
+        }  # prometheus_client's own, for comparison
         for _ in range(plan.repetitions):
             for figure, render in renders.items():
                 times = []
@@ -350,11 +387,17 @@ def count_series(text: str, source_of: dict[str, str]) -> dict[str, int]:
 def count_kept(text: str, keep: str) -> int:
     """Series of a text exposition whose name a relabel ``keep`` rule with regex ``keep`` keeps (anchored)."""
     pattern = re.compile(keep)
-    return sum(1 for family in text_string_to_metric_families(text) for sample in family.samples
-               if pattern.fullmatch(sample.name))
+    return sum(
+        1
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if pattern.fullmatch(sample.name)
+    )
 
 
-async def measure_bodies(exporter: Process, node_exporter: Process, source_of: dict[str, str], figures: Figures) -> None:
+async def measure_bodies(
+    exporter: Process, node_exporter: Process, source_of: dict[str, str], figures: Figures
+) -> None:
     for process in (exporter, node_exporter):
         connection = loadgen.Connection(process.address)
         bodies = {}
@@ -367,7 +410,9 @@ async def measure_bodies(exporter: Process, node_exporter: Process, source_of: d
         for mode, response in bodies.items():
             gzipped = response.headers.get(b"content-encoding", b"") == b"gzip"
             if gzipped != ("gzip" in loadgen.SCRAPE_MODES[mode].get("Accept-Encoding", "")):
-                raise SystemExit(f"bench: {process.name} answered the {mode} scrape {'with' if gzipped else 'without'} gzip")
+                raise SystemExit(
+                    f"bench: {process.name} answered the {mode} scrape {'with' if gzipped else 'without'} gzip"
+                )
             figures.set(f"{prefix}.{mode}_bytes", len(response.body))
             figures.set(f"{prefix}.{mode}_content_type", response.headers.get(b"content-type", b"").decode())
         text = bodies["text"]
@@ -378,11 +423,14 @@ async def measure_bodies(exporter: Process, node_exporter: Process, source_of: d
             figures.set("series.total", sum(counts.values()))
             figures.set("series.remote_write", count_kept(text.body.decode(), REMOTE_WRITE_KEEP))
         else:
-            figures.set("node_exporter.series", sum(len(f.samples) for f in text_string_to_metric_families(text.body.decode())))
+            figures.set(
+                "node_exporter.series", sum(len(f.samples) for f in text_string_to_metric_families(text.body.decode()))
+            )
 
 
-async def measure_scrapes(plan: Plan, exporter: Process, node_exporter: Process, reporters: Reporters,
-                          figures: Figures) -> int:
+async def measure_scrapes(
+    plan: Plan, exporter: Process, node_exporter: Process, reporters: Reporters, figures: Figures
+) -> int:
     """Latency of scrapes, ours against node_exporter's, pair by pair; returns how many scrapes hit the exporter."""
     post = loadgen.Connection(exporter.address)
     await post.open()
@@ -403,9 +451,15 @@ async def measure_scrapes(plan: Plan, exporter: Process, node_exporter: Process,
                     before = change_state if process is exporter else nothing
                     runs = {
                         "single": await loadgen.back_to_back(process.address, request, 1, plan.single_scrapes),
-                        "concurrent": await loadgen.back_to_back(process.address, request, SCRAPERS, plan.concurrent_scrapes),
-                        "fresh_single": await loadgen.in_rounds(process.address, request, 1, plan.fresh_scrapes, before),
-                        "fresh_concurrent": await loadgen.in_rounds(process.address, request, SCRAPERS, plan.fresh_rounds, before),
+                        "concurrent": await loadgen.back_to_back(
+                            process.address, request, SCRAPERS, plan.concurrent_scrapes
+                        ),
+                        "fresh_single": await loadgen.in_rounds(
+                            process.address, request, 1, plan.fresh_scrapes, before
+                        ),
+                        "fresh_concurrent": await loadgen.in_rounds(
+                            process.address, request, SCRAPERS, plan.fresh_rounds, before
+                        ),
                     }
                     prefix = "scrape" if process is exporter else "node_exporter.scrape"
                     for kind, latencies in runs.items():
@@ -416,16 +470,19 @@ async def measure_scrapes(plan: Plan, exporter: Process, node_exporter: Process,
                             scrapes += len(latencies)
                 for kind in runs:
                     for quantile in ("p50", "p99"):
-                        figures.add(f"ratio.{mode}.{kind}.{quantile}",
-                                    figures.latest(f"scrape.{mode}.{kind}.{quantile}_ms")
-                                    / figures.latest(f"node_exporter.scrape.{mode}.{kind}.{quantile}_ms"))
+                        figures.add(
+                            f"ratio.{mode}.{kind}.{quantile}",
+                            figures.latest(f"scrape.{mode}.{kind}.{quantile}_ms")
+                            / figures.latest(f"node_exporter.scrape.{mode}.{kind}.{quantile}_ms"),
+                        )
     finally:
         await post.close()
     return scrapes
 
 
-async def measure_cpu(plan: Plan, exporter: Process, node_exporter: Process, fabric: SimulatedNode, reporters: Reporters,
-                      figures: Figures) -> int:
+async def measure_cpu(
+    plan: Plan, exporter: Process, node_exporter: Process, fabric: SimulatedNode, reporters: Reporters, figures: Figures
+) -> int:
     """Both processes' CPU while the fabric moves, the jobs report and each is scraped every second; returns
     the exporter's scrapes."""
     scrape = {p: loadgen.Connection(p.address) for p in (exporter, node_exporter)}
@@ -531,8 +588,23 @@ async def measure_demo(plan: Plan, root: Path, figures: Figures) -> None:
     """``mfu-exporter demo --speed 1`` on its own, after its warm-up: its CPU (user + system, /proc) over
     ``plan.demo_seconds`` while its status page is open (``/api/v1/status`` fetched every 2 s, as the page does)."""
     address = f"127.0.0.1:{free_port()}"
-    demo = Process("demo", [sys.executable, "-m", "exporter", "demo", "--speed", "1", "--web.listen-address", address,
-                            "--log.level", "warning"], address, root / "demo.log")
+    demo = Process(
+        "demo",
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "demo",
+            "--speed",
+            "1",
+            "--web.listen-address",
+            address,
+            "--log.level",
+            "warning",
+        ],
+        address,
+        root / "demo.log",
+    )
     try:
         await wait_until(demo, "/readyz", lambda response: response.status == 200)
         await asyncio.sleep(plan.demo_warmup)
@@ -545,7 +617,9 @@ async def measure_demo(plan: Plan, root: Path, figures: Figures) -> None:
                 if now >= started + polls * STATUS_REFRESH:
                     await page.timed(request)
                     polls += 1
-                await asyncio.sleep(min(started + polls * STATUS_REFRESH, started + plan.demo_seconds) - time.monotonic())
+                await asyncio.sleep(
+                    min(started + polls * STATUS_REFRESH, started + plan.demo_seconds) - time.monotonic()
+                )
         finally:
             await page.close()
         elapsed = time.monotonic() - started
@@ -564,8 +638,14 @@ def machine() -> dict[str, Any]:
             model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
     except OSError:
         pass
-    return {"cpus": len(os.sched_getaffinity(0)), "cpu_model": model, "python": platform.python_version(),
-            "kernel": platform.release(), "loadavg_1m_start": os.getloadavg()[0], "loadavg_5m_start": os.getloadavg()[1]}
+    return {
+        "cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "loadavg_1m_start": os.getloadavg()[0],
+        "loadavg_5m_start": os.getloadavg()[1],
+    }
 
 
 def node_exporter_version(binary: str) -> str:
@@ -609,14 +689,36 @@ async def run(plan: Plan) -> dict[str, Any]:
 
         hang_switch = root / f"hang-{HUNG_SOURCE}"
         exporter_address = f"127.0.0.1:{free_port()}"
-        exporter = Process("exporter", [sys.executable, "-m", "bench.node", "--fixture", str(root),
-                                        "--web.listen-address", exporter_address, "--hang-switch", str(hang_switch)],
-                           exporter_address, root / "exporter.log")
+        exporter = Process(
+            "exporter",
+            [
+                sys.executable,
+                "-m",
+                "bench.node",
+                "--fixture",
+                str(root),
+                "--web.listen-address",
+                exporter_address,
+                "--hang-switch",
+                str(hang_switch),
+            ],
+            exporter_address,
+            root / "exporter.log",
+        )
         processes.append(exporter)
         node_exporter_address = f"127.0.0.1:{free_port()}"
-        node_exporter = Process("node_exporter", [binary, f"--path.sysfs={root / 'sys'}", "--collector.disable-defaults",
-                                                  "--collector.infiniband", f"--web.listen-address={node_exporter_address}"],
-                                node_exporter_address, root / "node_exporter.log")
+        node_exporter = Process(
+            "node_exporter",
+            [
+                binary,
+                f"--path.sysfs={root / 'sys'}",
+                "--collector.disable-defaults",
+                "--collector.infiniband",
+                f"--web.listen-address={node_exporter_address}",
+            ],
+            node_exporter_address,
+            root / "node_exporter.log",
+        )
         processes.append(node_exporter)
         await wait_until(exporter, "/api/v1/status", all_sources_sampled)
         await wait_until(node_exporter, "/metrics", lambda response: response.status == 200)
@@ -628,7 +730,9 @@ async def run(plan: Plan) -> dict[str, Any]:
             for _ in range(2):  # two reports each: every job has an MFU
                 await reporters.report_jobs(warm)
             for job in fixture.JOBS:
-                await warm.timed(loadgen.post_json_request(exporter.address, "/api/v1/checkpoints", fixture.checkpoint_event(job)))
+                await warm.timed(
+                    loadgen.post_json_request(exporter.address, "/api/v1/checkpoints", fixture.checkpoint_event(job))
+                )
             for headers in loadgen.SCRAPE_MODES.values():
                 for _ in range(20):
                     await warm.timed(loadgen.get_request(exporter.address, "/metrics", headers))
@@ -653,7 +757,9 @@ async def run(plan: Plan) -> dict[str, Any]:
 
         figures.set("rss.final_mb", exporter.rss_mb())
         figures.set("rss.growth_percent", (figures.median("rss.final_mb") / figures.median("rss.steady_mb") - 1) * 100)
-        figures.set("rss.growth_from_warm_percent", (figures.median("rss.final_mb") / figures.median("rss.warm_mb") - 1) * 100)
+        figures.set(
+            "rss.growth_from_warm_percent", (figures.median("rss.final_mb") / figures.median("rss.warm_mb") - 1) * 100
+        )
         figures.set("rss.scrapes", scrapes)
         figures.set("rss.reports", reporters.sent - reporters.refused)
         for process in processes:
@@ -687,23 +793,31 @@ def judge(figures: Figures) -> list[dict[str, Any]]:
 
 
 def show(result: dict[str, Any]) -> str:
-    lines = ["machine: " + ", ".join(f"{k} {v}" for k, v in result["machine"].items() if k not in ("plan", "phase_seconds")),
-             "seconds: " + ", ".join(f"{k} {v:g}" for k, v in result["machine"]["phase_seconds"].items())]
+    lines = [
+        "machine: " + ", ".join(f"{k} {v}" for k, v in result["machine"].items() if k not in ("plan", "phase_seconds")),
+        "seconds: " + ", ".join(f"{k} {v:g}" for k, v in result["machine"]["phase_seconds"].items()),
+    ]
     for name, value in result["figures"].items():
         if isinstance(value, dict):
-            lines.append(f"{name:58} {value['median']:12.3f}  (min {value['min']:.3f}, max {value['max']:.3f}, n={value['runs']})")
+            lines.append(
+                f"{name:58} {value['median']:12.3f}  (min {value['min']:.3f}, max {value['max']:.3f}, n={value['runs']})"
+            )
         elif isinstance(value, float):
             lines.append(f"{name:58} {value:12.3f}")
         else:
             lines.append(f"{name:58} {value!s:>12}")
     for verdict in result["targets"]:
-        lines.append(f"{'met ' if verdict['met'] else 'MISSED'} {verdict['figure']} {verdict['target']}: {verdict['median']:.3f}")
+        lines.append(
+            f"{'met ' if verdict['met'] else 'MISSED'} {verdict['figure']} {verdict['target']}: {verdict['median']:.3f}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every step with tiny counts (seconds): checks the bench works")
+    parser.add_argument(
+        "--quick", action="store_true", help="every step with tiny counts (seconds): checks the bench works"
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the in-process runtime's notes (a job's first report) are expected

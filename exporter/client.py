@@ -64,8 +64,17 @@ class ProgressReporter:
         self._base = url.rstrip("/")
         self.job = job
         # Model facts ride along with every report, so a restarted exporter has everything back after one report.
-        self._facts = {k: v for k, v in {"model": model, "dtype": dtype, "gpus": gpus, "target_tokens": target_tokens,
-                                          "peak_tflops": peak_tflops}.items() if v is not None}
+        self._facts = {
+            k: v
+            for k, v in {
+                "model": model,
+                "dtype": dtype,
+                "gpus": gpus,
+                "target_tokens": target_tokens,
+                "peak_tflops": peak_tflops,
+            }.items()
+            if v is not None
+        }
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
         self._max_backoff = max_backoff
@@ -87,13 +96,18 @@ class ProgressReporter:
     def update(self, tokens_total: float, step: int | None = None) -> None:
         """Record the job's running token total (node-local); sent in the background. Never blocks, never raises."""
         try:
-            payload: dict[str, Any] = {"job": self.job, "tokens_total": tokens_total, "time": self._clock(), **self._facts}
+            payload: dict[str, Any] = {
+                "job": self.job,
+                "tokens_total": tokens_total,
+                "time": self._clock(),
+                **self._facts,
+            }
             if step is not None:
                 payload["step"] = step
             with self._wake:
                 self._pending = payload
                 self._wake.notify()
-        except Exception:  # noqa: BLE001 - the training step must never see a monitoring error
+        except Exception:
             log.debug("progress update dropped", exc_info=True)
 
     @contextmanager
@@ -133,24 +147,37 @@ class ProgressReporter:
             if started is not None:
                 payload["duration_seconds"] = max(now - started, 0.0)
             if phase == "finished" and save.bytes is not None:
-                if isinstance(save.bytes, (int, float)) and not isinstance(save.bytes, bool) and math.isfinite(save.bytes) and save.bytes >= 0:
+                if (
+                    isinstance(save.bytes, (int, float))
+                    and not isinstance(save.bytes, bool)
+                    and math.isfinite(save.bytes)
+                    and save.bytes >= 0
+                ):
                     payload["bytes"] = save.bytes
                 else:
-                    self._warn_once("checkpoint-bytes", f"checkpoint bytes must be a byte count, got {save.bytes!r}; sent without it")
+                    self._warn_once(
+                        "checkpoint-bytes",
+                        f"checkpoint bytes must be a byte count, got {save.bytes!r}; sent without it",
+                    )
             with self._wake:
                 if len(self._checkpoint_events) >= self._checkpoint_queue:
                     self._drop_checkpoint_event(self._checkpoint_events.popleft())
                 self._checkpoint_events.append(payload)
                 self._wake.notify()
             return now
-        except Exception:  # noqa: BLE001 - the training job must never see a monitoring error
+        except Exception:
             log.debug("checkpoint event dropped", exc_info=True)
             return None
 
     def _drop_checkpoint_event(self, payload: dict[str, Any]) -> None:
         self.dropped_checkpoint_events += 1
-        log.warning("mfu-exporter at %s unreachable: %d checkpoint events queued, dropping the oldest (%s of %s)",
-                    self._base, self._checkpoint_queue, payload["phase"], payload["checkpoint"])
+        log.warning(
+            "mfu-exporter at %s unreachable: %d checkpoint events queued, dropping the oldest (%s of %s)",
+            self._base,
+            self._checkpoint_queue,
+            payload["phase"],
+            payload["checkpoint"],
+        )
 
     def _take(self) -> tuple[str, dict[str, Any]] | None:
         with self._wake:
@@ -191,14 +218,19 @@ class ProgressReporter:
             response = self._session.post(self._base + path, json=payload, headers=self._headers, timeout=self._timeout)
         except Exception as exc:  # noqa: BLE001 - any transport error means "retry later"
             self.failures += 1
-            self._warn_once("unreachable", f"mfu-exporter at {self._base} unreachable ({type(exc).__name__}); will retry")
+            self._warn_once(
+                "unreachable", f"mfu-exporter at {self._base} unreachable ({type(exc).__name__}); will retry"
+            )
             return False
         if response.status_code < 300:
             self.sent += 1
             return True
         self.failures += 1
         if 400 <= response.status_code < 500 and response.status_code != 429:
-            self._warn_once(f"rejected-{response.status_code}", f"mfu-exporter rejected a report: {response.status_code} {response.text[:200]}")
+            self._warn_once(
+                f"rejected-{response.status_code}",
+                f"mfu-exporter rejected a report: {response.status_code} {response.text[:200]}",
+            )
             return True
         self._warn_once(f"status-{response.status_code}", f"mfu-exporter answered {response.status_code}; will retry")
         return False

@@ -148,8 +148,12 @@ def job_gpus(value: Any) -> int | list[int | str]:
     """A GPU count, or a list of GPU indices and/or UUIDs, each GPU once (a repeat would count its peak twice)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    if isinstance(value, list) and value and all(
-        (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (isinstance(v, str) and v) for v in value
+    if (
+        isinstance(value, list)
+        and value
+        and all(
+            (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (isinstance(v, str) and v) for v in value
+        )
     ):
         seen: set[int | str] = set()
         for item in value:
@@ -182,12 +186,14 @@ class ListOf:
 
 
 def _enabled_interval(**extra: tuple[Any, Any]) -> Section:
-    return Section({
-        "enabled": (choice("auto", "true", "false"), "auto"),
-        "interval": (duration, 1.0),
-        "timeout": (duration, 5.0),
-        **extra,
-    })
+    return Section(
+        {
+            "enabled": (choice("auto", "true", "false"), "auto"),
+            "interval": (duration, 1.0),
+            "timeout": (duration, 5.0),
+            **extra,
+        }
+    )
 
 
 def _job_name(value: Any) -> str:
@@ -196,83 +202,124 @@ def _job_name(value: Any) -> str:
     return value
 
 
-JOB_SECTION = Section({
-    "params": (optional(positive_quantity), None),
-    "layers": (optional(positive_int), None),
-    "heads": (optional(positive_int), None),
-    "head_dim": (optional(positive_int), None),
-    "seq_len": (optional(positive_int), None),
-    "causal_attention": (boolean, False),
-    "dtype": (choice("bf16", "fp16", "fp8", "tf32"), "bf16"),
-    "gpus": (optional(job_gpus), None),
-    "target_tokens": (optional(positive_quantity), None),
-    "peak_tflops": (optional(positive_quantity), None),
-    "expected_mfu": (optional(ratio), None),
-})
+JOB_SECTION = Section(
+    {
+        "params": (optional(positive_quantity), None),
+        "layers": (optional(positive_int), None),
+        "heads": (optional(positive_int), None),
+        "head_dim": (optional(positive_int), None),
+        "seq_len": (optional(positive_int), None),
+        "causal_attention": (boolean, False),
+        "dtype": (choice("bf16", "fp16", "fp8", "tf32"), "bf16"),
+        "gpus": (optional(job_gpus), None),
+        "target_tokens": (optional(positive_quantity), None),
+        "peak_tflops": (optional(positive_quantity), None),
+        "expected_mfu": (optional(ratio), None),
+    }
+)
 
-WATCH_SECTION = Section({
-    "path": (string, None),
-    "job": (_job_name, None),
-    "done_marker": (optional(string), None),
-    "quiet_period": (duration, 30.0),
-    "poll": (choice("auto", "true", "false"), "auto"),
-})
+WATCH_SECTION = Section(
+    {
+        "path": (string, None),
+        "job": (_job_name, None),
+        "done_marker": (optional(string), None),
+        "quiet_period": (duration, 30.0),
+        "poll": (choice("auto", "true", "false"), "auto"),
+    }
+)
 
-SCHEMA = Section({
-    "web": (Section({
-        "listen_address": (listen_address, DEFAULT_LISTEN_ADDRESS),
-        "config_file": (optional(string), None),
-    }), None),
-    "sources": (Section({
-        "gpu": (_enabled_interval(retry_interval=(duration, 60.0), gpm=(boolean, True)), None),
-        "rdma": (_enabled_interval(
-            devices_include=(regex_list, [".*"]),
-            devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
-            virtual_functions=(boolean, False),
-        ), None),
-        "ethtool": (_enabled_interval(
-            interfaces_include=(regex_list, []),
-            interfaces_exclude=(regex_list, [r"^lo$", r"^(br|docker|virbr|veth|cni|flannel|cali|vxlan)"]),
-            stats_include=(regex_list, []),
-        ), None),
-        "checkpoint": (_enabled_interval(
-            watch=(ListOf(WATCH_SECTION), []),
-            started_timeout=(duration, 7200.0),
-            forget_after=(duration, 86400.0),
-        ), None),
-        "preflight": (_enabled_interval(
-            interval=(duration, 300.0),
-            timeout=(duration, 30.0),
-            link_layer=(optional(choice("Ethernet", "InfiniBand")), None),
-            roce_priority=(pfc_priority, 3),
-            port_rate_gbps=(optional(positive_quantity), None),
-            min_node_gbps=(positive_quantity, 400.0),
-            socket_buffer_bytes=(positive_int, 64 * 1024 * 1024),
-            expected_gpus=(optional(positive_int), None),
-            nccl_env_file=(optional(string), None),
-            devices_include=(regex_list, [".*"]),
-            devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
-        ), None),
-    }), None),
-    "mfu": (Section({"window": (duration, 60.0)}), None),
-    "attribution": (Section({
-        "tolerance": (ratio, 0.10),
-        "pause_ratio": (ratio, 0.05),
-        "cnp_per_second": (positive_quantity, 1000.0),
-        "idle_utilization": (ratio, 0.5),
-        "baseline_window": (duration, 3600.0),
-        "baseline_percentile": (ratio, 0.9),
-        "baseline_min_samples": (positive_int, 30),
-        "baseline_interval": (duration, 10.0),
-    }), None),
-    "jobs": (MapOf(_job_name, JOB_NAME_FORM, JOB_SECTION), {}),
-    "ingest": (Section({
-        "token_file": (optional(string), None),
-        "max_jobs": (positive_int, 32),
-        "max_body_bytes": (positive_int, 64 * 1024),
-        "job_ttl": (duration, 86400.0),
-    }), None),
-})
+SCHEMA = Section(
+    {
+        "web": (
+            Section(
+                {
+                    "listen_address": (listen_address, DEFAULT_LISTEN_ADDRESS),
+                    "config_file": (optional(string), None),
+                }
+            ),
+            None,
+        ),
+        "sources": (
+            Section(
+                {
+                    "gpu": (_enabled_interval(retry_interval=(duration, 60.0), gpm=(boolean, True)), None),
+                    "rdma": (
+                        _enabled_interval(
+                            devices_include=(regex_list, [".*"]),
+                            devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
+                            virtual_functions=(boolean, False),
+                        ),
+                        None,
+                    ),
+                    "ethtool": (
+                        _enabled_interval(
+                            interfaces_include=(regex_list, []),
+                            interfaces_exclude=(
+                                regex_list,
+                                [r"^lo$", r"^(br|docker|virbr|veth|cni|flannel|cali|vxlan)"],
+                            ),
+                            stats_include=(regex_list, []),
+                        ),
+                        None,
+                    ),
+                    "checkpoint": (
+                        _enabled_interval(
+                            watch=(ListOf(WATCH_SECTION), []),
+                            started_timeout=(duration, 7200.0),
+                            forget_after=(duration, 86400.0),
+                        ),
+                        None,
+                    ),
+                    "preflight": (
+                        _enabled_interval(
+                            interval=(duration, 300.0),
+                            timeout=(duration, 30.0),
+                            link_layer=(optional(choice("Ethernet", "InfiniBand")), None),
+                            roce_priority=(pfc_priority, 3),
+                            port_rate_gbps=(optional(positive_quantity), None),
+                            min_node_gbps=(positive_quantity, 400.0),
+                            socket_buffer_bytes=(positive_int, 64 * 1024 * 1024),
+                            expected_gpus=(optional(positive_int), None),
+                            nccl_env_file=(optional(string), None),
+                            devices_include=(regex_list, [".*"]),
+                            devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
+                        ),
+                        None,
+                    ),
+                }
+            ),
+            None,
+        ),
+        "mfu": (Section({"window": (duration, 60.0)}), None),
+        "attribution": (
+            Section(
+                {
+                    "tolerance": (ratio, 0.10),
+                    "pause_ratio": (ratio, 0.05),
+                    "cnp_per_second": (positive_quantity, 1000.0),
+                    "idle_utilization": (ratio, 0.5),
+                    "baseline_window": (duration, 3600.0),
+                    "baseline_percentile": (ratio, 0.9),
+                    "baseline_min_samples": (positive_int, 30),
+                    "baseline_interval": (duration, 10.0),
+                }
+            ),
+            None,
+        ),
+        "jobs": (MapOf(_job_name, JOB_NAME_FORM, JOB_SECTION), {}),
+        "ingest": (
+            Section(
+                {
+                    "token_file": (optional(string), None),
+                    "max_jobs": (positive_int, 32),
+                    "max_body_bytes": (positive_int, 64 * 1024),
+                    "job_ttl": (duration, 86400.0),
+                }
+            ),
+            None,
+        ),
+    }
+)
 
 
 def _validate(spec: Any, value: Any, file: str, path: str) -> Any:
@@ -285,8 +332,12 @@ def _validate(spec: Any, value: Any, file: str, path: str) -> Any:
         if unknown:
             key = unknown[0]
             raise ConfigError(file, _join(path, str(key)), "one of " + ", ".join(spec.fields), problem="unknown key; ")
-        return {key: _validate(sub, value.get(key, default) if key in value else _default(sub, default), file, _join(path, key))
-                for key, (sub, default) in spec.fields.items()}
+        return {
+            key: _validate(
+                sub, value.get(key, default) if key in value else _default(sub, default), file, _join(path, key)
+            )
+            for key, (sub, default) in spec.fields.items()
+        }
     if isinstance(spec, MapOf):
         if value is None:
             return {}
@@ -307,8 +358,11 @@ def _validate(spec: Any, value: Any, file: str, path: str) -> Any:
             raise ConfigError(file, path, "a list", value)
         items = [_validate(spec.value, item, file, f"{path}[{i}]") for i, item in enumerate(value)]
         for i, item in enumerate(items):
-            missing = [k for k, v in item.items() if v is None and spec.value.fields[k][1] is None
-                       and not _is_optional(spec.value.fields[k][0])]
+            missing = [
+                k
+                for k, v in item.items()
+                if v is None and spec.value.fields[k][1] is None and not _is_optional(spec.value.fields[k][0])
+            ]
             if missing:
                 raise ConfigError(file, f"{path}[{i}].{missing[0]}", "a value (this key is required)")
         return items

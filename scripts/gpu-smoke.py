@@ -20,21 +20,24 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout without installing it
 
-import pynvml  # noqa: E402
-from prometheus_client.exposition import choose_encoder  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+import pynvml
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.exposition import encode_families  # noqa: E402
-from exporter.sources.base import SourceUnavailable  # noqa: E402
-from exporter.sources.gpu import GpuSource  # noqa: E402
+from exporter.render.encode import encode_families
+from exporter.sources.base import SourceUnavailable
+from exporter.sources.gpu import GpuSource
 
 CORE_SERIES = ("mfu_gpu_memory_used_bytes", "mfu_gpu_memory_total_bytes", "mfu_gpu_power_watts")
 
 
 def missing_core_series(text: str, gpus: list[dict[str, Any]]) -> list[str]:
     """What each GPU of the status lacks among the core series in the rendered ``text``."""
-    values = {(sample.name, sample.labels.get("gpu")): sample.value
-              for family in text_string_to_metric_families(text) for sample in family.samples}
+    values = {
+        (sample.name, sample.labels.get("gpu")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
     problems = []
     for gpu in gpus:
         label = str(gpu["index"])
@@ -67,8 +70,10 @@ def main(argv: list[str] | None = None, nvml: Any = pynvml) -> int:
     for note in snapshot.status["notes"] or ["none"]:
         print(f"#   {note}")
     errors = first.errors + snapshot.errors
-    print("# errors counted (reasons of mfu_exporter_source_errors_total{source=\"gpu\"}): "
-          + (", ".join(f"{reason}={count}" for reason, count in sorted(errors.items())) or "none"))
+    print(
+        '# errors counted (reasons of mfu_exporter_source_errors_total{source="gpu"}): '
+        + (", ".join(f"{reason}={count}" for reason, count in sorted(errors.items())) or "none")
+    )
     problems = missing_core_series(text, snapshot.status["gpus"])
     for problem in problems:
         print(f"gpu-smoke: FAIL: {problem}", file=sys.stderr)

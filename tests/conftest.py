@@ -6,9 +6,9 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily
 
 from exporter.config import validate
-from exporter.runtime import build_runtime
-from exporter.server import create_app
+from exporter.service import build_service
 from exporter.sources.base import Snapshot, SourceUnavailable
+from exporter.web.app import create_app
 
 
 def require_tool(tool: str, package: str) -> str:
@@ -65,7 +65,7 @@ def make_client(aiohttp_client):
     """An aiohttp test client around a real exporter app built from ``config`` and ``sources``."""
 
     async def make(config=None, sources=()):
-        runtime = build_runtime(validate(config or {}), list(sources))
+        runtime = build_service(validate(config or {}), list(sources))
         client = await aiohttp_client(create_app(runtime))
         client.runtime = runtime
         return client

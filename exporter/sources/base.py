@@ -1,6 +1,6 @@
 """The interface every source implements, and the snapshot it hands the daemon.
 
-A source is sampled in its own worker thread by the scheduler (``exporter.daemon``); a scrape never calls it.
+A source is sampled in its own worker thread by the scheduler (``exporter.scheduler``); a scrape never calls it.
 ``sample()`` may block or hang (NVML on a sick GPU does); the scheduler's timeout protects everything else.
 """
 
@@ -52,3 +52,9 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release handles; called once at shutdown from the source's worker thread."""
+
+
+@dataclass
+class Paths:
+    sysfs: str = "/sys"
+    procfs: str = "/proc"

@@ -12,184 +12,47 @@ read with every sample and the count the kernel returns is checked against the c
 from __future__ import annotations
 
 import errno
-import fcntl
 import functools
 import os
 import re
-import socket
-import struct
 import time
-from array import array
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.counters import Changes, CounterHistory
+from exporter.node.counters import Changes, CounterHistory
+from exporter.node.ethtool import EthtoolIoctlReader, StatsReader
+from exporter.node.rdma import NameFilter, discover_ports, is_representor, natural_key
 from exporter.sources.base import Snapshot, SourceUnavailable
-from exporter.sources.rdma import NameFilter, discover_ports, is_representor, natural_key
-
-# include/uapi/linux/sockios.h and include/uapi/linux/ethtool.h
-SIOCETHTOOL = 0x8946
-ETHTOOL_GSTRINGS = 0x1B
-ETHTOOL_GSTATS = 0x1D
-ETHTOOL_GSSET_INFO = 0x37
-ETH_SS_STATS = 1
-ETH_GSTRING_LEN = 32
-IFNAMSIZ = 16
-# safchain/ethtool's buffer size. Kernels before 7b07be1ff1cb write their *current* stat count whatever count
-# they were given, so a set that grew between two ioctls would overflow a buffer sized to the old count.
-MAX_STATS = 32768
-READ_ATTEMPTS = 3
 
 MICROSECONDS = 1e-6
 REDISCOVER_INTERVAL = 30.0
 RETRY_WHEN_NO_INTERFACES = 30.0
 
 
-class StatsReader(Protocol):
-    def read(self, interface: str) -> dict[str, int]:
-        """Every statistic of ``interface`` by name; raises OSError (ENODEV: no such interface, EOPNOTSUPP: no stats)."""
-
-    def close(self) -> None:
-        """Release the reader's handles."""
-
-
-class EthtoolIoctlReader:
-    """``ethtool -S`` without a subprocess: ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS and ETHTOOL_GSTATS.
-
-    Two ioctls per interface per sample once the stat count is known: names, then values, each told the count
-    expected. A kernel that answers with another count (the set changed in between) makes the reader count again
-    and start over. One datagram socket and the buffers are kept for the reader's life.
-    """
-
-    def __init__(self, max_stats: int = MAX_STATS,
-                 open_socket: Callable[[], socket.socket] = lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)):
-        self._max_stats = max_stats
-        self._open_socket = open_socket
-        self._socket: socket.socket | None = None
-        # array.array gives the buffer address the kernel writes to (ifr_data) without ctypes.
-        self._set_info = array("B", bytes(16 + 4))
-        self._strings = array("B", bytes(12 + ETH_GSTRING_LEN * max_stats))
-        self._values = array("B", bytes(8 + 8 * max_stats))
-        self._counts: dict[str, int] = {}
-        self._names: dict[str, tuple[bytes, list[str]]] = {}
-
-    def read(self, interface: str) -> dict[str, int]:
-        name = interface.encode()
-        if not name or len(name) >= IFNAMSIZ or b"/" in name:
-            raise OSError(errno.ENODEV, f"not an interface name: {interface!r}")
-        if self._socket is None:
-            self._socket = self._open_socket()
-        count = self._counts.get(interface)
-        if count is None:
-            count = self._count(interface, name)
-        for _ in range(READ_ATTEMPTS):
-            if count == 0:
-                return {}
-            names = self._read_names(interface, name, count)
-            values = self._read_values(name, count) if names is not None else None
-            if values is not None:
-                self._counts[interface] = count
-                return dict(zip(names, values))
-            count = self._count(interface, name)
-        self._counts.pop(interface, None)
-        raise OSError(errno.EAGAIN, f"{interface}: the stat set changed during {READ_ATTEMPTS} reads in a row")
-
-    def _ioctl(self, name: bytes, buffer: array) -> None:
-        # struct ifreq: ifr_name[16], then the union whose first member is the ifr_data pointer; 40 bytes on 64-bit.
-        fcntl.ioctl(self._socket.fileno(), SIOCETHTOOL, struct.pack("16sP16x", name, buffer.buffer_info()[0]))
-
-    def _count(self, interface: str, name: bytes) -> int:
-        struct.pack_into("=IIQ", self._set_info, 0, ETHTOOL_GSSET_INFO, 0, 1 << ETH_SS_STATS)
-        self._ioctl(name, self._set_info)
-        mask, count = struct.unpack_from("=QI", self._set_info, 8)
-        if not mask & (1 << ETH_SS_STATS):
-            raise OSError(errno.EOPNOTSUPP, f"{interface}: the driver has no statistics")
-        if count > self._max_stats:
-            raise OSError(errno.EOVERFLOW, f"{interface}: {count} statistics, more than {self._max_stats}")
-        return count
-
-    def _read_names(self, interface: str, name: bytes, count: int) -> list[str] | None:
-        struct.pack_into("=III", self._strings, 0, ETHTOOL_GSTRINGS, ETH_SS_STATS, count)
-        self._ioctl(name, self._strings)
-        if struct.unpack_from("=I", self._strings, 8)[0] != count:
-            return None
-        raw = memoryview(self._strings)[12:12 + ETH_GSTRING_LEN * count].tobytes()
-        cached = self._names.get(interface)
-        if cached is not None and cached[0] == raw:
-            return cached[1]
-        names = [raw[i:i + ETH_GSTRING_LEN].split(b"\0", 1)[0].decode("utf-8", "replace")
-                 for i in range(0, len(raw), ETH_GSTRING_LEN)]
-        self._names[interface] = (raw, names)
-        return names
-
-    def _read_values(self, name: bytes, count: int) -> list[int] | None:
-        struct.pack_into("=II", self._values, 0, ETHTOOL_GSTATS, count)
-        self._ioctl(name, self._values)
-        if struct.unpack_from("=I", self._values, 4)[0] != count:
-            return None
-        return memoryview(self._values)[8:8 + 8 * count].cast("Q").tolist()
-
-    def close(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-
-
-# "     rx_prio3_pause: 12" as ethtool prints it; names may themselves contain ": " (bnxt_en's "[0]: rx_bytes").
-_STAT_LINE = re.compile(r"^\s+(\S.*?): ([0-9]+)\s*$", re.MULTILINE)
-
-
-def parse_ethtool_statistics(text: str) -> dict[str, int]:
-    """The statistics in ``ethtool -S`` output, by name."""
-    return {name: int(value) for name, value in _STAT_LINE.findall(text)}
-
-
-class EthtoolTextReader:
-    """Statistics parsed from ``ethtool -S`` text that ``load(interface)`` returns (recorded output, the demo)."""
-
-    def __init__(self, load: Callable[[str], str]):
-        self._load = load
-
-    @classmethod
-    def from_directory(cls, directory: str, filename: str = "statistics") -> "EthtoolTextReader":
-        """Texts at ``<directory>/<interface>/statistics``, the layout of node_exporter's ethtool fixtures.
-
-        A missing file reads as ENODEV (no such interface). Writers should replace files atomically (rename):
-        each read opens the file afresh.
-        """
-
-        def load(interface: str) -> str:
-            try:
-                with open(os.path.join(directory, interface, filename), encoding="utf-8") as handle:
-                    return handle.read()
-            except FileNotFoundError:
-                raise OSError(errno.ENODEV, f"no statistics file for {interface} in {directory}") from None
-
-        return cls(load)
-
-    def read(self, interface: str) -> dict[str, int]:
-        return parse_ethtool_statistics(self._load(interface))
-
-    def close(self) -> None:
-        pass
-
-
 # What a curated stat becomes. Each kind is one metric family; the label values follow the interface label.
 PFC_FRAMES, PFC_DURATION, PFC_TRANSITIONS = "pfc_frames", "pfc_duration", "pfc_transitions"
 PAUSE_FRAMES, PAUSE_DURATION, STORM, DISCARDS, ECN_MARKED, PHY_ERRORS = (
-    "pause_frames", "pause_duration", "storm", "discards", "ecn_marked", "phy_errors")
+    "pause_frames",
+    "pause_duration",
+    "storm",
+    "discards",
+    "ecn_marked",
+    "phy_errors",
+)
 
 _PFC = re.compile(r"^(rx|tx)_prio([0-7])_pause(_duration)?$")
 _PFC_TRANSITION = re.compile(r"^rx_prio([0-7])_pause_transition$")
 _GLOBAL_PAUSE_DURATION = re.compile(r"^(rx|tx)_global_pause_duration$")
 _PAUSE_FRAMES = re.compile(r"^(rx|tx)_pause_ctrl_phy$")
 _STORM = re.compile(r"^tx_pause_storm_(warning|error)_events$")
-_DISCARD = re.compile(r"^(?:rx_discards_phy|tx_discards_phy|rx_out_of_buffer|dev_out_of_buffer"
-                      r"|outbound_pci_buffer_overflow|rx_prio[0-7]_(?:discards|buf_discard|cong_discard))$")
+_DISCARD = re.compile(
+    r"^(?:rx_discards_phy|tx_discards_phy|rx_out_of_buffer|dev_out_of_buffer"
+    r"|outbound_pci_buffer_overflow|rx_prio[0-7]_(?:discards|buf_discard|cong_discard))$"
+)
 _ECN_MARKED = re.compile(r"^rx_prio([0-7])_marked$")
 # Not exported (stats_include can add them) but their deltas go into the snapshot data for diagnosis.
 _PHY_ERROR_STATS = frozenset({"rx_crc_errors_phy", "rx_symbol_err_phy", "tx_errors_phy", "link_down_events_phy"})
@@ -236,8 +99,11 @@ class InterfaceReading:
     @functools.cached_property
     def _classified_deltas(self) -> list[tuple[str, tuple[str, ...], int]]:
         """(kind, labels, delta) of the curated deltas, classified once for the several views the status shows."""
-        return [(curated[0], curated[1], delta) for name, delta in self.changes.deltas.items()
-                if (curated := classify(name)) is not None]
+        return [
+            (curated[0], curated[1], delta)
+            for name, delta in self.changes.deltas.items()
+            if (curated := classify(name)) is not None
+        ]
 
     def _by_kind(self, kinds: set[str]) -> Iterator[tuple[str, tuple[str, ...], int]]:
         return (item for item in self._classified_deltas if item[0] in kinds)
@@ -245,8 +111,15 @@ class InterfaceReading:
     @property
     def pfc_priorities(self) -> tuple[int, ...]:
         """Priorities with PFC counters, i.e. PFC enabled (mlx5 shows the counters only then)."""
-        return tuple(sorted({int(curated[1][0]) for curated in map(classify, self.stats)
-                             if curated is not None and curated[0] in (PFC_FRAMES, PFC_DURATION)}))
+        return tuple(
+            sorted(
+                {
+                    int(curated[1][0])
+                    for curated in map(classify, self.stats)
+                    if curated is not None and curated[0] in (PFC_FRAMES, PFC_DURATION)
+                }
+            )
+        )
 
     @property
     def pause_ratio(self) -> dict[tuple[str, int | str], float]:
@@ -266,8 +139,10 @@ class InterfaceReading:
         elapsed = self.changes.elapsed
         if not elapsed:
             return {}
-        return {(labels[1], int(labels[0])) if kind == PFC_FRAMES else (labels[0], "global"): delta / elapsed
-                for kind, labels, delta in self._by_kind({PFC_FRAMES, PAUSE_FRAMES})}
+        return {
+            (labels[1], int(labels[0])) if kind == PFC_FRAMES else (labels[0], "global"): delta / elapsed
+            for kind, labels, delta in self._by_kind({PFC_FRAMES, PAUSE_FRAMES})
+        }
 
     @property
     def storm_event_deltas(self) -> dict[str, int]:
@@ -295,7 +170,9 @@ class InterfaceReading:
 
     def as_json(self) -> dict:
         def keyed(values: dict) -> dict:
-            return {f"{direction}/{priority}": value for (direction, priority), value in sorted(values.items(), key=str)}
+            return {
+                f"{direction}/{priority}": value for (direction, priority), value in sorted(values.items(), key=str)
+            }
 
         return {
             "interface": self.interface,
@@ -352,12 +229,21 @@ class EthtoolSource:
 
     name = "ethtool"
 
-    def __init__(self, sysfs_root: str = "/sys", interfaces_include: Iterable[str] = (),
-                 interfaces_exclude: Iterable[str] = (), stats_include: Iterable[str] = (),
-                 reader: StatsReader | None = None, interval: float = 1.0, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, rediscover_interval: float = REDISCOVER_INTERVAL,
-                 rdma_devices_include: Iterable[str] = (".*",), rdma_devices_exclude: Iterable[str] = (),
-                 representors: bool = False):
+    def __init__(
+        self,
+        sysfs_root: str = "/sys",
+        interfaces_include: Iterable[str] = (),
+        interfaces_exclude: Iterable[str] = (),
+        stats_include: Iterable[str] = (),
+        reader: StatsReader | None = None,
+        interval: float = 1.0,
+        timeout: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        rediscover_interval: float = REDISCOVER_INTERVAL,
+        rdma_devices_include: Iterable[str] = (".*",),
+        rdma_devices_exclude: Iterable[str] = (),
+        representors: bool = False,
+    ):
         self.interval = interval
         self.timeout = timeout
         self._sysfs_root = sysfs_root
@@ -394,8 +280,15 @@ class EthtoolSource:
             except OSError:
                 present = []
             # discover_ports already left the representors out of by_netdev; these are the rest of the node's.
-            names += [name for name in present if include(name) and self._exclude(name) and name not in by_netdev
-                      and name not in excluded and (self._representors or not is_representor(self._sysfs_root, name))]
+            names += [
+                name
+                for name in present
+                if include(name)
+                and self._exclude(name)
+                and name not in by_netdev
+                and name not in excluded
+                and (self._representors or not is_representor(self._sysfs_root, name))
+            ]
         interfaces = {}
         for name in names:
             rdma_ports = tuple(by_netdev.get(name, ()))
@@ -420,7 +313,8 @@ class EthtoolSource:
             raise SourceUnavailable(
                 "no_interfaces",
                 "no RDMA port has a netdev and no interface matches sources.ethtool.interfaces_include",
-                retry_after=RETRY_WHEN_NO_INTERFACES)
+                retry_after=RETRY_WHEN_NO_INTERFACES,
+            )
         errors: Counter = Counter()
         readings: list[InterfaceReading] = []
         rows: list[tuple[str, tuple[str, ...], int]] = []
@@ -452,8 +346,11 @@ class EthtoolSource:
                     extras.append((state.extra_labels_of(stat), value))
             readings.append(InterfaceReading(name, state.rdma_ports, stats, state.history.update(read_at, curated)))
         if not readings:
-            skipped = Counter("not_supported" if state.unsupported else "interface_missing"
-                              for name, state in self._interfaces.items() if state.unsupported or name in self._missing)
+            skipped = Counter(
+                "not_supported" if state.unsupported else "interface_missing"
+                for name, state in self._interfaces.items()
+                if state.unsupported or name in self._missing
+            )
             reason = (errors or skipped).most_common(1)[0][0]
             raise SourceUnavailable(reason, f"no statistics could be read from {', '.join(self._interfaces)}")
         return Snapshot(
@@ -468,29 +365,67 @@ class EthtoolSource:
 
 
 _FAMILIES = {
-    PFC_FRAMES: ("mfu_nic_pfc_pause_frames", "PFC pause frames per priority (mlx5 rx_prio{p}_pause / tx_prio{p}_pause); "
-                 "rx: the link partner paused us, tx: we paused it.", ["interface", "priority", "direction"], 1.0),
-    PFC_DURATION: ("mfu_nic_pfc_pause_duration_seconds", "Time paused per priority (mlx5 *_prio{p}_pause_duration); "
-                   "rx: time we could not send, tx: time we held the partner.", ["interface", "priority", "direction"],
-                   MICROSECONDS),
-    PFC_TRANSITIONS: ("mfu_nic_pfc_pause_transitions", "XOFF to XON transitions per priority (rx_prio{p}_pause_transition).",
-                      ["interface", "priority"], 1.0),
-    PAUSE_FRAMES: ("mfu_nic_pause_frames", "Link-level pause frames (rx_pause_ctrl_phy / tx_pause_ctrl_phy).",
-                   ["interface", "direction"], 1.0),
-    PAUSE_DURATION: ("mfu_nic_pause_duration_seconds", "Time paused by 802.3x global pause (*_global_pause_duration).",
-                     ["interface", "direction"], MICROSECONDS),
-    STORM: ("mfu_nic_pause_storm_events", "Pause-storm watermark events (tx_pause_storm_*_events); error means the NIC "
-            "stopped sending pause frames and drops could follow.", ["interface", "level"], 1.0),
-    DISCARDS: ("mfu_nic_discards", "Packets the NIC dropped, by mlx5 counter (rx_discards_phy, rx_out_of_buffer, "
-               "rx_prio{p}_discards...).", ["interface", "counter"], 1.0),
-    ECN_MARKED: ("mfu_nic_ecn_marked_packets", "Packets ECN-marked for congestion per priority (rx_prio{p}_marked).",
-                 ["interface", "priority"], 1.0),
+    PFC_FRAMES: (
+        "mfu_nic_pfc_pause_frames",
+        "PFC pause frames per priority (mlx5 rx_prio{p}_pause / tx_prio{p}_pause); "
+        "rx: the link partner paused us, tx: we paused it.",
+        ["interface", "priority", "direction"],
+        1.0,
+    ),
+    PFC_DURATION: (
+        "mfu_nic_pfc_pause_duration_seconds",
+        "Time paused per priority (mlx5 *_prio{p}_pause_duration); "
+        "rx: time we could not send, tx: time we held the partner.",
+        ["interface", "priority", "direction"],
+        MICROSECONDS,
+    ),
+    PFC_TRANSITIONS: (
+        "mfu_nic_pfc_pause_transitions",
+        "XOFF to XON transitions per priority (rx_prio{p}_pause_transition).",
+        ["interface", "priority"],
+        1.0,
+    ),
+    PAUSE_FRAMES: (
+        "mfu_nic_pause_frames",
+        "Link-level pause frames (rx_pause_ctrl_phy / tx_pause_ctrl_phy).",
+        ["interface", "direction"],
+        1.0,
+    ),
+    PAUSE_DURATION: (
+        "mfu_nic_pause_duration_seconds",
+        "Time paused by 802.3x global pause (*_global_pause_duration).",
+        ["interface", "direction"],
+        MICROSECONDS,
+    ),
+    STORM: (
+        "mfu_nic_pause_storm_events",
+        "Pause-storm watermark events (tx_pause_storm_*_events); error means the NIC "
+        "stopped sending pause frames and drops could follow.",
+        ["interface", "level"],
+        1.0,
+    ),
+    DISCARDS: (
+        "mfu_nic_discards",
+        "Packets the NIC dropped, by mlx5 counter (rx_discards_phy, rx_out_of_buffer, rx_prio{p}_discards...).",
+        ["interface", "counter"],
+        1.0,
+    ),
+    ECN_MARKED: (
+        "mfu_nic_ecn_marked_packets",
+        "Packets ECN-marked for congestion per priority (rx_prio{p}_marked).",
+        ["interface", "priority"],
+        1.0,
+    ),
 }
 
 
-def _render(rows: list[tuple[str, tuple[str, ...], int]], extras: list[tuple[tuple[str, ...], int]]) -> Iterator[Metric]:
-    families = {kind: CounterMetricFamily(name, help_text, labels=labels)
-                for kind, (name, help_text, labels, _) in _FAMILIES.items()}
+def _render(
+    rows: list[tuple[str, tuple[str, ...], int]], extras: list[tuple[tuple[str, ...], int]]
+) -> Iterator[Metric]:
+    families = {
+        kind: CounterMetricFamily(name, help_text, labels=labels)
+        for kind, (name, help_text, labels, _) in _FAMILIES.items()
+    }
     scales = {kind: spec[3] for kind, spec in _FAMILIES.items()}
     for kind, labels, value in rows:
         family = families.get(kind)
@@ -499,15 +434,18 @@ def _render(rows: list[tuple[str, tuple[str, ...], int]], extras: list[tuple[tup
             family.add_metric(labels, value * scale if scale != 1.0 else value)
     yield from (family for family in families.values() if family.samples)
     if extras:
-        stat = CounterMetricFamily("mfu_nic_stat", "ethtool -S statistics selected by sources.ethtool.stats_include, raw.",
-                                   labels=["interface", "stat"])
+        stat = CounterMetricFamily(
+            "mfu_nic_stat",
+            "ethtool -S statistics selected by sources.ethtool.stats_include, raw.",
+            labels=["interface", "stat"],
+        )
         for labels, value in extras:
             stat.add_metric(labels, value)
         yield stat
 
 
 def build_ethtool_source(section: dict, paths, rdma: dict | None = None) -> EthtoolSource:
-    """Factory for ``exporter.runtime.SOURCE_FACTORIES``: the ``sources.ethtool`` config section, the paths, and the
+    """Factory for ``exporter.service.SOURCE_FACTORIES``: the ``sources.ethtool`` config section, the paths, and the
     ``sources.rdma`` section whose device lists also choose the RDMA netdevs read here (every device when None)."""
     return EthtoolSource(
         sysfs_root=paths.sysfs,

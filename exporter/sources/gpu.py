@@ -1,6 +1,6 @@
 """GPU source: NVML through pynvml (nvidia-ml-py), with GPM tensor activity, throttling, Xid errors and ECC.
 
-The NVML module is injected: production passes ``pynvml``, tests and the demo pass ``exporter.fakes.nvml``.
+The NVML module is injected: production passes ``pynvml``, tests and the demo pass ``exporter.sim.nvml``.
 
 Cheap by construction: NVML is initialised once; handles, Xid event sets, GPM samples and the GPM request struct
 are opened once per GPU and reused; a call NVML answers NOT_SUPPORTED, FUNCTION_NOT_FOUND or NO_PERMISSION is
@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.jobs import GpuInfo
-from exporter.mfu import gpu_model
+from exporter.model.flops import gpu_model
+from exporter.model.jobs import GpuInfo
 from exporter.sources.base import Snapshot, SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,24 @@ FIELD_COUNTERS = (
 GPM_ACTIVITY = (("tensor_active", 5), ("sm_active", 2), ("sm_occupancy", 3), ("dram_active", 10))
 # GPM rates in MiB/s (PCIE_TX/RX_PER_SEC, NVLINK_TOTAL_TX/RX_PER_SEC), integrated into byte counters on GPUs
 # whose NVML field values lack that counter (Hopper has no PCIe byte fields).
-GPM_RATES = {"pcie_transmit_bytes": 20, "pcie_receive_bytes": 21, "nvlink_transmit_bytes": 61, "nvlink_receive_bytes": 60}
+GPM_RATES = {
+    "pcie_transmit_bytes": 20,
+    "pcie_receive_bytes": 21,
+    "nvlink_transmit_bytes": 61,
+    "nvlink_receive_bytes": 60,
+}
 
 GAUGES = (
-    ("mfu_gpu_utilization_ratio", "Share of the last NVML sample period (1/6 s to 1 s) in which a kernel ran; absent in MIG mode.", "utilization"),
-    ("mfu_gpu_memory_utilization_ratio", "Share of the last NVML sample period in which device memory was read or written.", "memory_utilization"),
+    (
+        "mfu_gpu_utilization_ratio",
+        "Share of the last NVML sample period (1/6 s to 1 s) in which a kernel ran; absent in MIG mode.",
+        "utilization",
+    ),
+    (
+        "mfu_gpu_memory_utilization_ratio",
+        "Share of the last NVML sample period in which device memory was read or written.",
+        "memory_utilization",
+    ),
     ("mfu_gpu_memory_used_bytes", "Device memory in use.", "memory_used_bytes"),
     ("mfu_gpu_memory_total_bytes", "Device memory installed.", "memory_total_bytes"),
     ("mfu_gpu_sm_clock_hertz", "Current SM clock.", "sm_clock_hz"),
@@ -75,13 +88,27 @@ GAUGES = (
     ("mfu_gpu_power_watts", "Power draw.", "power_watts"),
     ("mfu_gpu_power_limit_watts", "Enforced power limit.", "power_limit_watts"),
     ("mfu_gpu_temperature_celsius", "GPU core temperature.", "temperature"),
-    ("mfu_gpu_tensor_active_ratio", "Share of time the SMs issued any tensor-core instruction (NVML GPM ANY_TENSOR_UTIL; Hopper and newer).", "tensor_active"),
+    (
+        "mfu_gpu_tensor_active_ratio",
+        "Share of time the SMs issued any tensor-core instruction (NVML GPM ANY_TENSOR_UTIL; Hopper and newer).",
+        "tensor_active",
+    ),
     ("mfu_gpu_sm_active_ratio", "Share of SMs busy (NVML GPM SM_UTIL; Hopper and newer).", "sm_active"),
-    ("mfu_gpu_sm_occupancy_ratio", "Resident warps over the theoretical maximum (NVML GPM SM_OCCUPANCY; Hopper and newer).", "sm_occupancy"),
-    ("mfu_gpu_dram_active_ratio", "Device memory bandwidth used over its maximum (NVML GPM DRAM_BW_UTIL; Hopper and newer).", "dram_active"),
-    ("mfu_gpu_hardware_flops_utilization_ratio",
-     "Estimate: tensor active × SM clock ÷ the SKU's reference tensor clock; a hardware cross-check of the formula MFU.",
-     "hardware_flops_utilization"),
+    (
+        "mfu_gpu_sm_occupancy_ratio",
+        "Resident warps over the theoretical maximum (NVML GPM SM_OCCUPANCY; Hopper and newer).",
+        "sm_occupancy",
+    ),
+    (
+        "mfu_gpu_dram_active_ratio",
+        "Device memory bandwidth used over its maximum (NVML GPM DRAM_BW_UTIL; Hopper and newer).",
+        "dram_active",
+    ),
+    (
+        "mfu_gpu_hardware_flops_utilization_ratio",
+        "Estimate: tensor active × SM clock ÷ the SKU's reference tensor clock; a hardware cross-check of the formula MFU.",
+        "hardware_flops_utilization",
+    ),
 )
 COUNTERS = (
     ("mfu_gpu_energy_joules", "Energy used by the GPU since the driver loaded.", "energy_joules"),
@@ -91,7 +118,11 @@ COUNTERS = (
     ("mfu_gpu_pcie_receive_bytes", "PCIe bytes received by the GPU.", "pcie_receive_bytes"),
 )
 
-READING_KEYS = tuple(key for _, _, key in GAUGES + COUNTERS) + ("ecc_corrected", "ecc_uncorrected", "clocks_event_reasons")
+READING_KEYS = tuple(key for _, _, key in GAUGES + COUNTERS) + (
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "clocks_event_reasons",
+)
 
 GPM_NOT_SUPPORTED = "not supported by this GPU (NVML GPM needs Hopper or newer)"
 GPM_MIG = "not read in MIG mode (GPM is per GPU instance there; per-instance metrics are not implemented)"
@@ -152,7 +183,9 @@ class _Gpu:
         self.throttle_labels = tuple((label, reason) for reason, _ in THROTTLE_REASONS)
         self.ecc_labels = ((label, "corrected"), (label, "uncorrected"))
         model = gpu_model(name)
-        self.peak_rows = tuple(((label, dtype), tflops * 1e12) for dtype, tflops in model.tflops.items()) if model else ()
+        self.peak_rows = (
+            tuple(((label, dtype), tflops * 1e12) for dtype, tflops in model.tflops.items()) if model else ()
+        )
         self.peak_clock_hz = model.peak_clock_mhz * 1e6 if model and model.peak_clock_mhz else None
         self.handle: Any = None
         self.lost_reason: str | None = None
@@ -180,25 +213,39 @@ class GpuSource:
 
     name = "gpu"
 
-    def __init__(self, nvml: Any, interval: float = 1.0, timeout: float = 5.0, retry_interval: float = 60.0,
-                 gpm: bool = True, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        nvml: Any,
+        interval: float = 1.0,
+        timeout: float = 5.0,
+        retry_interval: float = 60.0,
+        gpm: bool = True,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.interval = interval
         self.timeout = timeout
         self.retry_interval = retry_interval
         self._nvml = nvml
         self._gpm_enabled = gpm
         self._monotonic = monotonic
-        self._absent_codes = frozenset({nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml.NVML_ERROR_NO_PERMISSION})
+        self._absent_codes = frozenset(
+            {nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml.NVML_ERROR_NO_PERMISSION}
+        )
         # A field or GPM metric ID newer than the driver comes back INVALID_ARGUMENT: as absent as NOT_SUPPORTED.
         self._absent_id_codes = self._absent_codes | {nvml.NVML_ERROR_INVALID_ARGUMENT}
-        self._lost_codes = frozenset({nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED, nvml.NVML_ERROR_UNKNOWN})
+        self._lost_codes = frozenset(
+            {nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED, nvml.NVML_ERROR_UNKNOWN}
+        )
         self._init_reasons = {
             nvml.NVML_ERROR_LIBRARY_NOT_FOUND: "library_not_found",
             nvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
             nvml.NVML_ERROR_NO_PERMISSION: "no_permission",
             nvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_library_mismatch",
         }
-        self._clock_reasons_call = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self._clock_reasons_call = (
+            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         self._initialized = False
         self._gpus: dict[str, _Gpu] = {}
         self._ordered: list[_Gpu] = []
@@ -212,8 +259,13 @@ class GpuSource:
 
     @classmethod
     def from_config(cls, section: dict, nvml: Any) -> GpuSource:
-        return cls(nvml, interval=section["interval"], timeout=section["timeout"],
-                   retry_interval=section["retry_interval"], gpm=section["gpm"])
+        return cls(
+            nvml,
+            interval=section["interval"],
+            timeout=section["timeout"],
+            retry_interval=section["retry_interval"],
+            gpm=section["gpm"],
+        )
 
     # --- the cycle ------------------------------------------------------------------------------------------
 
@@ -253,8 +305,16 @@ class GpuSource:
         if not gpu.planned:
             self._plan(gpu)
         reading = self._blank.copy()
-        reading.update(index=gpu.index, uuid=gpu.uuid, name=gpu.name, up=True, mig=gpu.mig,
-                       throttle_reasons=[], xid_count=gpu.xid_total, sm_clock_max_hz=gpu.sm_clock_max_hz)
+        reading.update(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            up=True,
+            mig=gpu.mig,
+            throttle_reasons=[],
+            xid_count=gpu.xid_total,
+            sm_clock_max_hz=gpu.sm_clock_max_hz,
+        )
         utilization = call(gpu, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
         if utilization is not None:
             reading["utilization"] = utilization.gpu / 100
@@ -282,8 +342,10 @@ class GpuSource:
         if mask is not None:
             reading["clocks_event_reasons"] = mask
             reading["throttle_reasons"] = decode_throttle_reasons(mask)
-        for key, error_type in (("ecc_corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                                ("ecc_uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+        for key, error_type in (
+            ("ecc_corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ("ecc_uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        ):
             # Volatile counts: since the driver loaded, updated live (the aggregate ones lag in the infoROM).
             count = call(gpu, key, nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, nvml.NVML_VOLATILE_ECC)
             if count is not None:
@@ -297,8 +359,15 @@ class GpuSource:
 
     def _down_reading(self, gpu: _Gpu) -> dict[str, Any]:
         reading = self._blank.copy()
-        reading.update(index=gpu.index, uuid=gpu.uuid, name=gpu.name, up=False, mig=gpu.mig,
-                       throttle_reasons=[], xid_count=gpu.xid_total)
+        reading.update(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            up=False,
+            mig=gpu.mig,
+            throttle_reasons=[],
+            xid_count=gpu.xid_total,
+        )
         return reading
 
     # --- NVML calls -----------------------------------------------------------------------------------------
@@ -327,7 +396,7 @@ class GpuSource:
         """A bounded error label from the NVML error class: NVMLError_Timeout -> nvml_timeout."""
         name = type(exc).__name__
         if name.startswith("NVMLError_"):
-            return "nvml_" + _snake(name[len("NVMLError_"):])
+            return "nvml_" + _snake(name[len("NVMLError_") :])
         return f"nvml_error_{exc.value}"
 
     def _clock_event_reasons(self, handle: Any) -> int:
@@ -353,8 +422,11 @@ class GpuSource:
         gpu.field_request = [(field_id, scope) for _, field_id, scope, _ in gpu.field_specs]
         if gpu.gpm is not None:
             metrics = [(key, metric_id) for key, metric_id in GPM_ACTIVITY if f"gpm:{key}" not in gpu.unsupported]
-            metrics += [(key, GPM_RATES[key]) for key, _, _, _ in FIELD_COUNTERS
-                        if key in gpu.unsupported and f"gpm:{key}" not in gpu.unsupported]
+            metrics += [
+                (key, GPM_RATES[key])
+                for key, _, _, _ in FIELD_COUNTERS
+                if key in gpu.unsupported and f"gpm:{key}" not in gpu.unsupported
+            ]
             if metrics:
                 gpu.gpm.request_metrics(metrics)
             else:
@@ -512,7 +584,11 @@ class GpuSource:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
             reason = self._init_reasons.get(exc.value, "nvml_init_failed")
-            detail = "NVML library libnvidia-ml.so.1 not found" if reason == "library_not_found" else f"nvmlInit failed: {exc}"
+            detail = (
+                "NVML library libnvidia-ml.so.1 not found"
+                if reason == "library_not_found"
+                else f"nvmlInit failed: {exc}"
+            )
             raise self._unavailable(reason, detail) from None
         self._initialized = True
         try:
@@ -536,8 +612,12 @@ class GpuSource:
         self._reinit_at = now + self.retry_interval if missing else None
         if not self._gpus:
             self._close_session()
-            raise self._unavailable("no_gpus", "NVML found no GPU" if not self._unreachable else
-                                    "NVML lists GPUs but none answers: " + "; ".join(self._unreachable.values()))
+            raise self._unavailable(
+                "no_gpus",
+                "NVML found no GPU"
+                if not self._unreachable
+                else "NVML lists GPUs but none answers: " + "; ".join(self._unreachable.values()),
+            )
         self._logged.clear()  # a later outage is news again
 
     def _open_gpu(self, nvml_index: int, now: float) -> None:
@@ -591,8 +671,13 @@ class GpuSource:
         gpu.handle = None
         gpu.lost_reason = str(why)
         self._errors["gpu_lost"] += 1
-        log.warning("GPU %d (%s) lost: %s; the other GPUs keep reporting; NVML is re-initialised every %gs to find it",
-                    gpu.index, gpu.uuid, why, self.retry_interval)
+        log.warning(
+            "GPU %d (%s) lost: %s; the other GPUs keep reporting; NVML is re-initialised every %gs to find it",
+            gpu.index,
+            gpu.uuid,
+            why,
+            self.retry_interval,
+        )
         if self._reinit_at is None:
             self._reinit_at = now + self.retry_interval
 
@@ -639,27 +724,49 @@ class GpuSource:
         notes: dict[str, list[int]] = {}
         gpus = []
         for gpu, reading, _ in rows:
-            gpus.append({
-                "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
-                "up": reading["up"], "lost_reason": gpu.lost_reason, "mig": gpu.mig, "gpm": gpu.gpm_note,
-                "unsupported": dict(gpu.unsupported), "xid_errors": gpu.xid_total,
-                # the readings the status page shows
-                "utilization": reading["utilization"], "tensor_active": reading["tensor_active"],
-                "hardware_flops_utilization": reading["hardware_flops_utilization"], "sm_clock_hz": reading["sm_clock_hz"],
-                "temperature_celsius": reading["temperature"], "power_watts": reading["power_watts"],
-                "throttle": reading["throttle_reasons"],
-            })
+            gpus.append(
+                {
+                    "index": gpu.index,
+                    "uuid": gpu.uuid,
+                    "name": gpu.name,
+                    "pci_bus_id": gpu.pci_bus_id,
+                    "up": reading["up"],
+                    "lost_reason": gpu.lost_reason,
+                    "mig": gpu.mig,
+                    "gpm": gpu.gpm_note,
+                    "unsupported": dict(gpu.unsupported),
+                    "xid_errors": gpu.xid_total,
+                    # the readings the status page shows
+                    "utilization": reading["utilization"],
+                    "tensor_active": reading["tensor_active"],
+                    "hardware_flops_utilization": reading["hardware_flops_utilization"],
+                    "sm_clock_hz": reading["sm_clock_hz"],
+                    "temperature_celsius": reading["temperature"],
+                    "power_watts": reading["power_watts"],
+                    "throttle": reading["throttle_reasons"],
+                }
+            )
             if not reading["up"]:
-                notes.setdefault(f"lost ({gpu.lost_reason}); NVML is re-initialised every {self.retry_interval:g}s to find it", []).append(gpu.index)
+                notes.setdefault(
+                    f"lost ({gpu.lost_reason}); NVML is re-initialised every {self.retry_interval:g}s to find it", []
+                ).append(gpu.index)
                 continue
             if gpu.mig:
-                notes.setdefault("in MIG mode: NVML reports no utilization and GPM is per instance there (not read yet); "
-                                 "identity, memory, clocks, power, temperature, throttling and errors are still exported", []).append(gpu.index)
+                notes.setdefault(
+                    "in MIG mode: NVML reports no utilization and GPM is per instance there (not read yet); "
+                    "identity, memory, clocks, power, temperature, throttling and errors are still exported",
+                    [],
+                ).append(gpu.index)
             elif gpu.gpm_note != "active":
                 notes.setdefault(f"no tensor/SM/DRAM activity series: GPM {gpu.gpm_note}", []).append(gpu.index)
             elif gpu.peak_clock_hz is None:
-                notes.setdefault(f"no hardware FLOPs estimate: the reference tensor clock of {gpu.name} is not in the peak table", []).append(gpu.index)
-        lines = [f"GPU{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}: {text}" for text, indices in notes.items()]
+                notes.setdefault(
+                    f"no hardware FLOPs estimate: the reference tensor clock of {gpu.name} is not in the peak table", []
+                ).append(gpu.index)
+        lines = [
+            f"GPU{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}: {text}"
+            for text, indices in notes.items()
+        ]
         lines += [f"cannot open {detail}" for detail in self._unreachable.values()]
         return {
             "driver_version": self._driver[0] if self._driver else None,
@@ -674,7 +781,8 @@ def _field_number(value: Any) -> float:
     return getattr(value.value, _VALUE_MEMBERS[value.valueType])
 
 
-# nvml.h nvmlValueType_t: DOUBLE, UNSIGNED_INT, UNSIGNED_LONG, UNSIGNED_LONG_LONG, SIGNED_LONG_LONG, SIGNED_INT, UNSIGNED_SHORT.
+# nvml.h nvmlValueType_t: DOUBLE, UNSIGNED_INT, UNSIGNED_LONG, UNSIGNED_LONG_LONG, SIGNED_LONG_LONG, SIGNED_INT,
+# UNSIGNED_SHORT.
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
@@ -685,10 +793,20 @@ def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
     up = GaugeMetricFamily("mfu_gpu_up", "1 while the GPU answers NVML, 0 once it is lost.", labels=gpu_label)
     gauges = [(GaugeMetricFamily(name, text, labels=gpu_label), key) for name, text, key in GAUGES]
     counters = [(CounterMetricFamily(name, text, labels=gpu_label), key) for name, text, key in COUNTERS]
-    throttle = GaugeMetricFamily("mfu_gpu_throttle_active", "1 while this clock-event reason holds the SM clock down.", labels=["gpu", "reason"])
-    xid = CounterMetricFamily("mfu_gpu_xid_errors", "Xid errors NVML reported for the GPU since the exporter started.", labels=["gpu", "xid"])
-    ecc = CounterMetricFamily("mfu_gpu_ecc_errors", "ECC memory errors since the driver loaded.", labels=["gpu", "kind"])
-    peak = GaugeMetricFamily("mfu_gpu_peak_flops", "Dense tensor peak FLOP/s of the GPU's model for each dtype (the peak table).", labels=["gpu", "dtype"])
+    throttle = GaugeMetricFamily(
+        "mfu_gpu_throttle_active", "1 while this clock-event reason holds the SM clock down.", labels=["gpu", "reason"]
+    )
+    xid = CounterMetricFamily(
+        "mfu_gpu_xid_errors", "Xid errors NVML reported for the GPU since the exporter started.", labels=["gpu", "xid"]
+    )
+    ecc = CounterMetricFamily(
+        "mfu_gpu_ecc_errors", "ECC memory errors since the driver loaded.", labels=["gpu", "kind"]
+    )
+    peak = GaugeMetricFamily(
+        "mfu_gpu_peak_flops",
+        "Dense tensor peak FLOP/s of the GPU's model for each dtype (the peak table).",
+        labels=["gpu", "dtype"],
+    )
     for gpu, reading, xid_rows in rows:
         info.add_metric(gpu.labels, gpu.identity)
         up.add_metric(gpu.labels, 1.0 if reading["up"] else 0.0)

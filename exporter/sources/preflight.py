@@ -1,7 +1,7 @@
 """The preflight checks as a daemon source: rerun every few minutes, exported as ``mfu_preflight_check_ok{check}``.
 
 A fleet dashboard then shows misconfigured nodes before jobs land on them, and ``MfuPreflightFailed`` alerts on
-them. The checks themselves live in ``exporter.preflight`` (shared with ``mfu-exporter check``).
+them. The checks themselves live in ``exporter.preflight.checks`` (shared with ``mfu-exporter check``).
 """
 
 from __future__ import annotations
@@ -12,15 +12,25 @@ from typing import Any, Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.nic_qos import KernelNicQos, NicQos
-from exporter.preflight import CheckResult, PreflightSettings, Status, gather, read_env_file, results_json, run_checks
+from exporter.node.nic_qos import KernelNicQos, NicQos
+from exporter.preflight.checks import (
+    CheckResult,
+    PreflightSettings,
+    Status,
+    gather,
+    read_env_file,
+    results_json,
+    run_checks,
+)
 from exporter.sources.base import Snapshot
 
 
 def check_families(results: list[CheckResult]) -> Iterable[Metric]:
-    ok = GaugeMetricFamily("mfu_preflight_check_ok",
-                           "1 when the preflight check passes (PASS or WARN), 0 when it FAILs; absent when it does not apply.",
-                           labels=["check"])
+    ok = GaugeMetricFamily(
+        "mfu_preflight_check_ok",
+        "1 when the preflight check passes (PASS or WARN), 0 when it FAILs; absent when it does not apply.",
+        labels=["check"],
+    )
     for result in results:
         if result.status != Status.SKIP:
             ok.add_metric([result.check], 0.0 if result.status == Status.FAIL else 1.0)
@@ -30,8 +40,17 @@ def check_families(results: list[CheckResult]) -> Iterable[Metric]:
 class PreflightSource:
     name = "preflight"
 
-    def __init__(self, settings: PreflightSettings, sysfs: str, procfs: str, nvml: Any, qos: NicQos | None = None,
-                 nccl_env_file: str | None = None, interval: float = 300.0, timeout: float = 30.0):
+    def __init__(
+        self,
+        settings: PreflightSettings,
+        sysfs: str,
+        procfs: str,
+        nvml: Any,
+        qos: NicQos | None = None,
+        nccl_env_file: str | None = None,
+        interval: float = 300.0,
+        timeout: float = 30.0,
+    ):
         self.settings = settings
         self.sysfs = sysfs
         self.procfs = procfs
@@ -43,8 +62,15 @@ class PreflightSource:
 
     @classmethod
     def from_config(cls, section: dict, sysfs: str, procfs: str, nvml: Any) -> PreflightSource:
-        return cls(PreflightSettings.from_config(section), sysfs, procfs, nvml, nccl_env_file=section["nccl_env_file"],
-                   interval=section["interval"], timeout=section["timeout"])
+        return cls(
+            PreflightSettings.from_config(section),
+            sysfs,
+            procfs,
+            nvml,
+            nccl_env_file=section["nccl_env_file"],
+            interval=section["interval"],
+            timeout=section["timeout"],
+        )
 
     def sample(self) -> Snapshot:
         errors: Counter = Counter()
@@ -56,8 +82,12 @@ class PreflightSource:
                 errors["nccl_env_file_unreadable"] += 1  # the NCCL checks SKIP, saying no environment was given
         facts = gather(self.settings, self.sysfs, self.procfs, nvml=self.nvml, qos=self.qos, nccl_env=env)
         results = run_checks(facts, self.settings)
-        return Snapshot(render=lambda: check_families(results), errors=errors, status=results_json(results),
-                        data={"results": results})
+        return Snapshot(
+            render=lambda: check_families(results),
+            errors=errors,
+            status=results_json(results),
+            data={"results": results},
+        )
 
     def close(self) -> None:
         """Nothing to release: each run opens and closes what it reads."""

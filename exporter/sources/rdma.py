@@ -27,19 +27,24 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Pattern
+from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.counters import Changes, CounterHistory
+from exporter.node.counters import Changes, CounterHistory
+from exporter.node.rdma import (
+    RdmaPort,
+    discover_ports,
+    list_devices,
+    parse_rate_gbps,
+    state_name,
+)
 from exporter.sources.base import Snapshot, SourceUnavailable
 
-STATE_ACTIVE = "ACTIVE"
 # port_rcv_data / port_xmit_data count 4-octet words: the kernel ABI says "divided by 4 (lanes)", and mlx5
 # literally shifts the octet count right by 2. The factor is always 4, never the link width.
 OCTETS_PER_DATA_WORD = 4
@@ -53,19 +58,46 @@ PACKET_COUNTERS = {"port_rcv_packets": "received", "port_xmit_packets": "transmi
 NOT_COUNTERS = frozenset({"lifespan"})
 
 # counters/ that mean lost or corrupted traffic; a non-zero delta is worth showing.
-PORT_ERROR_COUNTERS = frozenset({
-    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
-    "port_rcv_switch_relay_errors", "port_rcv_discards", "port_xmit_discards", "port_xmit_constraint_errors",
-    "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped",
-})
+PORT_ERROR_COUNTERS = frozenset(
+    {
+        "symbol_error",
+        "link_error_recovery",
+        "link_downed",
+        "port_rcv_errors",
+        "port_rcv_remote_physical_errors",
+        "port_rcv_switch_relay_errors",
+        "port_rcv_discards",
+        "port_xmit_discards",
+        "port_xmit_constraint_errors",
+        "port_rcv_constraint_errors",
+        "local_link_integrity_errors",
+        "excessive_buffer_overrun_errors",
+        "VL15_dropped",
+    }
+)
 # hw_counters/ that mean drops, retransmissions or broken connections on a supposedly lossless fabric.
-HW_ERROR_COUNTERS = frozenset({
-    "out_of_buffer", "out_of_sequence", "packet_seq_err", "implied_nak_seq_err", "local_ack_timeout_err",
-    "rnr_nak_retry_err", "duplicate_request", "req_cqe_error", "resp_cqe_error", "req_remote_invalid_request",
-    "req_remote_access_errors", "resp_remote_access_errors", "resp_local_length_error",
-    "req_transport_retries_exceeded", "req_rnr_retries_exceeded", "rx_icrc_encapsulated", "roce_adp_retrans",
-    "roce_adp_retrans_to",
-})
+HW_ERROR_COUNTERS = frozenset(
+    {
+        "out_of_buffer",
+        "out_of_sequence",
+        "packet_seq_err",
+        "implied_nak_seq_err",
+        "local_ack_timeout_err",
+        "rnr_nak_retry_err",
+        "duplicate_request",
+        "req_cqe_error",
+        "resp_cqe_error",
+        "req_remote_invalid_request",
+        "req_remote_access_errors",
+        "resp_remote_access_errors",
+        "resp_local_length_error",
+        "req_transport_retries_exceeded",
+        "req_rnr_retries_exceeded",
+        "rx_icrc_encapsulated",
+        "roce_adp_retrans",
+        "roce_adp_retrans_to",
+    }
+)
 # DCQCN: ECN marks seen and CNPs sent by the notification point, CNPs acted on or ignored by the reaction point.
 CONGESTION_COUNTERS = frozenset({"np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored"})
 
@@ -73,192 +105,41 @@ CONGESTION_COUNTERS = frozenset({"np_ecn_marked_roce_packets", "np_cnp_sent", "r
 # congestion counters and rx_icrc_encapsulated are 64-bit. The narrow PMA error fields (symbol_error is 16 bits,
 # link_downed 8) saturate instead of wrapping, so a decrease there is a reset and needs no width.
 PORT_COUNTER_WIDTHS = {"port_xmit_wait": 32}
-HW_COUNTER_WIDTHS = dict.fromkeys((
-    "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect", "out_of_buffer",
-    "out_of_sequence", "duplicate_request", "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err",
-    "local_ack_timeout_err", "resp_local_length_error", "resp_cqe_error", "req_cqe_error",
-    "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors", "resp_cqe_flush_error",
-    "req_cqe_flush_error", "req_transport_retries_exceeded", "req_rnr_retries_exceeded", "roce_adp_retrans",
-    "roce_adp_retrans_to", "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
-), 32)
+HW_COUNTER_WIDTHS = dict.fromkeys(
+    (
+        "rx_write_requests",
+        "rx_read_requests",
+        "rx_atomic_requests",
+        "rx_dct_connect",
+        "out_of_buffer",
+        "out_of_sequence",
+        "duplicate_request",
+        "rnr_nak_retry_err",
+        "packet_seq_err",
+        "implied_nak_seq_err",
+        "local_ack_timeout_err",
+        "resp_local_length_error",
+        "resp_cqe_error",
+        "req_cqe_error",
+        "req_remote_invalid_request",
+        "req_remote_access_errors",
+        "resp_remote_access_errors",
+        "resp_cqe_flush_error",
+        "req_cqe_flush_error",
+        "req_transport_retries_exceeded",
+        "req_rnr_retries_exceeded",
+        "roce_adp_retrans",
+        "roce_adp_retrans_to",
+        "roce_slow_restart",
+        "roce_slow_restart_cnps",
+        "roce_slow_restart_trans",
+    ),
+    32,
+)
 
-_RATE_GBPS = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
-_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-_DIGITS = re.compile(r"(\d+)")
 _UNSUPPORTED_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.EINVAL})
 _GONE_ERRNOS = frozenset({errno.ENODEV, errno.ENOENT, errno.ENXIO})
 _DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
-# phys_port_name of an eswitch representor: PF number then VF or SF number. The uplink's is "p0", and netdevs of
-# drivers without switchdev fail the read (EOPNOTSUPP).
-_REPRESENTOR_PORT_NAME = re.compile(r"^pf\d+(?:vf|sf)\d+$")
-
-
-@dataclass(frozen=True)
-class RdmaPort:
-    """One port of an RDMA device as sysfs describes it. Fields sysfs lacks are None."""
-
-    device: str  # IB device name, e.g. mlx5_0
-    port: int
-    link_layer: str | None  # "InfiniBand" or "Ethernet" (RoCE)
-    netdev: str | None  # the RoCE port's network interface, from gid_attrs/ndevs
-    state: str | None  # "ACTIVE", "DOWN", "INIT", "ARMED"...
-    physical_state: str | None  # "LinkUp", "Disabled", "Polling"...
-    rate: str | None  # as sysfs writes it: "400 Gb/sec (4X NDR)"
-    rate_gbps: float | None
-    pci_address: str | None  # of the device's PCI function, e.g. 0000:3b:00.0
-    numa_node: int | None
-    virtual_function: bool  # an SR-IOV VF seen from the host (its PCI function has physfn)
-    path: str  # the port directory
-
-    @property
-    def active(self) -> bool:
-        return self.state == STATE_ACTIVE
-
-    @property
-    def key(self) -> str:
-        return f"{self.device}/{self.port}"
-
-
-class NameFilter:
-    """Include/exclude regex lists on names; a name passes when an include pattern and no exclude pattern matches.
-
-    Patterns are searched (``re.search``), so ``^lo$`` and ``.*vf.*`` both mean what they say.
-    """
-
-    def __init__(self, include: Iterable[str | Pattern], exclude: Iterable[str | Pattern] = ()):
-        self._include = _any_of(include)
-        self._exclude = _any_of(exclude)
-
-    def __call__(self, name: str) -> bool:
-        if self._include is None or not self._include.search(name):
-            return False
-        return self._exclude is None or not self._exclude.search(name)
-
-
-def _any_of(patterns: Iterable[str | Pattern]) -> Pattern | None:
-    sources = [p.pattern if isinstance(p, re.Pattern) else p for p in patterns]
-    return re.compile("|".join(f"(?:{s})" for s in sources)) if sources else None
-
-
-def natural_key(name: str) -> tuple:
-    """mlx5_2 before mlx5_10."""
-    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
-
-
-def _state_name(text: str | None) -> str | None:
-    """``4: ACTIVE`` -> ``ACTIVE``."""
-    if not text:
-        return None
-    return text.split(":", 1)[1].strip() if ":" in text else text
-
-
-def parse_rate_gbps(rate: str | None) -> float | None:
-    match = _RATE_GBPS.match(rate) if rate else None
-    return float(match.group(1)) if match else None
-
-
-def _port_netdev(port_path: str) -> str | None:
-    """The netdev of the port's first populated GID entry (RoCE). Unpopulated entries fail to read."""
-    ndevs = os.path.join(port_path, "gid_attrs", "ndevs")
-    try:
-        indices = sorted((name for name in os.listdir(ndevs) if name.isdigit()), key=int)
-    except OSError:
-        return None
-    for index in indices:
-        name = _read_text(os.path.join(ndevs, index))
-        if name:
-            return name
-    return None
-
-
-def is_representor(sysfs_root: str, netdev: str) -> bool:
-    """Whether ``netdev`` is a switchdev representor, from ``class/net/<netdev>/phys_port_name``."""
-    name = _read_text(os.path.join(sysfs_root, "class", "net", netdev, "phys_port_name"))
-    return bool(name and _REPRESENTOR_PORT_NAME.match(name))
-
-
-def _pci_function(device_path: str) -> tuple[str | None, int | None, bool]:
-    """PCI address, NUMA node and whether it is a virtual function, from the device's ``device`` link."""
-    link = os.path.join(device_path, "device")
-    try:
-        address = os.path.basename(os.readlink(link))
-    except OSError:
-        address = None
-    if address is not None and not _PCI_ADDRESS.match(address):
-        address = None
-    numa_text = _read_text(os.path.join(link, "numa_node"))
-    try:
-        numa_node = int(numa_text) if numa_text is not None else None
-    except ValueError:
-        numa_node = None
-    if numa_node is not None and numa_node < 0:
-        numa_node = None
-    return address, numa_node, os.path.lexists(os.path.join(link, "physfn"))
-
-
-def list_devices(sysfs_root: str) -> list[str] | None:
-    """Names under ``class/infiniband`` in natural order; None when the directory does not exist."""
-    try:
-        return sorted(os.listdir(os.path.join(sysfs_root, "class", "infiniband")), key=natural_key)
-    except OSError:
-        return None
-
-
-def discover_ports(sysfs_root: str, include: Iterable[str | Pattern] = (".*",),
-                   exclude: Iterable[str | Pattern] = (), *, virtual_functions: bool = False,
-                   representors: bool = False) -> list[RdmaPort]:
-    """Every port of the RDMA devices under ``<sysfs_root>/class/infiniband`` whose device name passes the filters.
-
-    ``include``/``exclude`` are regexes searched in the device name. Virtual functions seen from the host are
-    left out unless ``virtual_functions`` (inside a guest a passed-through VF looks like any device and stays).
-    Ports whose netdev is a switchdev representor (``is_representor``) are left out unless ``representors``:
-    they carry a VF's traffic as the eswitch sees it, not the node's fabric.
-    Never raises: a device or file sysfs lacks yields fewer ports or None fields.
-    """
-    accept = NameFilter(include, exclude)
-    ports: list[RdmaPort] = []
-    for device in list_devices(sysfs_root) or []:
-        if not accept(device):
-            continue
-        device_path = os.path.join(sysfs_root, "class", "infiniband", device)
-        pci_address, numa_node, virtual_function = _pci_function(device_path)
-        if virtual_function and not virtual_functions:
-            continue
-        ports_path = os.path.join(device_path, "ports")
-        try:
-            numbers = sorted(int(name) for name in os.listdir(ports_path) if name.isdigit())
-        except OSError:
-            continue
-        for number in numbers:
-            path = os.path.join(ports_path, str(number))
-            link_layer = _read_text(os.path.join(path, "link_layer")) or None
-            netdev = _port_netdev(path) if link_layer != "InfiniBand" else None
-            if netdev is not None and not representors and is_representor(sysfs_root, netdev):
-                continue
-            rate = _read_text(os.path.join(path, "rate")) or None
-            ports.append(RdmaPort(
-                device=device,
-                port=number,
-                link_layer=link_layer,
-                netdev=netdev,
-                state=_state_name(_read_text(os.path.join(path, "state"))),
-                physical_state=_state_name(_read_text(os.path.join(path, "phys_state"))),
-                rate=rate,
-                rate_gbps=parse_rate_gbps(rate),
-                pci_address=pci_address,
-                numa_node=numa_node,
-                virtual_function=virtual_function,
-                path=path,
-            ))
-    return ports
 
 
 class _Gone(Exception):
@@ -349,8 +230,14 @@ class PortReading:
     def as_json(self) -> dict:
         port = self.port
         return {
-            "device": port.device, "port": port.port, "netdev": port.netdev, "link_layer": port.link_layer,
-            "state": port.state, "rate": port.rate, "rate_gbps": port.rate_gbps, "pci_address": port.pci_address,
+            "device": port.device,
+            "port": port.port,
+            "netdev": port.netdev,
+            "link_layer": port.link_layer,
+            "state": port.state,
+            "rate": port.rate,
+            "rate_gbps": port.rate_gbps,
+            "pci_address": port.pci_address,
             "numa_node": port.numa_node,
             "receive_bytes_per_second": self.receive_bytes_per_second,
             "transmit_bytes_per_second": self.transmit_bytes_per_second,
@@ -463,11 +350,19 @@ class RdmaSource:
 
     name = "rdma"
 
-    def __init__(self, sysfs_root: str = "/sys", devices_include: Iterable[str] = (".*",),
-                 devices_exclude: Iterable[str] = (), virtual_functions: bool = False,
-                 interval: float = 1.0, timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 max_open_files: int = DEFAULT_MAX_OPEN_FILES, rediscover_interval: float = REDISCOVER_INTERVAL,
-                 representors: bool = False):
+    def __init__(
+        self,
+        sysfs_root: str = "/sys",
+        devices_include: Iterable[str] = (".*",),
+        devices_exclude: Iterable[str] = (),
+        virtual_functions: bool = False,
+        interval: float = 1.0,
+        timeout: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+        rediscover_interval: float = REDISCOVER_INTERVAL,
+        representors: bool = False,
+    ):
         self.interval = interval
         self.timeout = timeout
         self._sysfs_root = sysfs_root
@@ -491,8 +386,13 @@ class RdmaSource:
             opened.close()
         previous = set(self._ports)
         budget = _FileBudget(self._max_open_files)
-        discovered = discover_ports(self._sysfs_root, self._include, self._exclude,
-                                    virtual_functions=self._virtual_functions, representors=self._representors)
+        discovered = discover_ports(
+            self._sysfs_root,
+            self._include,
+            self._exclude,
+            virtual_functions=self._virtual_functions,
+            representors=self._representors,
+        )
         self._known_bad = {port.key: self._known_bad.get(port.key, set()) for port in discovered}
         self._ports = {port.key: _OpenPort(port, budget, errors, self._known_bad[port.key]) for port in discovered}
         removed = len(previous - set(self._ports))
@@ -513,8 +413,11 @@ class RdmaSource:
             self._rediscover(listed, errors)
         if not self._ports:
             where = os.path.join(self._sysfs_root, "class", "infiniband")
-            detail = (f"{where} does not exist (no RDMA driver loaded)" if listed is None
-                      else f"no ports of an included device under {where} (devices: {', '.join(listed) or 'none'})")
+            detail = (
+                f"{where} does not exist (no RDMA driver loaded)"
+                if listed is None
+                else f"no ports of an included device under {where} (devices: {', '.join(listed) or 'none'})"
+            )
             raise SourceUnavailable("no_devices", detail, retry_after=RETRY_WHEN_NO_PORTS)
         readings: list[PortReading] = []
         labels_of: list[tuple[tuple, dict[str, tuple]]] = []
@@ -539,7 +442,7 @@ class RdmaSource:
     def _read_port(self, key: str, opened: _OpenPort, errors: Counter) -> PortReading:
         now = self._clock()
         port = opened.port
-        state = _state_name(_read_attribute(opened.state_file))
+        state = state_name(_read_attribute(opened.state_file))
         rate = _read_attribute(opened.rate_file)
         if state != port.state or rate != port.rate:
             port = opened.port = dataclasses.replace(port, state=state, rate=rate, rate_gbps=parse_rate_gbps(rate))
@@ -548,8 +451,9 @@ class RdmaSource:
         histories = self._histories.get(key)
         if histories is None:
             histories = self._histories[key] = (CounterHistory(PORT_COUNTER_WIDTHS), CounterHistory(HW_COUNTER_WIDTHS))
-        return PortReading(port, counters, hw_counters, histories[0].update(now, counters),
-                           histories[1].update(now, hw_counters))
+        return PortReading(
+            port, counters, hw_counters, histories[0].update(now, counters), histories[1].update(now, hw_counters)
+        )
 
     def close(self) -> None:
         for opened in self._ports.values():
@@ -560,28 +464,41 @@ class RdmaSource:
 
 def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, tuple]]]) -> Iterator[Metric]:
     labels = ["device", "port"]
-    info = GaugeMetricFamily("mfu_rdma_port_info", "RDMA port facts; always 1.",
-                             labels=["device", "port", "link_layer", "netdev", "state", "rate"])
+    info = GaugeMetricFamily(
+        "mfu_rdma_port_info",
+        "RDMA port facts; always 1.",
+        labels=["device", "port", "link_layer", "netdev", "state", "rate"],
+    )
     up = GaugeMetricFamily("mfu_rdma_port_up", "1 when the RDMA port state is ACTIVE.", labels=labels)
     speed = GaugeMetricFamily("mfu_rdma_port_rate_bytes_per_second", "Link rate of the RDMA port.", labels=labels)
     data = {
-        direction: CounterMetricFamily(f"mfu_rdma_port_data_{direction}_bytes",
-                                       f"Bytes {direction} on the RDMA port (port_{short}_data x 4).", labels=labels)
+        direction: CounterMetricFamily(
+            f"mfu_rdma_port_data_{direction}_bytes",
+            f"Bytes {direction} on the RDMA port (port_{short}_data x 4).",
+            labels=labels,
+        )
         for direction, short in (("received", "rcv"), ("transmitted", "xmit"))
     }
     packets = {
-        direction: CounterMetricFamily(f"mfu_rdma_port_packets_{direction}",
-                                       f"Packets {direction} on the RDMA port (port_{short}_packets).", labels=labels)
+        direction: CounterMetricFamily(
+            f"mfu_rdma_port_packets_{direction}",
+            f"Packets {direction} on the RDMA port (port_{short}_packets).",
+            labels=labels,
+        )
         for direction, short in (("received", "rcv"), ("transmitted", "xmit"))
     }
     counter_labels = ["device", "port", "counter"]
     # Plural like the sysfs directories they mirror; promtool's lint rejects "_counter_" inside a metric name.
-    other = CounterMetricFamily("mfu_rdma_port_counters",
-                                "Other files of the port's counters/ directory (PMA port counters), raw.",
-                                labels=counter_labels)
-    hardware = CounterMetricFamily("mfu_rdma_hw_counters",
-                                   "Files of the port's hw_counters/ directory (driver and congestion counters), raw.",
-                                   labels=counter_labels)
+    other = CounterMetricFamily(
+        "mfu_rdma_port_counters",
+        "Other files of the port's counters/ directory (PMA port counters), raw.",
+        labels=counter_labels,
+    )
+    hardware = CounterMetricFamily(
+        "mfu_rdma_hw_counters",
+        "Files of the port's hw_counters/ directory (driver and congestion counters), raw.",
+        labels=counter_labels,
+    )
     for reading, (base, counter_labels) in zip(readings, labels_of):
         port = reading.port
         info.add_metric([*base, port.link_layer or "", port.netdev or "", port.state or "", port.rate or ""], 1)
@@ -603,7 +520,7 @@ def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, 
 
 
 def build_rdma_source(section: dict, paths) -> RdmaSource:
-    """Factory for ``exporter.runtime.SOURCE_FACTORIES``: the ``sources.rdma`` config section and the paths."""
+    """Factory for ``exporter.service.SOURCE_FACTORIES``: the ``sources.rdma`` config section and the paths."""
     return RdmaSource(
         sysfs_root=paths.sysfs,
         devices_include=section["devices_include"],

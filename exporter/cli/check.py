@@ -1,0 +1,55 @@
+"""``mfu-exporter check``: the preflight checks of this node, as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import pynvml
+
+from exporter.cli.flags import add_flag, add_path_flags
+from exporter.config import ConfigError, load_config
+from exporter.node.nic_qos import NicQos
+from exporter.preflight.checks import (
+    PreflightSettings,
+    Status,
+    gather,
+    read_env_file,
+    render_table,
+    results_json,
+    run_checks,
+)
+
+CHECK_HELP = "Check this node for what a distributed training job needs (read-only); exit 1 when a check FAILs."
+
+
+def add_check_flags(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "--config", "YAML config file; thresholds come from sources.preflight", metavar="FILE")
+    add_path_flags(parser)
+    parser.add_argument(
+        "--env-file",
+        metavar="FILE",
+        help="the job's environment (KEY=VALUE lines) for the NCCL checks; default: this shell's environment",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run_check(args: argparse.Namespace, nvml: Any = pynvml, qos: NicQos | None = None, out=sys.stdout) -> int:
+    settings = PreflightSettings.from_config(load_config(args.config)["sources"]["preflight"])
+    try:
+        env = read_env_file(args.env_file) if args.env_file else dict(os.environ)
+    except OSError as exc:
+        raise ConfigError(args.env_file, "", f"a readable env file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(args.env_file, "", f"a UTF-8 text file (byte {exc.start} is not UTF-8)") from None
+    facts = gather(settings, args.sysfs, args.procfs, nvml=nvml, qos=qos, nccl_env=env)
+    results = run_checks(facts, settings)
+    if args.json:
+        json.dump(results_json(results), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render_table(results) + "\n")
+    return 1 if any(r.status == Status.FAIL for r in results) else 0

@@ -1,0 +1,28 @@
+"""``mfu-exporter run``: the exporter daemon (the default command)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from exporter.cli.flags import add_daemon_flags, load_daemon_config
+from exporter.service import build_service
+from exporter.sources import build_sources, require_sources
+from exporter.sources.base import Paths
+from exporter.web.app import serve
+
+RUN_HELP = "Run the exporter daemon (the default command)."
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    add_daemon_flags(parser)
+
+
+def run_daemon(args: argparse.Namespace) -> int:
+    config = load_daemon_config(args)
+    paths = Paths(args.sysfs, args.procfs)
+    sources = build_sources(config, paths)
+    require_sources(config, sources, args.config)
+    runtime = build_service(config, sources, paths=paths)
+    asyncio.run(serve(runtime))
+    return 0

@@ -1,0 +1,302 @@
+"""Where did the MFU go: each second, the gap between a job's healthy baseline and its current MFU gets one cause.
+
+Causes, in order of precedence (the first whose signal is present wins, so overlapping faults resolve the same way
+on every node and in the cluster rules):
+
+1. ``gpu_lost``    a GPU of the job is off the bus (NVML GpuIsLost, Unknown)
+2. ``checkpoint``  a checkpoint write of the job is in progress
+3. ``network``     a NIC of the job paused over the threshold, a pause storm, RDMA retransmissions/timeouts, or CNPs at or
+                   over a fixed rate (``cnp_per_second``, the level the cluster rules use too; not a rise over the job's
+                   healthy rate, so set it above the CNP rate the job sees when healthy)
+4. ``thermal``     a GPU of the job throttles for heat
+5. ``power``       a GPU of the job throttles for power (power cap, power brake, HW slowdown)
+6. ``stalled``     no progress at all
+7. ``input``       the job's GPUs are mostly idle with none of the above: data loading or host side
+8. ``unknown``     a gap and no signal that explains it
+
+A job's NICs are the RDMA devices nearest each of its GPUs by PCIe topology (same switch, else same host bridge or
+NUMA node: the path its GPUDirect traffic takes), so on a node shared by jobs one job's paused NIC does not blame
+the other; every NIC of the node counts when the job has all the node's GPUs or the topology does not place a GPU,
+and the evidence says so.
+
+``none`` means the job runs within ``tolerance`` of its baseline. The baseline is the job's ``expected_mfu`` when
+configured, else a high percentile of its recent MFU. Every evaluation adds
+GPUs × (baseline − MFU) ÷ baseline × Δt to ``mfu_job_lost_gpu_seconds_total{cause}``, so a stacked rate of it shows
+where the capacity went. This module reads the sources' latest snapshot data; it never calls a source.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from exporter.model.jobs import JobView
+
+CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")
+THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
+POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
+# hw_counters that mean the transport retransmitted or timed out: traffic the collective waited for.
+RETRANSMIT_COUNTERS = frozenset(
+    {
+        "out_of_sequence",
+        "packet_seq_err",
+        "implied_nak_seq_err",
+        "local_ack_timeout_err",
+        "rnr_nak_retry_err",
+        "req_transport_retries_exceeded",
+        "roce_adp_retrans",
+        "roce_adp_retrans_to",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    tolerance: float = 0.10  # a gap under 10% of the baseline is noise: cause "none"
+    pause_ratio: float = 0.05  # share of time a port was paused
+    cnp_per_second: float = 1000.0  # a fixed level, not a rise: above what the job's ports see when healthy
+    idle_utilization: float = 0.5  # mean GPU utilization under which GPUs count as mostly idle
+    baseline_window: float = 3600.0
+    baseline_percentile: float = 0.9
+    baseline_min_samples: int = 30
+    baseline_interval: float = 10.0
+
+    @classmethod
+    def from_config(cls, section: dict) -> "Thresholds":
+        return cls(**{k: section[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass
+class Verdict:
+    cause: str
+    evidence: str
+    baseline: float | None
+    lost_fraction: float  # (baseline − MFU) ÷ baseline, 0 when healthy
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause,
+            "evidence": self.evidence,
+            "baseline_mfu": self.baseline,
+            "lost_fraction": self.lost_fraction,
+        }
+
+
+@dataclass
+class NodeSignals:
+    """What this node's sources last saw, in the shapes their snapshots carry (``Snapshot.data``)."""
+
+    gpus: dict[int, dict] = field(default_factory=dict)  # GPU source: index -> readings
+    interfaces: dict[str, Any] = field(default_factory=dict)  # ethtool source: name -> InterfaceReading
+    ports: dict[str, Any] = field(default_factory=dict)  # rdma source: key -> PortReading
+    gpu_pci_bus_ids: dict[int, str] = field(default_factory=dict)  # GPU source: index -> NVML bus ID, to find its NICs
+    checkpoint: Callable[[str], dict | None] = lambda job: None  # the tracker's view of a job's writes
+    # (GPU's NVML bus ID, ((RDMA device, PCI address), ...)) -> the devices on the shortest PCIe path from the GPU.
+    # The service binds it to the node's sysfs (``exporter.node.pci.nearest_devices``); the default places nothing.
+    nearest_nics: Callable[[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = lambda bus_id, nics: ()
+
+
+@dataclass(frozen=True)
+class JobNics:
+    """The NICs whose trouble counts against a job: its GPUs' nearest RDMA devices, or (``nearest_to`` None) every NIC."""
+
+    nearest_to: dict[str, tuple[int, ...]] | None  # RDMA device -> the job's GPUs it is nearest to
+    every_nic_reason: str = ""
+
+    def why(self, devices: Iterable[str]) -> str | None:
+        """Why trouble on a NIC carrying these RDMA devices is the job's, for the evidence; None when it is not."""
+        if self.nearest_to is None:
+            return self.every_nic_reason
+        gpus = sorted({gpu for device in devices for gpu in self.nearest_to.get(device, ())})
+        return f"nearest NIC of the job's GPU {', '.join(map(str, gpus))}" if gpus else None
+
+
+def job_nics(job_gpus: list[int], signals: NodeSignals) -> JobNics:
+    """For each of the job's GPUs, the RDMA devices on the shortest PCIe path from it (preflight's GPU/NIC affinity);
+    every NIC when the job has all the node's GPUs, or when its GPUs or their place in the topology are unknown."""
+    if not job_gpus:
+        return JobNics(None, "every NIC counts: the job's GPUs are unknown")
+    if not set(signals.gpus) - set(job_gpus):
+        return JobNics(None, "every NIC counts: the job has all the node's GPUs")
+    nics = tuple(sorted({(r.port.device, r.port.pci_address) for r in signals.ports.values() if r.port.pci_address}))
+    nearest_to: dict[str, list[int]] = {}
+    unplaced = []
+    for index in job_gpus:
+        bus_id = signals.gpu_pci_bus_ids.get(index)
+        devices = signals.nearest_nics(bus_id, nics) if bus_id and nics else ()
+        if not devices:
+            unplaced.append(index)
+        for device in devices:
+            nearest_to.setdefault(device, []).append(index)
+    if unplaced:
+        return JobNics(
+            None, f"every NIC counts: no PCI topology places GPU {', '.join(map(str, unplaced))} near an RDMA NIC"
+        )
+    return JobNics({device: tuple(gpus) for device, gpus in nearest_to.items()})
+
+
+def _network_evidence(signals: NodeSignals, limits: Thresholds, nics: JobNics) -> str | None:
+    for name, nic in sorted(signals.interfaces.items()):
+        why = nics.why({key.split("/")[0] for key in nic.rdma_ports})
+        if why is None:
+            continue
+        paused = {
+            key: ratio for key, ratio in nic.pause_ratio.items() if ratio is not None and ratio >= limits.pause_ratio
+        }
+        if paused:
+            (direction, priority), ratio = max(paused.items(), key=lambda kv: kv[1])
+            who = "the switch paused it" if direction == "rx" else "it paused the switch"
+            return f"{name} paused {100 * ratio:.0f}% of the time on priority {priority} ({who}); {why}"
+        storms = {level: n for level, n in nic.storm_event_deltas.items() if n}
+        if storms:
+            return f"{name}: pause storm events ({', '.join(f'{level} {n}' for level, n in sorted(storms.items()))}); {why}"
+    for key, port in sorted(signals.ports.items()):
+        why = nics.why([port.port.device])
+        if why is None:
+            continue
+        retransmits = {n: d for n, d in port.error_deltas.items() if n in RETRANSMIT_COUNTERS}
+        if retransmits:
+            return (
+                f"{key} ({port.port.netdev or 'no netdev'}): "
+                + ", ".join(f"{n} +{d}" for n, d in sorted(retransmits.items()))
+                + f"; {why}"
+            )
+        cnps = sum(
+            rate for name, rate in port.congestion_rates.items() if name in ("np_cnp_sent", "rp_cnp_handled") and rate
+        )
+        if cnps >= limits.cnp_per_second:
+            return f"{key} ({port.port.netdev or 'no netdev'}): {cnps:,.0f} CNPs/s (DCQCN throttling senders); {why}"
+    return None
+
+
+def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[str, str]:
+    """The cause of a degraded job's gap and the evidence for it, by precedence."""
+    indices = view.gpu_indices or sorted(signals.gpus)
+    gpus = [signals.gpus[i] for i in indices if i in signals.gpus]
+    lost = [g for g in gpus if g.get("up") is False]
+    if lost:
+        return "gpu_lost", ", ".join(f"GPU {g.get('index')} ({g.get('uuid', '?')}) is off the bus" for g in lost)
+    writes = signals.checkpoint(view.name)
+    if writes and writes.get("in_progress"):
+        return "checkpoint", f"checkpoint {writes['in_progress']} writing for {writes.get('elapsed_seconds') or 0:.0f}s"
+    network = _network_evidence(signals, limits, job_nics(indices, signals))
+    if network:
+        return "network", network
+    for cause, reasons in (("thermal", THERMAL_REASONS), ("power", POWER_REASONS)):
+        hit = [(g, sorted(reasons.intersection(g.get("throttle_reasons") or ()))) for g in gpus]
+        hit = [(g, r) for g, r in hit if r]
+        if hit:
+            return cause, "; ".join(
+                f"GPU {g.get('index')} throttled: {', '.join(r)}"
+                + (f" at {g['temperature']:.0f} °C" if g.get("temperature") is not None else "")
+                for g, r in hit
+            )
+    if view.tokens_per_second == 0:
+        return "stalled", "no token progress over the MFU window"
+    utilizations = [g["utilization"] for g in gpus if g.get("utilization") is not None]
+    if utilizations and sum(utilizations) / len(utilizations) < limits.idle_utilization:
+        return (
+            "input",
+            f"GPUs {100 * sum(utilizations) / len(utilizations):.0f}% busy on average with no fault seen: data loading or host side",
+        )
+    return "unknown", "MFU is below its baseline and no sampled signal explains it"
+
+
+@dataclass
+class _JobAttribution:
+    history: deque
+    lost_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES[1:], 0.0))
+    last_recorded: float = float("-inf")
+    last_evaluated: float | None = None
+    verdict: Verdict | None = None
+
+
+class Attributor:
+    """Keeps each job's baseline and lost GPU-seconds by cause; ``evaluate`` runs once a second on the event loop."""
+
+    def __init__(self, limits: Thresholds = Thresholds()):
+        self.limits = limits
+        self._jobs: dict[str, _JobAttribution] = {}
+        self._lock = threading.Lock()
+
+    def baseline(self, view: JobView, state: _JobAttribution) -> float | None:
+        if view.facts.get("expected_mfu"):
+            return view.facts["expected_mfu"]
+        if len(state.history) < self.limits.baseline_min_samples:
+            return None
+        ordered = sorted(state.history)
+        return ordered[min(int(self.limits.baseline_percentile * len(ordered)), len(ordered) - 1)]
+
+    def evaluate(self, now: float, views: Iterable[JobView], signals: NodeSignals) -> None:
+        with self._lock:
+            seen = set()
+            for view in views:
+                seen.add(view.name)
+                state = self._jobs.get(view.name)
+                if state is None:
+                    size = int(self.limits.baseline_window / self.limits.baseline_interval)
+                    state = self._jobs[view.name] = _JobAttribution(history=deque(maxlen=max(size, 1)))
+                self._evaluate(now, view, state, signals)
+            for name in set(self._jobs) - seen:
+                del self._jobs[name]
+
+    def _evaluate(self, now: float, view: JobView, state: _JobAttribution, signals: NodeSignals) -> None:
+        elapsed = 0.0 if state.last_evaluated is None else max(now - state.last_evaluated, 0.0)
+        state.last_evaluated = now
+        if view.mfu is None:
+            state.verdict = None  # no MFU to explain (the job JSON says why)
+            return
+        baseline = self.baseline(view, state)
+        if now - state.last_recorded >= self.limits.baseline_interval and view.mfu > 0:
+            state.history.append(view.mfu)
+            state.last_recorded = now
+        if not baseline:
+            state.verdict = Verdict("none", "learning the healthy baseline from recent MFU", None, 0.0)
+            return
+        lost = max(baseline - view.mfu, 0.0) / baseline
+        if lost < self.limits.tolerance:
+            state.verdict = Verdict(
+                "none", f"MFU within {100 * self.limits.tolerance:.0f}% of its baseline", baseline, lost
+            )
+            return
+        cause, evidence = classify(view, signals, self.limits)
+        state.verdict = Verdict(cause, evidence, baseline, lost)
+        state.lost_seconds[cause] += (view.gpus or 0) * min(lost, 1.0) * elapsed
+
+    def verdict(self, job: str) -> Verdict | None:
+        with self._lock:
+            state = self._jobs.get(job)
+            return state.verdict if state else None
+
+    def families(self) -> Iterable:
+        label = ["training_job", "cause"]
+        bottleneck = GaugeMetricFamily(
+            "mfu_job_bottleneck",
+            "1 for the cause the job's MFU gap is attributed to now, 0 for the others.",
+            labels=label,
+        )
+        lost = CounterMetricFamily(
+            "mfu_job_lost_gpu_seconds",
+            "GPU-seconds lost below the job's baseline MFU, by cause: GPUs × (baseline − MFU) ÷ baseline over time.",
+            labels=label,
+        )
+        baseline = GaugeMetricFamily(
+            "mfu_job_baseline_mfu_ratio",
+            "The job's healthy MFU: expected_mfu, or a high percentile of its recent MFU.",
+            labels=["training_job"],
+        )
+        with self._lock:
+            for name, state in self._jobs.items():
+                if state.verdict is None:
+                    continue
+                for cause in CAUSES:
+                    bottleneck.add_metric([name, cause], 1.0 if cause == state.verdict.cause else 0.0)
+                for cause, seconds in state.lost_seconds.items():
+                    lost.add_metric([name, cause], seconds)
+                if state.verdict.baseline is not None:
+                    baseline.add_metric([name], state.verdict.baseline)
+        return (bottleneck, lost, baseline)

@@ -1,0 +1,459 @@
+"""Training jobs on this node: their progress reports, model facts and live MFU.
+
+Progress is cumulative (totals, not deltas), so a lost or repeated report loses nothing and double-counts
+nothing. MFU over the window = FLOPs/token × Δtokens/Δt ÷ (job GPUs here × dense peak), with Δ taken between the
+oldest and newest report inside the window. Nothing here knows about HTTP; the server maps ``ValidationError`` to
+400 and ``TooManyJobs`` to 429.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, ConfigError, validate_job_facts
+from exporter.model import flops as mfu_math
+
+log = logging.getLogger(__name__)
+
+MAX_FUTURE_SECONDS = 86400.0
+MAX_TOKENS = 1e21  # far above any training run (Llama 3: 1.56e13); rejects garbage that would poison counters
+REPORT_RESOLUTION_SECONDS = 1.0  # reports closer together than this are merged in the MFU window
+FACT_KEYS = ("dtype", "gpus", "target_tokens", "peak_tflops", "expected_mfu")
+MODEL_KEYS = ("params", "layers", "heads", "head_dim", "seq_len", "causal_attention")
+FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
+
+
+class ValidationError(Exception):
+    """A bad request body; ``field`` names the offending key (dotted for nested keys)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+class TooManyJobs(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU of this node as the GPU source sees it; all that jobs need to know to find their peak."""
+
+    index: int
+    uuid: str
+    name: str
+
+
+def validate_job_name(value: Any, field_name: str = "job") -> str:
+    if not isinstance(value, str) or not JOB_NAME_PATTERN.match(value):
+        raise ValidationError(field_name, f"{field_name} must be {JOB_NAME_FORM}")
+    return value
+
+
+def validate_time(value: Any, now: float, field_name: str = "time") -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValidationError(field_name, f"{field_name} must be a Unix time in seconds")
+    if value > now + MAX_FUTURE_SECONDS:
+        raise ValidationError(field_name, f"{field_name} is more than a day in the future")
+    return float(value)
+
+
+def require_object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ValidationError("", "the body must be a JSON object")
+    return body
+
+
+def reject_unknown(body: dict, known: Iterable[str], prefix: str = "") -> None:
+    known = set(known)
+    for key in body:
+        if key not in known:
+            raise ValidationError(
+                prefix + str(key), f"unknown field {prefix}{key!s}; known fields: {', '.join(sorted(known))}"
+            )
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    job: str
+    tokens_total: float
+    step: int | None
+    time: float | None
+    facts: dict[str, Any]  # only the facts this report carries, validated
+
+
+def parse_progress(body: Any, now: float) -> ProgressReport:
+    """Validate a ``POST /api/v1/progress`` body; raises ValidationError naming the field."""
+    body = require_object(body)
+    reject_unknown(body, ("job", "tokens_total", "step", "time", "model") + FACT_KEYS)
+    job = validate_job_name(body.get("job"))
+    tokens = body.get("tokens_total")
+    if (
+        isinstance(tokens, bool)
+        or not isinstance(tokens, (int, float))
+        or not math.isfinite(tokens)
+        or not 0 <= tokens <= MAX_TOKENS
+    ):
+        raise ValidationError(
+            "tokens_total", "tokens_total must be a non-negative number of tokens processed so far (a running total)"
+        )
+    step = body.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0 or step > 2**53):
+        raise ValidationError("step", "step must be a non-negative integer")
+    report_time = validate_time(body.get("time"), now)
+
+    model = body.get("model")
+    if model is None:
+        model = {}
+    if not isinstance(model, dict):
+        raise ValidationError("model", 'model must be an object like {"params": "70B", "layers": 80}')
+    reject_unknown(model, MODEL_KEYS, "model.")
+    raw_facts = {k: v for k, v in model.items() if v is not None}
+    raw_facts.update({k: body[k] for k in FACT_KEYS if body.get(k) is not None})
+    try:
+        validated = validate_job_facts(raw_facts, "request")
+    except ConfigError as exc:
+        field_name = f"model.{exc.path}" if exc.path in MODEL_KEYS else exc.path
+        raise ValidationError(field_name, f"{field_name}: {exc.detail}") from None
+    facts = {k: validated[k] for k in raw_facts}
+    return ProgressReport(job, float(tokens), step, report_time, facts)
+
+
+@dataclass
+class Job:
+    name: str
+    facts: dict[str, Any]
+    created: float
+    tokens_total: float = 0.0
+    step: int | None = None
+    last_report_time: float = 0.0  # the job's own time of its newest report
+    last_arrival: float = 0.0  # our clock, when the newest report arrived
+    restarts: int = 0
+    replayed_tokens: float = 0.0  # tokens re-trained after restarts from checkpoints
+    window: deque = field(default_factory=deque)  # (report time, tokens_total)
+    reported: bool = False
+
+
+@dataclass
+class JobView:
+    """A job's state at one instant, for metrics, JSON and the status page."""
+
+    name: str
+    tokens_total: float
+    step: int | None
+    last_report_time: float
+    tokens_per_second: float | None
+    flops_per_token: float | None
+    gpus: int | None
+    peak_flops: float | None
+    mfu: float | None
+    eta_seconds: float | None
+    reason: str | None
+    facts: dict[str, Any]
+    restarts: int
+    gpu_indices: list[int] | None = None
+    replayed_tokens: float = 0.0
+
+    @property
+    def tokens_processed(self) -> float:
+        """Monotonic: the reported total plus tokens trained again after restarts (what the counters export)."""
+        return self.tokens_total + self.replayed_tokens
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "job": self.name,
+            "tokens_total": self.tokens_total,
+            "step": self.step,
+            "last_report_time": self.last_report_time,
+            "tokens_per_second": self.tokens_per_second,
+            "flops_per_token": self.flops_per_token,
+            "gpus": self.gpus,
+            "gpu_indices": self.gpu_indices,
+            "peak_flops": self.peak_flops,
+            "mfu": self.mfu,
+            "eta_seconds": self.eta_seconds,
+            "reason": self.reason,
+            "restarts": self.restarts,
+            "replayed_tokens": self.replayed_tokens,
+            "model": {k: self.facts.get(k) for k in MODEL_KEYS},
+            **{k: self.facts.get(k) for k in FACT_KEYS},
+        }
+
+
+class JobTracker:
+    """Thread-safe store of jobs reporting to this node.
+
+    ``gpu_inventory`` returns this node's GPUs (from the GPU source) or None when unknown; it is how a job's
+    peak is found without this module knowing about NVML.
+    """
+
+    def __init__(
+        self,
+        configured: dict[str, dict] | None = None,
+        window: float = 60.0,
+        max_jobs: int = 32,
+        job_ttl: float = 86400.0,
+        gpu_inventory: Callable[[], list[GpuInfo] | None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self._configured = configured or {}
+        self.window = window
+        self.max_jobs = max_jobs
+        self.job_ttl = job_ttl
+        self._gpu_inventory = gpu_inventory
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+        self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
+        self.generation = 0
+
+    def report(self, report: ProgressReport) -> JobView:
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            job = self._jobs.get(report.job)
+            if job is None:
+                if len(self._jobs) >= self.max_jobs:
+                    raise TooManyJobs(f"this exporter already tracks {self.max_jobs} jobs (ingest.max_jobs)")
+                job = Job(report.job, dict(self._configured.get(report.job, {})), created=now)
+                self._jobs[report.job] = job
+            job.facts.update(report.facts)
+            at = report.time if report.time is not None else now
+            if job.reported and report.tokens_total < job.tokens_total:
+                # Restarted from a checkpoint: a new window, never a negative rate; the exported counters keep
+                # counting up (re-trained tokens are work done again), so rate() sees no false reset spike.
+                job.window.clear()
+                job.restarts += 1
+                job.replayed_tokens += job.tokens_total - report.tokens_total
+            if job.window and at < job.window[-1][0]:
+                at = job.window[-1][0]  # reports out of order by the job's clock: keep the window monotonic
+            if len(job.window) >= 2 and at - job.window[-2][0] < REPORT_RESOLUTION_SECONDS:
+                # Jobs may report every step: the rate needs only the window's ends, so reports closer than the
+                # resolution replace the newest point and a window holds ~one point per second, not per step.
+                job.window[-1] = (at, report.tokens_total)
+            else:
+                job.window.append((at, report.tokens_total))
+            while len(job.window) > 2 and job.window[1][0] < at - self.window:
+                job.window.popleft()
+            job.tokens_total = report.tokens_total
+            if report.step is not None:
+                job.step = report.step
+            job.last_report_time = at
+            job.last_arrival = now
+            job.reported = True
+            self.generation += 1
+            return self._view(job, now)
+
+    def touch(self, name: str) -> None:
+        """Create a job known only from another API (checkpoints) so it counts against the cap."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            if name not in self._jobs:
+                if len(self._jobs) >= self.max_jobs:
+                    raise TooManyJobs(f"this exporter already tracks {self.max_jobs} jobs (ingest.max_jobs)")
+                self._jobs[name] = Job(name, dict(self._configured.get(name, {})), created=now)
+                self.generation += 1
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._jobs)
+
+    def views(self) -> list[JobView]:
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            return [self._view(job, now) for job in self._jobs.values()]
+
+    def _expire(self, now: float) -> None:
+        expired = [n for n, j in self._jobs.items() if now - max(j.last_arrival, j.created) > self.job_ttl]
+        for name in expired:
+            del self._jobs[name]
+            self.generation += 1
+        if expired:  # a job of the same name later is a new one, and the set stays as small as the jobs
+            self._warned = {key for key in self._warned if key[0] not in expired}
+
+    def _rate(self, job: Job, now: float) -> float | None:
+        if not job.reported:
+            return None
+        if now - job.last_arrival > self.window:
+            return 0.0  # no report for a whole window: the job is not progressing
+        points = [p for p in job.window if p[0] >= job.last_report_time - self.window]
+        if len(points) < 2 and len(job.window) >= 2:
+            points = [job.window[-2], job.window[-1]]  # reports sparser than the window: use the last interval
+        if len(points) < 2:
+            return None
+        (t0, n0), (t1, n1) = points[0], points[-1]
+        if t1 <= t0:
+            return None
+        return (n1 - n0) / (t1 - t0)
+
+    def _resolve_gpus(self, facts: dict) -> tuple[list[GpuInfo] | None, int | None, str | None]:
+        """The job's GPUs on this node (when the inventory is known) and their count."""
+        wanted = facts.get("gpus")
+        inventory = self._gpu_inventory()
+        if inventory is None:
+            if isinstance(wanted, int):
+                return None, wanted, None
+            if isinstance(wanted, list):
+                return None, len(wanted), None
+            return None, None, "the job gave no gpus and the GPU inventory is unknown (GPU source down)"
+        if wanted is None:
+            return inventory, len(inventory), None if inventory else "no GPUs visible on this node"
+        if isinstance(wanted, int):
+            if wanted > len(inventory):
+                return inventory, wanted, f"the job declares {wanted} GPUs but this node has {len(inventory)}"
+            return sorted(inventory, key=lambda g: g.index)[:wanted], wanted, None
+        by_key = {g.index: g for g in inventory} | {g.uuid: g for g in inventory}
+        chosen = [by_key[w] for w in wanted if w in by_key]
+        missing = [w for w in wanted if w not in by_key]
+        if missing:
+            return chosen, len(wanted), f"job GPUs not found on this node: {', '.join(map(str, missing))}"
+        # Validation refuses a repeated entry, but an index and a UUID can name the same GPU: counted twice, its
+        # peak would halve the job's MFU.
+        named = {}
+        for key, gpu in zip(wanted, chosen):
+            if gpu.index in named:
+                return (
+                    None,
+                    None,
+                    f"job GPUs name GPU {gpu.index} twice (as {named[gpu.index]} and {key}); list each GPU once",
+                )
+            named[gpu.index] = key
+        return chosen, len(wanted), None
+
+    def _peak(self, facts: dict, gpus: list[GpuInfo] | None, count: int | None) -> tuple[float | None, str | None]:
+        if facts.get("peak_tflops"):
+            return (facts["peak_tflops"] * 1e12 * count, None) if count else (None, None)
+        if count is None:
+            return None, None
+        if gpus is None:
+            return None, "the GPU models here are unknown (GPU source down or absent); set peak_tflops for this job"
+        dtype = facts.get("dtype") or "bf16"
+        total = 0.0
+        for gpu in gpus:
+            peak = mfu_math.peak_flops(gpu.name, dtype)
+            if peak is None:
+                return None, f"no {dtype} peak known for GPU {gpu.name!r}; set peak_tflops for this job"
+            total += peak
+        if len(gpus) < count:
+            return None, None
+        return total, None
+
+    def _view(self, job: Job, now: float) -> JobView:
+        facts = {**FACT_DEFAULTS, **job.facts}
+        rate = self._rate(job, now)
+        reason = None
+        fpt = None
+        if facts.get("params"):
+            fpt = mfu_math.flops_per_token(
+                mfu_math.ModelShape(
+                    facts["params"],
+                    facts.get("layers"),
+                    facts.get("heads"),
+                    facts.get("head_dim"),
+                    facts.get("seq_len"),
+                    bool(facts.get("causal_attention")),
+                )
+            )
+        else:
+            reason = "model params unknown: send model.params in a progress report or set jobs.<name>.params"
+        gpus, count, gpu_reason = self._resolve_gpus(facts)
+        peak, peak_reason = self._peak(facts, gpus, count)
+        reason = reason or gpu_reason or peak_reason
+        if reason is None and peak is None:
+            reason = "peak FLOP/s unknown for this job's GPUs"
+        if reason is None and rate is None:
+            reason = "waiting for a second progress report"
+        # Per job: two jobs without params each deserve a line, though the reason reads the same.
+        if reason and (job.name, reason) not in self._warned:
+            self._warned.add((job.name, reason))
+            log.warning("job %s: no MFU: %s", job.name, reason)
+        utilization = None
+        if reason is None:
+            utilization = mfu_math.model_flops_utilization(fpt, rate, peak)
+        eta = None
+        target = facts.get("target_tokens")
+        if target and rate:
+            eta = max(target - job.tokens_total, 0.0) / rate
+        return JobView(
+            name=job.name,
+            tokens_total=job.tokens_total,
+            step=job.step,
+            last_report_time=job.last_report_time,
+            tokens_per_second=rate,
+            flops_per_token=fpt,
+            gpus=count,
+            peak_flops=peak,
+            mfu=utilization,
+            eta_seconds=eta,
+            reason=reason,
+            facts=facts,
+            restarts=job.restarts,
+            replayed_tokens=job.replayed_tokens,
+            gpu_indices=[g.index for g in gpus] if gpus is not None else None,
+        )
+
+
+def job_families(views: list[JobView]) -> Iterable:
+    """Per-job metric families; every series is labelled ``training_job`` (``job`` is Prometheus's own)."""
+    label = ["training_job"]
+    tokens = CounterMetricFamily(
+        "mfu_job_tokens",
+        "Tokens this job has processed on this node: its reported total, plus tokens trained again after restarts from checkpoints.",
+        labels=label,
+    )
+    flops = CounterMetricFamily(
+        "mfu_job_model_flops", "Model FLOPs done by this job on this node: FLOPs per token × tokens.", labels=label
+    )
+    peak = GaugeMetricFamily(
+        "mfu_job_peak_flops", "Dense peak FLOP/s of this job's GPUs on this node, for its dtype.", labels=label
+    )
+    gpus = GaugeMetricFamily("mfu_job_gpus", "GPUs this job uses on this node.", labels=label)
+    rate = GaugeMetricFamily("mfu_job_tokens_per_second", "Tokens per second over the MFU window.", labels=label)
+    utilization = GaugeMetricFamily(
+        "mfu_model_flops_utilization_ratio", "Model FLOPs utilization over the MFU window (0–1).", labels=label
+    )
+    step = GaugeMetricFamily("mfu_job_step", "Training step of the newest progress report.", labels=label)
+    last = GaugeMetricFamily(
+        "mfu_job_last_report_timestamp_seconds", "Unix time of the newest progress report.", labels=label
+    )
+    per_token = GaugeMetricFamily(
+        "mfu_job_flops_per_token",
+        "Model FLOPs per token: 6·P plus the attention term when the shape is known.",
+        labels=label,
+    )
+    eta = GaugeMetricFamily("mfu_job_eta_seconds", "Seconds until target_tokens at the current rate.", labels=label)
+    info = InfoMetricFamily("mfu_job", "Facts of the job that are not numbers.", labels=label)
+    for view in views:
+        key = [view.name]
+        tokens.add_metric(key, view.tokens_processed)
+        last.add_metric(key, view.last_report_time)
+        info.add_metric(key, {"dtype": str(view.facts.get("dtype", "bf16"))})
+        if view.step is not None:
+            step.add_metric(key, view.step)
+        if view.flops_per_token is not None:
+            per_token.add_metric(key, view.flops_per_token)
+            flops.add_metric(key, view.flops_per_token * view.tokens_processed)
+        if view.peak_flops is not None:
+            peak.add_metric(key, view.peak_flops)
+        if view.gpus is not None:
+            gpus.add_metric(key, view.gpus)
+        if view.tokens_per_second is not None:
+            rate.add_metric(key, view.tokens_per_second)
+        if view.mfu is not None:
+            utilization.add_metric(key, view.mfu)
+        if view.eta_seconds is not None:
+            eta.add_metric(key, view.eta_seconds)
+    return (tokens, flops, peak, gpus, rate, utilization, step, last, per_token, eta, info)

@@ -1,0 +1,1 @@
+"""Snapshots and the job model to metric families, and families to cached exposition bodies."""

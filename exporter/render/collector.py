@@ -1,0 +1,76 @@
+"""The one prometheus_client Collector: fresh metric families from the latest snapshots, never calling a source."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.model.jobs import JobTracker, job_families
+from exporter.scheduler import Scheduler
+from exporter.sources.base import Snapshot
+
+
+class ExporterCollector(Collector):
+    def __init__(
+        self,
+        daemon: Scheduler,
+        jobs: JobTracker,
+        extra: Iterable[Callable[[], Iterable[Metric]]] = (),
+        clock: Callable[[], float] = time.time,
+    ):
+        self._daemon = daemon
+        self._jobs = jobs
+        self._extra = list(extra)
+        self._clock = clock
+
+    def describe(self) -> list:
+        # Registration must not touch any source (NVML could hang); an empty description skips the collision check.
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        for part in self.parts():
+            yield from part.render() if isinstance(part, Snapshot) else part()
+
+    def parts(self) -> list[Snapshot | Callable[[], Iterable[Metric]]]:
+        """What ``collect`` yields, in order and in parts: the sources' latest snapshots, whose families are the same
+        for as long as the snapshot is the latest (so their encoding can be kept), and calls whose families may
+        change at any time (jobs, the exporter's own series)."""
+        snapshots = [state.snapshot for state in self._daemon.states.values() if state.snapshot is not None]
+        return [self._self_metrics, *snapshots, self._job_families, *self._extra]
+
+    def _job_families(self) -> Iterable[Metric]:
+        return job_families(self._jobs.views())
+
+    def _self_metrics(self) -> Iterable[Metric]:
+        build = InfoMetricFamily("mfu_exporter_build", "Version of mfu-exporter.")
+        build.add_metric([], {"version": __version__})
+        yield build
+        labels = ["source"]
+        up = GaugeMetricFamily("mfu_exporter_source_up", "1 when the source's last sample succeeded.", labels=labels)
+        duration = GaugeMetricFamily(
+            "mfu_exporter_source_sample_duration_seconds", "Wall time of the source's last sample.", labels=labels
+        )
+        success = GaugeMetricFamily(
+            "mfu_exporter_source_last_success_timestamp_seconds",
+            "Unix time of the source's last good sample.",
+            labels=labels,
+        )
+        errors = CounterMetricFamily(
+            "mfu_exporter_source_errors",
+            "Problems met while sampling, by source and reason.",
+            labels=["source", "reason"],
+        )
+        for state in self._daemon.states.values():
+            up.add_metric([state.name], 1.0 if state.up else 0.0)
+            if state.last_duration is not None:
+                duration.add_metric([state.name], state.last_duration)
+            if state.last_success is not None:
+                success.add_metric([state.name], state.last_success)
+            for reason, count in sorted(state.errors.items()):
+                errors.add_metric([state.name, reason], count)
+        yield from (up, duration, success, errors)

@@ -1,0 +1,289 @@
+"""Render /metrics bodies at most once per new state, off the event loop, and serve cached bytes.
+
+prometheus_client's ``generate_latest`` costs milliseconds for a full node; doing it per scrape, on the loop,
+would make 16 concurrent scrapers queue behind each other. Bodies are cached per (format, gzip) and keyed on a
+generation that changes when any snapshot or job changes, and at least once a second (MFU depends on time).
+
+A scrape after a state change (every scrape of a Prometheus scraping every 15 s) waits for a render, and most of a
+render was prometheus_client's encoder checking and escaping every name of every sample (character by character
+for OpenMetrics). ``encode`` writes the very same bytes about three times faster for what this exporter produces
+(gauge, counter, info and histogram families with plain names, no timestamps or exemplars) and hands anything else
+to the library's encoder, family by family (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import re
+import threading
+import time
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
+
+from exporter.sources.base import Snapshot
+
+log = logging.getLogger(__name__)
+
+OPENMETRICS = "application/openmetrics-text"
+# Escapings under which a plain name is written as it is. (``dots`` doubles underscores; ``values`` prefixes U__.)
+PLAIN_NAME_ESCAPINGS = frozenset({"underscores", "allow-utf-8"})
+# A name no encoder or escaping changes: OpenMetrics writes sample names through its label-name escaper, which
+# turns ':' into '_', and a label name starting with '__' is reserved, quoted under allow-utf-8.
+_PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Family types written here, with their type in the text format and the suffix it adds to the family name.
+_TEXT_TYPES = {
+    "gauge": ("gauge", ""),
+    "counter": ("counter", "_total"),
+    "info": ("gauge", "_info"),
+    "histogram": ("histogram", ""),
+}
+_EOF = "# EOF\n"
+_plain_names: set[str] = set()  # names seen to be plain; a few hundred at most, the names this exporter writes
+MAX_LABEL_TEXTS = 65536  # label sets kept; a full node has about 1,300
+_label_texts: dict[tuple, str] = {}
+
+
+def _plain(name: str) -> bool:
+    if name in _plain_names:
+        return True
+    if _PLAIN_NAME.fullmatch(name) is None or name.startswith("__"):
+        return False
+    _plain_names.add(name)
+    return True
+
+
+def _content_type_parameters(content_type: str) -> dict[str, str]:
+    parameters = {}
+    for parameter in content_type.split(";")[1:]:
+        key, _, value = parameter.strip().partition("=")
+        parameters[key] = value
+    return parameters
+
+
+def _label_text(labels: dict[str, str]) -> str | None:
+    """``a="1",b="2"`` as both formats write a sample's labels; None when a name is not plain or a value not text.
+    Kept by label set: a node's series keep their labels from one render to the next."""
+    try:
+        return _label_texts[tuple(labels.items())]
+    except KeyError:
+        pass
+    except TypeError:  # a value that cannot be hashed, hence not text: the library says what it makes of it
+        return None
+    pairs = []
+    for label, value in sorted(labels.items()):
+        if type(value) is not str or not _plain(label):
+            return None
+        escaped = value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+        pairs.append(f'{label}="{escaped}"')
+    if len(_label_texts) >= MAX_LABEL_TEXTS:
+        _label_texts.clear()  # label sets churn slowly (jobs come and go); starting over costs one render
+    text = _label_texts[tuple(labels.items())] = ",".join(pairs)
+    return text
+
+
+def _plain_openmetrics(content_type: str) -> bool | None:
+    """Whether ``content_type`` is OpenMetrics 1.0 (True) or the text format (False) with names written as they
+    are, which ``encode_families`` writes; None for the rest, which only the library's encoder writes."""
+    parameters = _content_type_parameters(content_type)
+    openmetrics = content_type.startswith(OPENMETRICS)
+    if parameters.get("escaping", "underscores") not in PLAIN_NAME_ESCAPINGS or (
+        openmetrics and parameters.get("version") != "1.0.0"
+    ):
+        return None
+    return openmetrics
+
+
+def encode(registry: CollectorRegistry, encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> bytes:
+    """The bytes ``encoder`` (with ``content_type``, both from ``choose_encoder``) makes of ``registry``."""
+    openmetrics = _plain_openmetrics(content_type)
+    if openmetrics is None:
+        return encoder(registry)
+    return (encode_families(registry.collect(), encoder, openmetrics) + (_EOF if openmetrics else "")).encode("utf-8")
+
+
+def encode_families(
+    families: Iterable[Metric], encoder: Callable[[CollectorRegistry], bytes], openmetrics: bool
+) -> str:
+    """The families as ``encoder`` writes them, without OpenMetrics' closing ``# EOF``."""
+    parts = []
+    for metric in families:
+        text = _encode_family(metric, openmetrics)
+        if text is None:
+            text = encoder(_OneFamily(metric)).decode("utf-8")
+            if openmetrics:
+                text = text.removesuffix(_EOF)
+        parts.append(text)
+    return "".join(parts)
+
+
+class _OneFamily:
+    """A registry of one family, for the library's encoder."""
+
+    def __init__(self, metric: Metric):
+        self._metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self._metric]
+
+
+def _encode_family(metric: Metric, openmetrics: bool) -> str | None:
+    """The family in the text format or OpenMetrics 1.0, as prometheus_client writes it; None when it needs what
+    only the library does (an unusual type or name, timestamps, exemplars, native histograms, _created samples)."""
+    name = metric.name
+    text_type = _TEXT_TYPES.get(metric.type)
+    if text_type is None or not _plain(name):
+        return None
+    documentation = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    if openmetrics:
+        documentation = documentation.replace('"', r"\"")
+        lines = [f"# HELP {name} {documentation}\n# TYPE {name} {metric.type}\n"]
+        if metric.unit:
+            lines.append(f"# UNIT {name} {metric.unit}\n")
+    else:
+        family_name = name + text_type[1]
+        lines = [f"# HELP {family_name} {documentation}\n# TYPE {family_name} {text_type[0]}\n"]
+    # The text format moves these to separate gauges after the family: left to the library.
+    moved = {name + "_created", name + "_gsum", name + "_gcount"}
+    for sample in metric.samples:
+        sample_name, labels, value = sample.name, sample.labels, sample.value
+        if (
+            sample.timestamp is not None
+            or sample.exemplar is not None
+            or sample.native_histogram is not None
+            or value is None
+            or sample_name in moved
+            or not _plain(sample_name)
+        ):
+            return None
+        if labels:
+            label_text = _label_text(labels)
+            if label_text is None:
+                return None
+            lines.append(f"{sample_name}{{{label_text}}} {floatToGoString(value)}\n")
+        else:
+            lines.append(f"{sample_name} {floatToGoString(value)}\n")
+    return "".join(lines)
+
+
+class MetricsCache:
+    """``parts``, when given, returns the registry's families in parts (``ExporterCollector.parts``): a source
+    snapshot's families are then encoded once per format and kept while the snapshot is the latest, so a render
+    after a state change encodes only what changed; and ``sampled`` (a ``Scheduler.on_sample`` listener) encodes each
+    new snapshot right away, off the loop, in every format a scraper comes back for, so its next scrape finds it
+    done and encodes only the jobs' and the exporter's own few series. A format counts as scraped periodically until
+    twice its last interval between scrapes has passed (at most ``WARM_FOR``): a Prometheus keeps its format warm,
+    a one-off curl or a burst of scrapes does not."""
+
+    WARM_FOR = 300.0  # longer than any scrape interval in use
+    WARM_MARGIN = 1.0  # seconds of a scraper's jitter
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        generation: Callable[[], int],
+        monotonic: Callable[[], float] = time.monotonic,
+        parts: Callable[[], list[Snapshot | Callable[[], Iterable[Metric]]]] | None = None,
+    ):
+        self._registry = registry
+        self._generation = generation
+        self._monotonic = monotonic
+        self._parts = parts
+        self._bodies: dict[tuple[str, bool], tuple[tuple[int, int], bytes]] = {}
+        self._pending: dict[tuple[str, bool], asyncio.Future] = {}
+        # content type -> (encoder, when last scraped, seconds since the scrape before; None after the first)
+        self._scraped: dict[str, tuple[Callable[[CollectorRegistry], bytes], float, float | None]] = {}
+        # id(snapshot) -> (the snapshot, its encoding by content type); holding the snapshot keeps its id unique.
+        self._fragments: dict[int, tuple[Snapshot, dict[str, str]]] = {}
+        self._fragments_lock = threading.Lock()
+
+    def _key_generation(self) -> tuple[int, int]:
+        return self._generation(), int(self._monotonic())
+
+    async def render(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
+        encoder, content_type = choose_encoder(accept or "")
+        now = self._monotonic()
+        previous = self._scraped.get(content_type)
+        self._scraped[content_type] = (encoder, now, None if previous is None else now - previous[1])
+        use_gzip = "gzip" in (accept_encoding or "")
+        headers = {"Content-Type": content_type}
+        if use_gzip:
+            headers["Content-Encoding"] = "gzip"
+        key = (content_type, use_gzip)
+        generation = self._key_generation()
+        cached = self._bodies.get(key)
+        if cached and cached[0] == generation:
+            return cached[1], headers
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = asyncio.get_running_loop().run_in_executor(None, self._encode, encoder, content_type, use_gzip)
+            self._pending[key] = pending
+            try:
+                body = await pending
+            finally:
+                del self._pending[key]
+            self._bodies[key] = (generation, body)
+            return body, headers
+        return await asyncio.shield(pending), headers
+
+    def sampled(self, source: str | None = None) -> None:
+        """Encode the sources' new snapshots ahead of the next scrape, in the formats scraped periodically."""
+        if self._parts is None:
+            return
+        now = self._monotonic()
+        for content_type, (encoder, scraped_at, interval) in list(self._scraped.items()):
+            if now - scraped_at > self.WARM_FOR:
+                del self._scraped[content_type]
+            elif (
+                interval is not None
+                and now - scraped_at <= 2 * interval + self.WARM_MARGIN
+                and _plain_openmetrics(content_type) is not None
+            ):
+                asyncio.get_running_loop().run_in_executor(None, self._encode_snapshots, encoder, content_type)
+
+    def _encode_snapshots(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> None:
+        try:
+            snapshots = [part for part in self._parts() if isinstance(part, Snapshot)]
+            for snapshot in snapshots:
+                self._fragment(snapshot, encoder, content_type)
+            self._keep_fragments(snapshots)
+        except Exception:
+            log.exception("encoding a new snapshot ahead of the next scrape failed")
+
+    def _encode(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, use_gzip: bool) -> bytes:
+        openmetrics = _plain_openmetrics(content_type)
+        if self._parts is None or openmetrics is None:
+            body = encode(self._registry, encoder, content_type)
+        else:
+            parts = self._parts()
+            texts = [
+                self._fragment(part, encoder, content_type)
+                if isinstance(part, Snapshot)
+                else encode_families(part(), encoder, openmetrics)
+                for part in parts
+            ]
+            self._keep_fragments([part for part in parts if isinstance(part, Snapshot)])
+            body = ("".join(texts) + (_EOF if openmetrics else "")).encode("utf-8")
+        return gzip.compress(body, compresslevel=1) if use_gzip else body
+
+    def _fragment(self, snapshot: Snapshot, encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> str:
+        with self._fragments_lock:
+            encodings = self._fragments.setdefault(id(snapshot), (snapshot, {}))[1]
+            text = encodings.get(content_type)
+        if text is None:  # two threads may both encode it: the same text, and rarer than a lock held while encoding
+            text = encode_families(snapshot.render(), encoder, bool(_plain_openmetrics(content_type)))
+            with self._fragments_lock:
+                encodings[content_type] = text
+        return text
+
+    def _keep_fragments(self, snapshots: list[Snapshot]) -> None:
+        """Forget the encodings of snapshots that are no longer the latest."""
+        latest = {id(snapshot) for snapshot in snapshots}
+        with self._fragments_lock:
+            for key in [key for key in self._fragments if key not in latest]:
+                del self._fragments[key]

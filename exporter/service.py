@@ -1,0 +1,133 @@
+"""Wires config, sources, jobs and the registry together: the objects one exporter process runs with."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry
+
+from exporter import __version__
+from exporter.model.attribution import Attributor, NodeSignals, Thresholds
+from exporter.model.checkpoints import CheckpointTracker
+from exporter.model.history import MfuHistory
+from exporter.model.jobs import GpuInfo, JobTracker, JobView
+from exporter.node.pci import nearest_devices
+from exporter.render.collector import ExporterCollector
+from exporter.render.encode import MetricsCache
+from exporter.scheduler import Scheduler
+from exporter.sources.base import Paths, Source
+from exporter.sources.checkpoint import CheckpointSource
+
+
+@dataclass
+class Service:
+    config: dict
+    daemon: Scheduler
+    jobs: JobTracker
+    registry: CollectorRegistry
+    cache: MetricsCache
+    clock: Callable[[], float] = time.time
+    history: MfuHistory = field(default_factory=MfuHistory)
+    checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
+    attribution: Attributor = field(default_factory=Attributor)
+    paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
+
+    def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
+        return self.checkpoints.overlap(job, self.config["mfu"]["window"]) if self.checkpoints else None
+
+    def job_json(self, view: JobView) -> dict[str, Any]:
+        """A job's JSON with what explains a dip in its MFU: checkpoint writes overlapping the window, and the
+        cause its gap is attributed to, with the evidence."""
+        verdict = self.attribution.verdict(view.name)
+        return {
+            **view.as_json(),
+            "checkpoint": self.checkpoint_overlap(view.name),
+            "bottleneck": verdict.as_json() if verdict else None,
+        }
+
+    def node_signals(self) -> NodeSignals:
+        """The latest data of the sources the attribution reads; a source that is absent or down adds nothing."""
+
+        def data(name: str, key: str) -> dict:
+            state = self.daemon.states.get(name)
+            return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
+
+        gpu = self.daemon.states.get("gpu")
+        # The GPU readings carry no PCI address; the GPU source's status lists each GPU's, to find its nearest NICs.
+        gpu_status = gpu.snapshot.status.get("gpus", []) if gpu is not None and gpu.snapshot is not None else []
+        return NodeSignals(
+            gpus=data("gpu", "gpus"),
+            interfaces=data("ethtool", "interfaces"),
+            ports=data("rdma", "ports"),
+            gpu_pci_bus_ids={g["index"]: g["pci_bus_id"] for g in gpu_status},
+            checkpoint=self.checkpoint_overlap,
+            nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
+        )
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        views = self.jobs.views()
+        return {
+            "version": __version__,
+            "time": now,
+            "ready": self.daemon.ready,
+            "sources": [s.as_json(now) for s in self.daemon.states.values()],
+            "jobs": [self.job_json(v) for v in views],
+            "history": {v.name: self.history.of(v.name) for v in views},
+        }
+
+    async def evaluate_jobs(self) -> None:
+        """Once a second, attribute each job's MFU gap and keep the status page history (cancelled at shutdown)."""
+        while True:
+            now, views = self.clock(), self.jobs.views()
+            self.attribution.evaluate(now, views, self.node_signals())
+            self.history.record(now, views)
+            await asyncio.sleep(1.0)
+
+
+def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
+    """This node's GPUs as the GPU source last saw them; None while it is down or absent."""
+
+    def inventory() -> list[GpuInfo] | None:
+        state = daemon.states.get(source_name)
+        if state is None or state.snapshot is None:
+            return None
+        return state.snapshot.data.get("inventory")
+
+    return inventory
+
+
+def build_service(
+    config: dict, sources: list[Source], clock: Callable[[], float] = time.time, paths: Paths | None = None
+) -> Service:
+    daemon = Scheduler(sources, clock=clock)
+    jobs = JobTracker(
+        configured=config["jobs"],
+        window=config["mfu"]["window"],
+        max_jobs=config["ingest"]["max_jobs"],
+        job_ttl=config["ingest"]["job_ttl"],
+        gpu_inventory=gpu_inventory_from(daemon),
+        clock=clock,
+    )
+    attribution = Attributor(Thresholds.from_config(config["attribution"]))
+    registry = CollectorRegistry(auto_describe=False)
+    collector = ExporterCollector(daemon, jobs, extra=[attribution.families], clock=clock)
+    registry.register(collector)
+    cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, parts=collector.parts)
+    daemon.on_sample(cache.sampled)
+    checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
+    return Service(
+        config,
+        daemon,
+        jobs,
+        registry,
+        cache,
+        clock,
+        checkpoints=checkpoints,
+        attribution=attribution,
+        paths=paths or Paths(),
+    )

@@ -1,0 +1,326 @@
+"""``mfu-exporter demo``: a simulated 8-GPU training node that drives the real code paths.
+
+The simulation feeds inputs, never metrics: GPU readings go into the fake NVML module the real GPU source reads;
+NIC counters are rewritten in a real sysfs-layout tree and ``ethtool -S`` texts that the real fabric sources
+read; the synthetic job reports progress through the real ``ProgressReporter`` over HTTP and writes real
+checkpoint files into a directory the real checkpoint watcher watches. Everything runs on one simulated clock,
+so ``--speed N`` compresses time for all of it alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from exporter.client import ProgressReporter
+from exporter.config import load_config, validate
+from exporter.model import flops as mfu_math
+from exporter.model.checkpoints import CheckpointTracker
+from exporter.node.ethtool import EthtoolTextReader
+from exporter.quantities import format_duration, parse_duration
+from exporter.service import Service, build_service
+from exporter.sim import nvml as fake_nvml
+from exporter.sim.mlx5 import SimulatedNode
+from exporter.sources.base import Paths
+from exporter.sources.checkpoint import CheckpointSource
+from exporter.sources.ethtool import EthtoolSource
+from exporter.sources.gpu import GpuSource
+from exporter.sources.rdma import RdmaSource
+
+log = logging.getLogger(__name__)
+
+JOB = "llama3-70b"
+MODEL = {"params": 70.6e9, "layers": 80, "heads": 64, "head_dim": 128, "seq_len": 8192}
+GPUS = 8
+GPU_NAME = "NVIDIA H100 80GB HBM3"
+STEADY_MFU = 0.45
+WORLD_GPUS = 1024  # the simulated job's size; this node reports its share of the tokens
+TOKENS_PER_STEP = 16 * 8192  # this node's share of a global batch
+NODE_TARGET_TOKENS = 15e12 * GPUS / WORLD_GPUS  # Llama 3's 15T tokens, this node's share
+INCIDENTS = ("pfc-storm", "checkpoint-stall", "thermal", "gpu-lost")
+WARMUP = 10.0  # healthy seconds before a forced incident
+HEALTHY_BETWEEN = 180.0  # scheduled mode: healthy time between incidents
+CHECKPOINT_SECONDS = 40.0  # the guide's good storage: under 45 s
+STALLED_CHECKPOINT_SECONDS = 900.0  # the guide's slow storage: fifteen minutes
+# Scheduled mode: how long each incident lasts; a checkpoint stall lasts as long as its stalled write.
+INCIDENT_SECONDS = {
+    "pfc-storm": 120.0,
+    "checkpoint-stall": STALLED_CHECKPOINT_SECONDS,
+    "thermal": 120.0,
+    "gpu-lost": 120.0,
+}
+CHECKPOINT_EVERY = 600.0
+FIRST_CHECKPOINT = 20.0
+STORM_NICS = (2, 5)
+HOT_GPU = 5
+LOST_GPU = 3
+# How much of the healthy token rate each incident leaves (the job runs at its slowest rank's pace).
+ROTATION_SECONDS = sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in INCIDENTS)
+RATE_FACTOR = {None: 1.0, "pfc-storm": 0.40, "thermal": 0.667, "checkpoint-stall": 0.5, "gpu-lost": 0.0}
+
+
+class SimClock:
+    """Simulated time running ``speed`` times faster than the wall clock, from now."""
+
+    def __init__(
+        self, speed: float, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
+    ):
+        self.speed = speed
+        self._monotonic = monotonic
+        self._wall0 = wall()
+        self._mono0 = monotonic()
+
+    def elapsed(self) -> float:
+        return (self._monotonic() - self._mono0) * self.speed
+
+    def time(self) -> float:
+        return self._wall0 + self.elapsed()
+
+    def monotonic(self) -> float:
+        return self._mono0 + self.elapsed()
+
+
+@dataclass
+class Schedule:
+    """Which incident is active at a simulated elapsed time: one forced after a warm-up, or a rotation."""
+
+    forced: str | None = None
+
+    def incident(self, elapsed: float) -> str | None:
+        if self.forced:
+            return self.forced if elapsed >= WARMUP else None
+        offset = elapsed % ROTATION_SECONDS
+        for name in INCIDENTS:
+            offset -= HEALTHY_BETWEEN
+            if offset < 0:
+                return None
+            if offset < INCIDENT_SECONDS[name]:
+                return name
+            offset -= INCIDENT_SECONDS[name]
+        return None  # only a floating-point remainder at the rotation's very end gets here
+
+    def describe(self, speed: float) -> str:
+        if self.forced:
+            return (
+                f"incident {self.forced} starts after {WARMUP:g} s of healthy training and lasts until the demo stops"
+            )
+        lengths = ", ".join(f"{name} {format_duration(INCIDENT_SECONDS[name])}" for name in INCIDENTS)
+        return (
+            f"incidents rotate ({lengths}), each after {format_duration(HEALTHY_BETWEEN)} healthy: the rotation "
+            f"takes {format_duration(ROTATION_SECONDS / speed)} of wall time at --speed {speed:g}"
+        )
+
+
+def healthy_tokens_per_second() -> float:
+    """The token rate that gives the steady MFU on 8 H100s, from the formula itself."""
+    per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
+    return STEADY_MFU * GPUS * mfu_math.peak_flops(GPU_NAME, "bf16") / per_token
+
+
+def train_healthily(gpu: fake_nvml.FakeGpu) -> None:
+    """Readings of an H100 in steady training: busy, ~60% tensor active, full clocks, no throttling."""
+    gpu.utilization, gpu.memory_utilization = 95, 40
+    gpu.memory_used = 71 * 1024**3
+    gpu.sm_clock_mhz, gpu.temperature_c, gpu.power_mw = 1980, 68, 640_000
+    gpu.clocks_event_reasons = 0
+    gpu.set_activity(tensor=60.0, sm=85.0, occupancy=40.0, dram=45.0)
+    gpu.nvlink_tx_rate = gpu.nvlink_rx_rate = 120e9
+    gpu.pcie_tx_rate = gpu.pcie_rx_rate = 6e9
+
+
+class CheckpointWriter:
+    """Writes a DCP-like checkpoint over a duration: one shard per rank, then ``.metadata`` last."""
+
+    def __init__(self, root: Path, shard_bytes: int = 256 * 1024):
+        self.root = root
+        self.shard_bytes = shard_bytes
+        self.current: Path | None = None
+        self.started = 0.0
+        self.duration = 0.0
+        self.shards_written = 0
+
+    @property
+    def writing(self) -> bool:
+        return self.current is not None
+
+    def start(self, step: int, now: float, duration: float) -> None:
+        self.current = self.root / f"step-{step:07d}"
+        self.current.mkdir(parents=True, exist_ok=True)
+        self.started, self.duration, self.shards_written = now, duration, 0
+
+    def advance(self, now: float) -> None:
+        if self.current is None:
+            return
+        due = min(GPUS, int(GPUS * (now - self.started) / self.duration) + 1)
+        while self.shards_written < due:
+            (self.current / f"__{self.shards_written}_0.distcp").write_bytes(b"\0" * self.shard_bytes)
+            self.shards_written += 1
+        if now - self.started >= self.duration:
+            (self.current / ".metadata").write_bytes(b"\0" * 4096)
+            self.current = None
+
+
+class DemoNode:
+    """One simulated training node. ``tick`` advances it to the clock's current time."""
+
+    def __init__(self, root: Path, clock: SimClock, schedule: Schedule, seed: int = 0):
+        self.clock = clock
+        self.schedule = schedule
+        self.random = random.Random(seed)
+        self.nvml = fake_nvml.node(fake_nvml.h100, count=GPUS)
+        self.fabric = SimulatedNode(root / "fabric", nics=GPUS)
+        self.checkpoints = CheckpointWriter(root / "checkpoints" / JOB)
+        self.checkpoints.root.mkdir(parents=True)
+        self.tokens = 0.0
+        self.incident: str | None = None
+        self.reporter: ProgressReporter | None = None
+        self._origin: float | None = None
+        self._last = 0.0
+        self._next_checkpoint = FIRST_CHECKPOINT
+        self._lost = False
+        self._stall_pending = False
+        self._apply(None)
+
+    def sources(self) -> list:
+        watch = {"path": str(self.checkpoints.root), "job": JOB, "done_marker": ".metadata"}
+        section = validate({"sources": {"checkpoint": {"watch": [watch]}}})["sources"]["checkpoint"]
+        tracker = CheckpointTracker(started_timeout=section["started_timeout"], pinned=[JOB], clock=self.clock.time)
+        return [
+            GpuSource(self.nvml, interval=1.0, timeout=5.0, retry_interval=30.0, monotonic=self.clock.monotonic),
+            RdmaSource(self.fabric.sysfs_root, interval=1.0, clock=self.clock.monotonic),
+            EthtoolSource(
+                self.fabric.sysfs_root,
+                reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
+                interval=1.0,
+                clock=self.clock.monotonic,
+            ),
+            CheckpointSource(section, tracker, clock=self.clock.time),
+        ]
+
+    def tick(self) -> None:
+        if self._origin is None:
+            self._origin = self.clock.elapsed()  # the schedule starts with the first tick, not with process start-up
+        now = self.clock.elapsed() - self._origin
+        dt = max(now - self._last, 0.0)
+        self._last = now
+        incident = self.schedule.incident(now)
+        if incident != self.incident:
+            log.info("demo: %s", f"incident {incident} begins" if incident else f"incident {self.incident} ends")
+            self.incident = incident
+            self._stall_pending = incident == "checkpoint-stall"
+            self._apply(incident)
+        self._checkpoint(now)
+        factor = RATE_FACTOR[self.incident]
+        if self.checkpoints.writing and self.incident != "checkpoint-stall":
+            factor *= 0.95  # staging a checkpoint costs a little even on good storage
+        rate = healthy_tokens_per_second() * factor * (1 + self.random.uniform(-0.02, 0.02))
+        self.tokens += rate * dt
+        self.nvml.advance(dt)
+        self.fabric.tick(dt)
+        if self.reporter is not None and self.incident != "gpu-lost":
+            self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
+
+    def _checkpoint(self, now: float) -> None:
+        # A stall is storage gone slow: the write under way, or one started now, takes fifteen minutes. A scheduled
+        # stall slows one write; a forced one keeps stalling until the demo stops.
+        if self.incident == "checkpoint-stall" and (self._stall_pending or self.schedule.forced):
+            self._stall_pending = False
+            if self.checkpoints.writing:
+                self.checkpoints.duration = STALLED_CHECKPOINT_SECONDS
+            else:
+                self._start_checkpoint(now, STALLED_CHECKPOINT_SECONDS)
+        if not self.checkpoints.writing and now >= self._next_checkpoint and self.incident != "gpu-lost":
+            self._start_checkpoint(now, CHECKPOINT_SECONDS)
+        self.checkpoints.advance(self.clock.time())
+
+    def _start_checkpoint(self, now: float, duration: float) -> None:
+        self.checkpoints.start(int(self.tokens // TOKENS_PER_STEP), self.clock.time(), duration)
+        self._next_checkpoint = now + CHECKPOINT_EVERY
+
+    def _apply(self, incident: str | None) -> None:
+        """Set GPU and NIC readings for the incident (or for healthy training)."""
+        for gpu in self.nvml.gpus:
+            train_healthily(gpu)
+        for nic in self.fabric.nics:
+            nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
+        if incident == "pfc-storm":
+            for gpu in self.nvml.gpus:
+                gpu.set_activity(tensor=24.0, sm=40.0)
+                gpu.utilization = 90  # NCCL kernels spin while waiting: utilization hides the stall
+            for nic in self.fabric.nics:
+                nic.utilization, nic.cnp_per_second = 0.14, 2_000.0
+            for index in STORM_NICS:
+                nic = self.fabric.nics[index]
+                nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.45, 0.6, 40_000.0
+        elif incident == "thermal":
+            hot = self.nvml.gpus[HOT_GPU]
+            hot.temperature_c, hot.sm_clock_mhz, hot.power_mw = 91, 1155, 520_000
+            hot.clocks_event_reasons = 0x40 | 0x20  # HW and SW thermal slowdown
+            for gpu in self.nvml.gpus:
+                gpu.set_activity(tensor=40.0, sm=60.0)
+        elif incident == "checkpoint-stall":
+            for gpu in self.nvml.gpus:
+                gpu.set_activity(tensor=30.0, sm=45.0)
+                gpu.utilization = 55
+        elif incident == "gpu-lost":
+            if not self._lost:
+                self.nvml.lose(LOST_GPU)
+                self._lost = True
+            for gpu in self.nvml.gpus:
+                gpu.utilization = 0
+                gpu.set_activity(tensor=0.0, sm=0.0)
+            for nic in self.fabric.nics:
+                nic.utilization = 0.0
+        if self._lost and incident != "gpu-lost":
+            self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
+
+
+def demo_config(config_path: str | None, window: float) -> dict:
+    config = load_config(config_path)
+    config["mfu"]["window"] = window
+    config["jobs"].setdefault(
+        JOB,
+        validate({"jobs": {JOB: {**MODEL, "dtype": "bf16", "gpus": GPUS, "expected_mfu": STEADY_MFU}}})["jobs"][JOB],
+    )
+    return config
+
+
+class Simulation:
+    """Runs ``DemoNode.tick`` in a thread (file writes must not stall the event loop) until stopped."""
+
+    def __init__(self, node: DemoNode, period: float):
+        self.node = node
+        self.period = period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-simulation", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.node.tick()
+            except Exception:
+                log.exception("demo tick failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def build_demo(args: argparse.Namespace, root: Path) -> tuple[Service, DemoNode, Simulation]:
+    clock = SimClock(args.speed)
+    node = DemoNode(root, clock, Schedule(args.incident), seed=args.seed)
+    config = demo_config(args.config, parse_duration(args.mfu_window))
+    if args.listen_address:
+        config["web"]["listen_address"] = args.listen_address
+    runtime = build_service(config, node.sources(), clock=clock.time, paths=Paths(node.fabric.sysfs_root))
+    # At high speed, tick often enough that a warm-up still carries several progress reports.
+    return runtime, node, Simulation(node, period=min(1.0, 2.5 / args.speed))

@@ -1,0 +1,1 @@
+"""HTTP only: routes, the ingest API, /metrics, TLS and auth. Talks to the service, never to hardware."""

@@ -1,0 +1,205 @@
+"""HTTP: /metrics, the landing page, health endpoints and the ingest API. Knows nothing about NVML or sysfs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.model.checkpoints import CheckpointConflict, parse_checkpoint_event
+from exporter.model.jobs import TooManyJobs, ValidationError, parse_progress
+from exporter.service import Service
+from exporter.web.security import HTTP_LIMITS, WEB_SECURITY, WebSecurity
+
+log = logging.getLogger(__name__)
+
+RUNTIME = web.AppKey("runtime", Service)
+JOBS_TASK = web.AppKey("jobs_task", asyncio.Task)
+
+
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    payload: dict[str, Any] = {"error": message}
+    if field is not None:
+        payload["field"] = field
+    return web.json_response(payload, status=status)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _double_range_int(text: str) -> int:
+    """Integers beyond a double's range (I-JSON's limit) would overflow the float conversions validation does."""
+    number = int(text)
+    if abs(number) > sys.float_info.max:
+        raise ValueError(f"the number {text[:16]}... is beyond the range of a double")
+    return number
+
+
+def _double_range_float(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"the number {text[:16]}... is beyond the range of a double")
+    return number
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body; raises ValidationError (→ 400) for anything that is not valid JSON."""
+    raw = await request.read()
+    try:
+        return json.loads(
+            raw.decode("utf-8"),
+            parse_constant=_reject_constant,
+            parse_int=_double_range_int,
+            parse_float=_double_range_float,
+        )
+    except UnicodeDecodeError:
+        raise ValidationError("", "the body must be UTF-8 JSON") from None
+    except (ValueError, RecursionError) as exc:
+        raise ValidationError("", f"the body is not valid JSON: {exc}") from None
+
+
+@web.middleware
+async def api_errors(request: web.Request, handler):
+    """Map domain errors to JSON 4xx answers so every API error names its field."""
+    try:
+        return await handler(request)
+    except ValidationError as exc:
+        return _error(400, exc.message, exc.field)
+    except CheckpointConflict as exc:
+        return _error(409, exc.message, exc.field)
+    except TooManyJobs as exc:
+        return _error(429, str(exc), "job")
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[RUNTIME].config["ingest"]["max_body_bytes"]
+        return _error(413, f"the body is larger than the limit of {limit} bytes (ingest.max_body_bytes)")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    body, headers = await runtime.cache.render(request.headers.get("Accept"), request.headers.get("Accept-Encoding"))
+    return web.Response(body=body, headers=headers)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[RUNTIME].daemon.ready:
+        return web.Response(text="ready\n")
+    return web.Response(text="not ready: no sample cycle has completed yet\n", status=503)
+
+
+async def post_progress(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    report = parse_progress(await read_json(request), runtime.clock())
+    view = runtime.jobs.report(report)
+    return web.json_response(runtime.job_json(view))
+
+
+async def post_checkpoint(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    if runtime.checkpoints is None:
+        return _error(
+            404, "checkpoint events are off: the checkpoint source is disabled (sources.checkpoint.enabled: false)"
+        )
+    event = parse_checkpoint_event(await read_json(request), runtime.clock())
+    # A job known only from its checkpoints counts against ingest.max_jobs too.
+    return web.json_response(runtime.checkpoints.record(event, admit=runtime.jobs.touch))
+
+
+async def get_jobs(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    return web.json_response({"jobs": [runtime.job_json(v) for v in runtime.jobs.views()]})
+
+
+async def get_status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RUNTIME].status())
+
+
+STATIC = Path(__file__).parent / "static"
+
+
+async def status_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC / "index.html")
+
+
+def create_app(runtime: Service, security: WebSecurity | None = None) -> web.Application:
+    # From the config unless a test injects one; a bad web config raises ConfigError here, so exit 2 at start.
+    security = security or WebSecurity.from_config(runtime.config)
+    app = web.Application(
+        middlewares=[security.middleware, api_errors], client_max_size=runtime.config["ingest"]["max_body_bytes"]
+    )
+    app[RUNTIME] = runtime
+    app[WEB_SECURITY] = security
+    app.on_response_prepare.append(security.add_headers)
+    app.on_cleanup.append(security.close)
+    app.router.add_get("/", status_page)
+    app.router.add_static("/static/", STATIC)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_post("/api/v1/progress", post_progress)
+    app.router.add_post("/api/v1/checkpoints", post_checkpoint)
+    app.router.add_get("/api/v1/jobs", get_jobs)
+    app.router.add_get("/api/v1/status", get_status)
+
+    async def start_daemon(app: web.Application) -> None:
+        await runtime.daemon.start()
+        app[JOBS_TASK] = asyncio.create_task(runtime.evaluate_jobs())
+
+    async def stop_daemon(app: web.Application) -> None:
+        app[JOBS_TASK].cancel()
+        await runtime.daemon.stop()
+
+    app.on_startup.append(start_daemon)
+    app.on_cleanup.append(stop_daemon)
+    return app
+
+
+def split_listen_address(address: str) -> tuple[str | None, int]:
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    return (host or None), int(port)
+
+
+async def serve(
+    runtime: Service, on_started: Callable[[list[str]], None] | None = None, stop: asyncio.Event | None = None
+) -> None:
+    """Serve until SIGTERM/SIGINT (or ``stop``), then shut down within a few seconds."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    app = create_app(runtime)
+    security = app[WEB_SECURITY]
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None, **HTTP_LIMITS)
+    await runner.setup()
+    host, port = split_listen_address(runtime.config["web"]["listen_address"])
+    ssl_context = security.server_ssl_context()
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise SystemExit(
+            f"mfu-exporter: cannot listen on {runtime.config['web']['listen_address']}: {exc.strerror}"
+        ) from None
+    scheme = "https" if ssl_context else "http"
+    urls = [f"{scheme}://{'localhost' if host in (None, '0.0.0.0', '::') else host}:{port}/"]
+    log.info("mfu-exporter %s listening on %s (%s)", __version__, runtime.config["web"]["listen_address"], scheme)
+    security.warn_if_exposed(runtime.config["web"]["listen_address"])
+    if on_started:
+        on_started(urls)
+    await stop.wait()
+    log.info("shutting down")
+    await runner.cleanup()

@@ -1,0 +1,206 @@
+"""The demo drives the real sources: every family appears, steady MFU is ~45%, each incident moves its signals."""
+
+import pytest
+
+from exporter.sim import node as demo
+from tests.support.demo_harness import get, get_json, metric_samples, running_demo, wait_until
+
+JOB = (("training_job", "llama3-70b"),)
+
+FAMILIES = [
+    # trunk
+    "mfu_exporter_build_info",
+    "mfu_exporter_source_up",
+    "mfu_exporter_source_sample_duration_seconds",
+    "mfu_exporter_source_last_success_timestamp_seconds",
+    "mfu_job_tokens_total",
+    "mfu_job_model_flops_total",
+    "mfu_job_peak_flops",
+    "mfu_job_gpus",
+    "mfu_job_tokens_per_second",
+    "mfu_model_flops_utilization_ratio",
+    "mfu_job_step",
+    "mfu_job_last_report_timestamp_seconds",
+    "mfu_job_eta_seconds",
+    # GPU
+    "mfu_gpu_info",
+    "mfu_exporter_driver_info",
+    "mfu_gpu_up",
+    "mfu_gpu_utilization_ratio",
+    "mfu_gpu_memory_utilization_ratio",
+    "mfu_gpu_memory_used_bytes",
+    "mfu_gpu_memory_total_bytes",
+    "mfu_gpu_sm_clock_hertz",
+    "mfu_gpu_sm_clock_max_hertz",
+    "mfu_gpu_power_watts",
+    "mfu_gpu_power_limit_watts",
+    "mfu_gpu_energy_joules_total",
+    "mfu_gpu_temperature_celsius",
+    "mfu_gpu_throttle_active",
+    "mfu_gpu_ecc_errors_total",
+    "mfu_gpu_tensor_active_ratio",
+    "mfu_gpu_sm_active_ratio",
+    "mfu_gpu_sm_occupancy_ratio",
+    "mfu_gpu_dram_active_ratio",
+    "mfu_gpu_peak_flops",
+    "mfu_gpu_hardware_flops_utilization_ratio",
+    "mfu_gpu_nvlink_transmit_bytes_total",
+    "mfu_gpu_pcie_receive_bytes_total",
+    # fabric
+    "mfu_rdma_port_info",
+    "mfu_rdma_port_up",
+    "mfu_rdma_port_data_received_bytes_total",
+    "mfu_rdma_port_data_transmitted_bytes_total",
+    "mfu_rdma_port_packets_received_total",
+    "mfu_rdma_port_packets_transmitted_total",
+    "mfu_rdma_port_counters_total",
+    "mfu_rdma_hw_counters_total",
+    "mfu_nic_pfc_pause_frames_total",
+    "mfu_nic_pfc_pause_duration_seconds_total",
+    "mfu_nic_pfc_pause_transitions_total",
+    "mfu_nic_pause_frames_total",
+    "mfu_nic_pause_storm_events_total",
+    "mfu_nic_discards_total",
+    "mfu_nic_ecn_marked_packets_total",
+    # checkpoints
+    "mfu_checkpoint_write_duration_seconds_bucket",
+    "mfu_checkpoint_writes_total",
+    "mfu_checkpoint_write_failures_total",
+    "mfu_checkpoint_written_bytes_total",
+    "mfu_checkpoint_in_progress",
+    "mfu_checkpoint_last_success_timestamp_seconds",
+    "mfu_checkpoint_last_duration_seconds",
+    "mfu_checkpoint_last_write_bandwidth_bytes_per_second",
+    # loss attribution
+    "mfu_job_bottleneck",
+    "mfu_job_lost_gpu_seconds_total",
+    "mfu_job_baseline_mfu_ratio",
+]
+
+
+def cause(base):
+    values = metric_samples(base)
+    return next(
+        (
+            dict(labels)["cause"]
+            for (name, labels), value in values.items()
+            if name == "mfu_job_bottleneck" and value == 1 and dict(labels)["training_job"] == "llama3-70b"
+        ),
+        None,
+    )
+
+
+def mfu(base):
+    return metric_samples(base).get(("mfu_model_flops_utilization_ratio", JOB))
+
+
+def test_steady_rate_is_chosen_from_the_formula():
+    per_token = 6 * 70.6e9 + 12 * 80 * 64 * 128 * 8192
+    assert demo.healthy_tokens_per_second() * per_token / (8 * 989.4e12) == pytest.approx(0.45)
+
+
+def test_healthy_node_has_every_family_and_steady_mfu():
+    with running_demo(speed=20) as base:
+        # the first checkpoint (at 20 s) is written in ~40 s of demo time: wait for it to finish
+        wait_until(lambda: metric_samples(base).get(("mfu_checkpoint_writes_total", JOB), 0) >= 1, 30, "a checkpoint")
+        values = metric_samples(base)
+        names = {name for name, _ in values}
+        missing = [f for f in FAMILIES if f not in names]
+        assert not missing, missing
+        assert 0.40 <= mfu(base) <= 0.50
+        assert values[("mfu_gpu_utilization_ratio", (("gpu", "0"),))] == pytest.approx(0.95)
+        assert values[("mfu_gpu_tensor_active_ratio", (("gpu", "0"),))] == pytest.approx(0.60)
+        assert 30 <= values[("mfu_checkpoint_last_duration_seconds", JOB)] <= 45
+        assert all(
+            values[("mfu_exporter_source_up", (("source", s),))] == 1 for s in ("gpu", "rdma", "ethtool", "checkpoint")
+        )
+        assert cause(base) == "none"
+
+
+def pause_frames(values, interface):
+    return values.get(
+        ("mfu_nic_pfc_pause_frames_total", (("direction", "rx"), ("interface", interface), ("priority", "3"))), 0
+    )
+
+
+def test_pfc_storm_pauses_two_nics_and_drops_mfu_below_25_percent():
+    with running_demo("--incident", "pfc-storm", speed=20) as base:
+        wait_until(lambda: (mfu(base) or 1) < 0.25, 30, "MFU below 25%")
+        before = metric_samples(base)
+        wait_until(
+            lambda: pause_frames(metric_samples(base), "ens3np0") > pause_frames(before, "ens3np0"),
+            10,
+            "pause frames to climb",
+        )
+        after = metric_samples(base)
+        assert pause_frames(after, "ens6np0") > 0 and pause_frames(after, "ens1np0") == 0
+        cnp = ("mfu_rdma_hw_counters_total", (("counter", "np_cnp_sent"), ("device", "mlx5_2"), ("port", "1")))
+        assert after[cnp] > before[cnp]
+        status = get_json(base + "api/v1/status")
+        nics = {
+            n["interface"]: n for s in status["sources"] if s["source"] == "ethtool" for n in s["status"]["interfaces"]
+        }
+        assert nics["ens3np0"]["pause_ratio"]["rx/3"] > 0.3
+        wait_until(lambda: cause(base) == "network", 10, "the loss attributed to the network")
+        (job,) = get_json(base + "api/v1/jobs")["jobs"]
+        assert "ens3np0" in job["bottleneck"]["evidence"] or "ens6np0" in job["bottleneck"]["evidence"]
+
+
+def test_thermal_throttles_gpu_5_and_slows_the_job():
+    with running_demo("--incident", "thermal", speed=20) as base:
+        throttled = ("mfu_gpu_throttle_active", (("gpu", "5"), ("reason", "hw_thermal_slowdown")))
+        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 5 throttled")
+        wait_until(lambda: 0.25 <= (mfu(base) or 0) <= 0.35, 30, "MFU near 30%")
+        values = metric_samples(base)
+        assert values[("mfu_gpu_sm_clock_hertz", (("gpu", "5"),))] < values[("mfu_gpu_sm_clock_hertz", (("gpu", "0"),))]
+        assert values[("mfu_gpu_throttle_active", (("gpu", "0"), ("reason", "hw_thermal_slowdown")))] == 0
+        wait_until(lambda: cause(base) == "thermal", 10, "the loss attributed to heat")
+
+
+def test_gpu_lost_marks_gpu_3_down_and_progress_stops():
+    with running_demo("--incident", "gpu-lost", speed=20) as base:
+        wait_until(lambda: metric_samples(base).get(("mfu_gpu_up", (("gpu", "3"),))) == 0, 30, "GPU 3 lost")
+        wait_until(lambda: metric_samples(base).get(("mfu_job_tokens_per_second", JOB)) == 0, 30, "progress to stop")
+        values = metric_samples(base)
+        assert values[("mfu_gpu_up", (("gpu", "2"),))] == 1
+        assert ("mfu_gpu_utilization_ratio", (("gpu", "3"),)) not in values
+        assert values[("mfu_exporter_source_errors_total", (("reason", "gpu_lost"), ("source", "gpu")))] >= 1
+        wait_until(lambda: cause(base) == "gpu_lost", 10, "the loss attributed to the lost GPU")
+
+
+def test_checkpoint_stall_keeps_a_write_open_and_dips_mfu():
+    with running_demo("--incident", "checkpoint-stall", speed=30) as base:
+        wait_until(
+            lambda: metric_samples(base).get(("mfu_checkpoint_in_progress", JOB)) == 1, 30, "a checkpoint in progress"
+        )
+        wait_until(lambda: (mfu(base) or 1) < 0.3, 30, "MFU to dip")
+        jobs = get_json(base + "api/v1/jobs")["jobs"]
+        status = get_json(base + "api/v1/status")
+        (job,) = [j for j in status["jobs"] if j["job"] == "llama3-70b"]
+        wait_until(
+            lambda: get_json(base + "api/v1/status")["jobs"][0]["checkpoint"]["elapsed_seconds"] > 60,
+            30,
+            "the write to outlast a healthy one",
+        )
+        assert jobs[0]["job"] == "llama3-70b"
+        wait_until(lambda: cause(base) == "checkpoint", 10, "the loss attributed to the checkpoint")
+        assert job["checkpoint"]["in_progress"].startswith("step-")
+        assert get(base).startswith(b"<!doctype html>")
+
+
+def test_the_scheduled_rotation_brings_every_incident_and_a_fifteen_minute_checkpoint_stall(tmp_path):
+    monotonic = [0.0]
+    clock = demo.SimClock(1.0, wall=lambda: 1_800_000_000.0, monotonic=lambda: monotonic[0])
+    node = demo.DemoNode(tmp_path, clock, demo.Schedule())
+    order, stall_ticks, stall_writing = [], 0, 0
+    while monotonic[0] < demo.ROTATION_SECONDS:
+        node.tick()
+        if node.incident and node.incident not in order:
+            order.append(node.incident)
+        if node.incident == "checkpoint-stall":
+            stall_ticks += 1
+            stall_writing += node.checkpoints.writing and node.checkpoints.duration == demo.STALLED_CHECKPOINT_SECONDS
+        monotonic[0] += 10.0
+    assert order == list(demo.INCIDENTS)
+    assert stall_ticks == demo.STALLED_CHECKPOINT_SECONDS / 10
+    assert stall_writing >= stall_ticks - 1  # the stalled write spans the incident, ending with it

@@ -1,0 +1,147 @@
+"""Restart without loss: kill -9 of a real exporter process, a restart on the same port, and the training-side client
+brings the job back, because it sends the model facts and cumulative totals with every report."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.client import ProgressReporter
+from exporter.sources import SOURCE_FACTORIES
+from tests.support.helpers import wait_until
+
+TOKEN = "restart-test-token"
+MODEL = {"params": "7B"}
+GPUS, PEAK_TFLOPS = 8, 989.0
+FLOPS_PER_TOKEN = 6 * 7e9
+REPORT_INTERVAL = 10.0  # seconds of the job's clock between reports; the test drives that clock
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ExporterProcess:
+    def __init__(self, config_path, port):
+        self.config_path, self.port = config_path, port
+        self.process = None
+
+    def start(self):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "--config", str(self.config_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(self.ready, timeout=20)
+
+    def ready(self):
+        assert self.process.poll() is None, self.process.stdout.read().decode()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def get(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as response:
+            return response.read().decode()
+
+    def job(self):
+        [job] = json.loads(self.get("/api/v1/jobs"))["jobs"]
+        return job
+
+    def metric(self, name):
+        for family in text_string_to_metric_families(self.get("/metrics")):
+            for sample in family.samples:
+                if sample.name == name and sample.labels.get("training_job") == "llama":
+                    return sample.value
+        return None
+
+    def kill(self):
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+        self.process.stdout.close()
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        if self.process:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def exporter(tmp_path):
+    port = free_port()
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    os.chmod(token_file, 0o600)
+    config = {
+        "web": {"listen_address": f"127.0.0.1:{port}"},
+        "ingest": {"token_file": str(token_file)},
+        "sources": {name: {"enabled": "false"} for name in SOURCE_FACTORIES},
+    }
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(json.dumps(config))  # JSON is YAML
+    process = ExporterProcess(config_path, port)
+    process.start()
+    yield process
+    process.stop()
+
+
+def test_kill_9_and_restart_loses_no_job(exporter):
+    job_clock = [time.time() - 600]
+    reporter = ProgressReporter(
+        f"http://127.0.0.1:{exporter.port}",
+        "llama",
+        model=MODEL,
+        gpus=GPUS,
+        peak_tflops=PEAK_TFLOPS,
+        token=TOKEN,
+        max_backoff=0.2,
+        timeout=1.0,
+        clock=lambda: job_clock[0],
+    )
+
+    def report(tokens):
+        sent = reporter.sent
+        reporter.update(tokens_total=tokens, step=int(tokens // 1000))
+        wait_until(lambda: reporter.sent > sent, timeout=20)
+        job_clock[0] += REPORT_INTERVAL
+
+    expected_mfu = FLOPS_PER_TOKEN * (1e6 / REPORT_INTERVAL) / (GPUS * PEAK_TFLOPS * 1e12)
+    try:
+        report(1e6)
+        report(2e6)
+        assert exporter.job()["mfu"] == pytest.approx(expected_mfu)
+
+        exporter.kill()
+        failures = reporter.failures
+        reporter.update(tokens_total=3e6, step=3000)  # the training loop goes on while the exporter is down
+        wait_until(lambda: reporter.failures > failures, timeout=20)  # it met the dead exporter
+        job_clock[0] += REPORT_INTERVAL
+
+        exporter.start()  # same port, empty memory: everything below comes from the reporter
+        wait_until(lambda: reporter.sent == 3, timeout=20)  # the pending total reached the new one
+        job = exporter.job()
+        assert job["tokens_total"] == 3e6
+        assert job["mfu"] is None  # one report: no rate yet
+        assert job["flops_per_token"] == pytest.approx(FLOPS_PER_TOKEN)
+        assert job["peak_flops"] == pytest.approx(GPUS * PEAK_TFLOPS * 1e12)
+        assert exporter.metric("mfu_job_tokens_total") == 3e6  # the counter continues from the job's own total
+
+        report(4e6)  # one report interval later, MFU is back
+        assert exporter.job()["mfu"] == pytest.approx(expected_mfu)
+        assert exporter.metric("mfu_job_tokens_total") == 4e6
+        assert exporter.metric("mfu_job_model_flops_total") == pytest.approx(FLOPS_PER_TOKEN * 4e6)
+    finally:
+        reporter.close(timeout=1)

@@ -1,0 +1,65 @@
+"""The status page in a real browser: Debian's headless Chromium runs the page's own JavaScript against the demo."""
+
+import re
+import subprocess
+
+from tests.conftest import require_tool
+from tests.support.demo_harness import get_json, metric_samples, running_demo, wait_until
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1500",
+    # Virtual time runs the page's timers and fetches until the budget is spent: at least two refreshes.
+    "--virtual-time-budget=5000",
+]
+
+
+def chromium(tmp_path, url, *args):
+    browser = require_tool("chromium", "chromium")
+    profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
+    result = subprocess.run(
+        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url], capture_output=True, timeout=90
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    return result.stdout.decode()
+
+
+def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
+    # A long window keeps MFU steady between the browser's read and ours.
+    with running_demo("--incident", "thermal", "--mfu.window", "60s", speed=20) as base:
+        throttled = ("mfu_gpu_throttle_active", (("gpu", "5"), ("reason", "hw_thermal_slowdown")))
+        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 5 throttled")
+        readings = []
+
+        def settled():
+            readings.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0)
+            return len(readings) >= 3 and 0.27 < readings[-1] < 0.33 and max(readings[-3:]) - min(readings[-3:]) < 0.003
+
+        wait_until(settled, 40, "MFU to settle near 30%", interval=0.5)
+        dom = chromium(tmp_path, base, "--dump-dom")
+        api_mfu = get_json(base + "api/v1/jobs")["jobs"][0]["mfu"]
+
+        assert int(re.search(r'data-updates="(\d+)"', dom).group(1)) >= 1, "the page never updated itself"
+        shown_ratio, shown_text = re.search(r'data-mfu="([0-9.]+)">([0-9.]+)%<', dom).groups()
+        assert shown_text == f"{100 * float(shown_ratio):.1f}"  # the figure printed is the one the page received
+        assert (
+            abs(float(shown_ratio) - api_mfu) < 0.01
+        )  # and it is the API's (the job moves a little between the two reads)
+        gpu5 = re.search(r"<tr><td[^>]*>5</td>.*?</tr>", dom).group(0)
+        assert "hw_thermal_slowdown" in gpu5 and "91 °C" in gpu5
+        assert "ens3np0" in dom and "mlx5_2/1" in dom
+        cause = re.search(r'<div class="cause" data-cause="([a-z_]+)">(.*?)</div>', dom)
+        assert cause, "the page does not say why MFU is low"
+        assert cause.group(1) == "thermal" and "GPU 5 throttled: hw_thermal_slowdown" in cause.group(2)
+
+        screenshot = tmp_path / "status-page.png"
+        chromium(tmp_path, base, f"--screenshot={screenshot}")
+        assert screenshot.stat().st_size > 20_000

@@ -1,0 +1,248 @@
+"""Loss attribution with the real sources' snapshot shapes: one test per cause, and overlaps resolved by precedence.
+
+tests/test_attribution_sources.py drives the same through the real sources over the fakes."""
+
+import functools
+
+import pytest
+
+from exporter.model.attribution import CAUSES, Attributor, NodeSignals, Thresholds
+from exporter.model.jobs import JobView
+from exporter.node.counters import Changes
+from exporter.node.pci import nearest_devices
+from exporter.node.rdma import RdmaPort, discover_ports
+from exporter.sim.nvml import h100
+from exporter.sources.ethtool import InterfaceReading
+from exporter.sources.rdma import PortReading
+from tests.unit.test_preflight import hgx_node
+
+
+def job(mfu=0.2, rate=1000.0, expected=0.45, gpus=8, indices=tuple(range(8)), name="llama"):
+    return JobView(
+        name=name,
+        tokens_total=1e6,
+        step=1,
+        last_report_time=0,
+        tokens_per_second=rate,
+        flops_per_token=1e12,
+        gpus=gpus,
+        peak_flops=8e15,
+        mfu=mfu,
+        eta_seconds=None,
+        reason=None,
+        facts={"expected_mfu": expected},
+        restarts=0,
+        gpu_indices=list(indices),
+    )
+
+
+def gpu(index, **readings):
+    return {
+        "index": index,
+        "uuid": f"GPU-{index}",
+        "up": True,
+        "utilization": 0.95,
+        "throttle_reasons": [],
+        "temperature": 65.0,
+        **readings,
+    }
+
+
+def healthy_gpus(**overrides):
+    gpus = {i: gpu(i) for i in range(8)}
+    for index, readings in overrides.items():
+        gpus[int(index)] = gpu(int(index), **readings)
+    return gpus
+
+
+def nic(name, rdma_ports=(), **deltas):
+    """An ethtool reading whose stats grew by ``deltas`` over one second (pause durations in µs, as mlx5 counts)."""
+    return InterfaceReading(
+        interface=name,
+        rdma_ports=rdma_ports,
+        stats=dict.fromkeys(deltas, 0),
+        changes=Changes(elapsed=1.0, deltas=deltas),
+    )
+
+
+def port(key, **deltas):
+    device, number = key.split("/")
+    info = RdmaPort(
+        device=device,
+        port=int(number),
+        link_layer="Ethernet",
+        netdev=f"eth-{device}",
+        state="ACTIVE",
+        physical_state="LinkUp",
+        rate="400 Gb/sec",
+        rate_gbps=400.0,
+        pci_address=None,
+        numa_node=None,
+        virtual_function=False,
+        path="",
+    )
+    return PortReading(
+        port=info,
+        counters={},
+        hw_counters={},
+        counter_changes=Changes(elapsed=1.0),
+        hw_counter_changes=Changes(elapsed=1.0, deltas=deltas),
+    )
+
+
+def verdict(view, signals, limits=Thresholds()):
+    attributor = Attributor(limits)
+    attributor.evaluate(100.0, [view], signals)
+    attributor.evaluate(101.0, [view], signals)
+    return attributor, attributor.verdict(view.name)
+
+
+@pytest.mark.parametrize(
+    "signals,cause,evidence",
+    [
+        (NodeSignals(gpus=healthy_gpus(**{"3": {"up": False}})), "gpu_lost", "GPU 3 (GPU-3) is off the bus"),
+        (
+            NodeSignals(
+                gpus=healthy_gpus(), checkpoint=lambda job: {"in_progress": "step-12000", "elapsed_seconds": 300}
+            ),
+            "checkpoint",
+            "checkpoint step-12000 writing for 300s",
+        ),
+        (
+            NodeSignals(
+                gpus=healthy_gpus(),
+                interfaces={
+                    "ens3np0": nic("ens3np0", rx_prio3_pause_duration=450_000, tx_prio3_pause_duration=100_000)
+                },
+            ),
+            "network",
+            "ens3np0 paused 45% of the time on priority 3 (the switch paused it)",
+        ),
+        (
+            NodeSignals(gpus=healthy_gpus(), interfaces={"ens3np0": nic("ens3np0", tx_pause_storm_warning_events=2)}),
+            "network",
+            "ens3np0: pause storm events (warning 2)",
+        ),
+        (
+            NodeSignals(gpus=healthy_gpus(), ports={"mlx5_2/1": port("mlx5_2/1", local_ack_timeout_err=7)}),
+            "network",
+            "mlx5_2/1 (eth-mlx5_2): local_ack_timeout_err +7",
+        ),
+        (
+            NodeSignals(
+                gpus=healthy_gpus(), ports={"mlx5_2/1": port("mlx5_2/1", np_cnp_sent=25_000, rp_cnp_handled=25_000)}
+            ),
+            "network",
+            "50,000 CNPs/s",
+        ),
+        (
+            NodeSignals(gpus=healthy_gpus(**{"5": {"throttle_reasons": ["hw_thermal_slowdown"], "temperature": 91.0}})),
+            "thermal",
+            "GPU 5 throttled: hw_thermal_slowdown at 91 °C",
+        ),
+        (
+            NodeSignals(gpus=healthy_gpus(**{"1": {"throttle_reasons": ["sw_power_cap"]}})),
+            "power",
+            "GPU 1 throttled: sw_power_cap",
+        ),
+        (NodeSignals(gpus={i: gpu(i, utilization=0.2) for i in range(8)}), "input", "GPUs 20% busy"),
+        (NodeSignals(gpus=healthy_gpus()), "unknown", "no sampled signal explains it"),
+    ],
+)
+def test_each_cause_with_its_evidence(signals, cause, evidence):
+    _, found = verdict(job(), signals)
+    assert found.cause == cause
+    assert evidence in found.evidence
+    assert found.lost_fraction == pytest.approx((0.45 - 0.2) / 0.45)
+
+
+def test_stalled_when_no_progress_and_nothing_else():
+    _, found = verdict(job(mfu=0.0, rate=0.0), NodeSignals(gpus=healthy_gpus()))
+    assert found.cause == "stalled"
+
+
+def test_overlapping_causes_resolve_by_precedence():
+    everything = NodeSignals(
+        gpus=healthy_gpus(**{"3": {"up": False}, "5": {"throttle_reasons": ["hw_thermal_slowdown"]}}),
+        interfaces={"ens3np0": nic("ens3np0", rx_prio3_pause_duration=500_000)},
+        checkpoint=lambda job: {"in_progress": "step-1", "elapsed_seconds": 1},
+    )
+    assert verdict(job(), everything)[1].cause == "gpu_lost"
+    everything.gpus[3]["up"] = True
+    assert verdict(job(), everything)[1].cause == "checkpoint"
+    everything.checkpoint = lambda job: None
+    assert verdict(job(), everything)[1].cause == "network"
+    everything.interfaces = {}
+    assert verdict(job(mfu=0.0, rate=0.0), everything)[1].cause == "thermal"  # a throttled GPU explains a stall
+
+
+def test_only_the_jobs_gpus_count():
+    signals = NodeSignals(gpus=healthy_gpus(**{"7": {"up": False}}))
+    assert verdict(job(gpus=4, indices=(0, 1, 2, 3)), signals)[1].cause == "unknown"
+
+
+def test_a_job_watches_the_nics_on_its_gpus_pcie_switches(tmp_path):
+    """On an HGX node each GPU shares a PCIe switch with one NIC: GPU 2's NIC, on the NUMA node of GPUs 0 and 1 too,
+    pausing is not the network of a job on GPUs 0 and 1."""
+    node = hgx_node(tmp_path)
+    ports = {
+        p.key: PortReading(p, {}, {}, Changes(elapsed=1.0), Changes(elapsed=1.0)) for p in discover_ports(str(node.sys))
+    }
+    signals = NodeSignals(
+        gpus=healthy_gpus(),
+        ports=ports,
+        gpu_pci_bus_ids={i: h100(i).pci_bus_id for i in range(8)},
+        nearest_nics=functools.partial(nearest_devices, str(node.sys)),
+        interfaces={"eth2": nic("eth2", rdma_ports=("mlx5_2/1",), rx_prio3_pause_duration=450_000)},
+    )
+    assert verdict(job(gpus=2, indices=(0, 1)), signals)[1].cause == "unknown"
+    found = verdict(job(gpus=2, indices=(2, 3)), signals)[1]
+    assert found.cause == "network"
+    assert (
+        found.evidence
+        == "eth2 paused 45% of the time on priority 3 (the switch paused it); nearest NIC of the job's GPU 2"
+    )
+
+
+def test_healthy_job_is_none_and_loses_nothing():
+    attributor, found = verdict(job(mfu=0.43), NodeSignals(gpus=healthy_gpus(**{"3": {"up": False}})))
+    assert found.cause == "none"
+    lost = {m.name: m for m in attributor.families()}["mfu_job_lost_gpu_seconds"]
+    assert all(sample.value == 0 for sample in lost.samples)
+
+
+def test_lost_gpu_seconds_integrate_the_gap_by_cause():
+    attributor = Attributor()
+    signals = NodeSignals(gpus=healthy_gpus(**{"5": {"throttle_reasons": ["hw_thermal_slowdown"]}}))
+    view = job(mfu=0.30)
+    for second in range(11):
+        attributor.evaluate(1000.0 + second, [view], signals)
+    families = {m.name: m for m in attributor.families()}
+    lost = {
+        s.labels["cause"]: s.value for s in families["mfu_job_lost_gpu_seconds"].samples if s.name.endswith("_total")
+    }
+    assert lost["thermal"] == pytest.approx(8 * (0.45 - 0.30) / 0.45 * 10)
+    assert sum(v for c, v in lost.items() if c != "thermal") == 0
+    bottleneck = {s.labels["cause"]: s.value for s in families["mfu_job_bottleneck"].samples}
+    assert set(bottleneck) == set(CAUSES) and bottleneck["thermal"] == 1 and sum(bottleneck.values()) == 1
+    assert families["mfu_job_baseline_mfu_ratio"].samples[0].value == 0.45
+
+
+def test_baseline_learned_from_recent_windows_without_expected_mfu():
+    limits = Thresholds(baseline_min_samples=5, baseline_interval=1.0)
+    attributor = Attributor(limits)
+    signals = NodeSignals(gpus=healthy_gpus())
+    for second, mfu in enumerate([0.44, 0.46, 0.45, 0.47, 0.43, 0.45]):
+        attributor.evaluate(float(second), [job(mfu=mfu, expected=None)], signals)
+    assert attributor.verdict("llama").cause == "none"
+    attributor.evaluate(10.0, [job(mfu=0.2, expected=None)], signals)
+    found = attributor.verdict("llama")
+    assert found.baseline == pytest.approx(0.47) and found.cause == "unknown"
+
+
+def test_job_without_mfu_has_no_verdict_and_gone_jobs_are_forgotten():
+    attributor = Attributor()
+    attributor.evaluate(0.0, [job(mfu=None)], NodeSignals())
+    assert attributor.verdict("llama") is None
+    attributor.evaluate(1.0, [], NodeSignals())
+    assert list(attributor.families())[0].samples == []

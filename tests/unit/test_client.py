@@ -1,0 +1,87 @@
+import threading
+import time
+
+import requests
+import responses
+
+from exporter.client import ProgressReporter
+from tests.support.helpers import wait_until
+
+URL = "http://exporter.test:9495"
+PROGRESS = URL + "/api/v1/progress"
+
+
+@responses.activate
+def test_reports_carry_model_facts_and_time():
+    responses.post(PROGRESS, json={})
+    reporter = ProgressReporter(URL, "llama3-70b", model={"params": "70B"}, gpus=8, clock=lambda: 1234.5)
+    reporter.update(tokens_total=1000, step=3)
+    reporter.close()
+    (call,) = responses.calls
+    body = call.request.body
+    assert b'"tokens_total": 1000' in body and b'"step": 3' in body and b'"time": 1234.5' in body
+    assert b'"model": {"params": "70B"}' in body and b'"gpus": 8' in body
+
+
+@responses.activate
+def test_retries_with_backoff_until_the_exporter_answers():
+    responses.post(PROGRESS, status=503)
+    responses.post(PROGRESS, body=requests.ConnectionError("refused"))
+    responses.post(PROGRESS, json={})
+    reporter = ProgressReporter(URL, "job", max_backoff=0.01)
+    reporter.update(tokens_total=10)
+    wait_until(lambda: reporter.sent == 1)
+    reporter.close()
+    assert len(responses.calls) == 3
+    assert reporter.failures == 2
+
+
+@responses.activate
+def test_newest_totals_replace_unsent_ones():
+    gate = threading.Event()
+    bodies = []
+
+    def slow(request):
+        gate.wait(5)
+        bodies.append(request.body)
+        return (200, {}, "{}")
+
+    responses.add_callback(responses.POST, PROGRESS, callback=slow)
+    reporter = ProgressReporter(URL, "job")
+    reporter.update(tokens_total=1)
+    wait_until(lambda: len(responses.calls) == 0 and reporter._pending is None)
+    for total in range(2, 1002):
+        reporter.update(tokens_total=total)  # the first request is still in flight
+    gate.set()
+    reporter.close()
+    assert len(bodies) == 2
+    assert b'"tokens_total": 1001' in bodies[1]
+
+
+def test_update_never_blocks_or_raises_when_the_exporter_is_gone():
+    session = requests.Session()
+    session.post = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    reporter = ProgressReporter(URL, "job", session=session, max_backoff=0.01)
+    started = time.monotonic()
+    for total in range(10_000):
+        reporter.update(tokens_total=total)
+    assert time.monotonic() - started < 5  # 10k updates: no network wait in the training step
+    reporter.close(timeout=0.5)
+    assert reporter.sent == 0 and reporter.failures >= 1
+
+
+@responses.activate
+def test_a_rejected_report_is_not_retried():
+    responses.post(PROGRESS, status=400, json={"error": "bad", "field": "job"})
+    reporter = ProgressReporter(URL, "job")
+    reporter.update(tokens_total=1)
+    reporter.close()
+    assert len(responses.calls) == 1
+
+
+@responses.activate
+def test_close_flushes_the_pending_total():
+    responses.post(PROGRESS, json={})
+    with ProgressReporter(URL, "job") as reporter:
+        reporter.update(tokens_total=42)
+    assert b'"tokens_total": 42' in responses.calls[-1].request.body

@@ -1,0 +1,139 @@
+import subprocess
+import sys
+
+import pytest
+
+from exporter.config import ConfigError, defaults, load_config, validate
+from exporter.quantities import parse_duration, parse_quantity
+
+
+@pytest.mark.parametrize(
+    "text,value", [("70B", 70e9), ("8.5e9", 8.5e9), ("15T", 15e12), ("1.5k", 1500), (7e10, 7e10), ("405 B", 405e9)]
+)
+def test_quantities(text, value):
+    assert parse_quantity(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    "text,value", [("30s", 30), ("5m", 300), ("1h30m", 5400), ("250ms", 0.25), (15, 15), ("2", 2.0), ("60d", 5184000)]
+)
+def test_durations(text, value):
+    assert parse_duration(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("bad", ["seventy", "", "-5", "1e400", True, [1], "nan"])
+def test_bad_quantities(bad):
+    with pytest.raises(ValueError):
+        parse_quantity(bad)
+
+
+def test_defaults_fill_every_key():
+    config = defaults()
+    assert config["web"]["listen_address"] == ":9495"
+    assert config["mfu"]["window"] == 60
+    assert config["ingest"] == {"token_file": None, "max_jobs": 32, "max_body_bytes": 65536, "job_ttl": 86400.0}
+    for source in ("gpu", "rdma", "ethtool", "checkpoint"):
+        assert config["sources"][source]["enabled"] == "auto"
+        assert config["sources"][source]["interval"] == 1.0
+
+
+def test_human_forms_in_jobs():
+    config = validate(
+        {
+            "jobs": {"llama3-70b": {"params": "70.6B", "target_tokens": "15T", "gpus": [0, "GPU-abc"]}},
+            "mfu": {"window": "30s"},
+        }
+    )
+    job = config["jobs"]["llama3-70b"]
+    assert job["params"] == pytest.approx(70.6e9)
+    assert job["target_tokens"] == 15e12
+    assert job["gpus"] == [0, "GPU-abc"]
+    assert job["dtype"] == "bf16"
+    assert config["mfu"]["window"] == 30
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        (
+            {"jobs": {"llama": {"params": "seventy"}}},
+            'config.yaml: jobs.llama.params: expected a number like 7e10 or "70B", got "seventy"',
+        ),
+        (
+            {"sources": {"gpu": {"intreval": "5s"}}},
+            "config.yaml: sources.gpu.intreval: unknown key; expected one of enabled, interval",
+        ),
+        (
+            {"mfu": {"window": "soon"}},
+            'config.yaml: mfu.window: expected a duration like "30s", "5m" or "1h", got "soon"',
+        ),
+        (
+            {"sources": {"rdma": {"enabled": "maybe"}}},
+            'config.yaml: sources.rdma.enabled: expected one of auto, true, false, got "maybe"',
+        ),
+        ({"web": {"listen_address": "9495"}}, 'config.yaml: web.listen_address: expected HOST:PORT such as ":9495"'),
+        ({"jobs": {"bad name": {}}}, "config.yaml: jobs.bad name: expected the name to be a job name"),
+        ({"jobs": {"x": {"gpus": 0}}}, "config.yaml: jobs.x.gpus: expected a GPU count like 8"),
+        (
+            {"jobs": {"x": {"gpus": [0, 1, 0]}}},
+            "config.yaml: jobs.x.gpus: expected each GPU listed once, like [0, 1, 2, 3] "
+            "(0 is listed twice), got [0, 1, 0]",
+        ),
+        (
+            {"jobs": {"x": {"dtype": "int4"}}},
+            'config.yaml: jobs.x.dtype: expected one of bf16, fp16, fp8, tf32, got "int4"',
+        ),
+        ({"ingest": {"max_jobs": -1}}, "config.yaml: ingest.max_jobs: expected a positive whole number, got -1"),
+        (
+            {"sources": {"rdma": {"devices_include": ["("]}}},
+            "config.yaml: sources.rdma.devices_include[0]: expected a valid regular expression",
+        ),
+        (
+            {"sources": {"checkpoint": {"watch": [{"job": "x"}]}}},
+            "config.yaml: sources.checkpoint.watch[0].path: expected a non-empty string",
+        ),
+        (["a list"], 'config.yaml: expected a mapping of keys, got ["a list"]'),
+    ],
+)
+def test_config_errors_name_file_key_and_form(raw, message):
+    with pytest.raises(ConfigError) as caught:
+        validate(raw, "config.yaml")
+    assert str(caught.value).startswith(message)
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("web:\n  listen_address: [\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: expected valid YAML \(line"):
+        load_config(str(path))
+
+
+def test_example_config_loads():
+    config = load_config("examples/config.yaml")
+    assert config["jobs"]["llama3-70b"]["seq_len"] == 8192
+    # node-local, like the tokens a job reports: Llama 3's 15T over an 8-GPU node of a 1,024-GPU job
+    assert config["jobs"]["llama3-70b"]["target_tokens"] == pytest.approx(15e12 * 8 / 1024, rel=1e-3)
+
+
+def test_cli_exits_2_with_one_clear_line(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("jobs:\n  llama:\n    params: seventy\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "--config", str(path)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        == f'mfu-exporter: {path}: jobs.llama.params: expected a number like 7e10 or "70B", got "seventy"'
+    )
+
+
+def test_cli_rejects_bad_listen_flag():
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "run", "--web.listen-address", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "--web.listen-address: expected HOST:PORT" in result.stderr

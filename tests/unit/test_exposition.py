@@ -1,0 +1,355 @@
+"""exporter.render.encode: ``encode`` writes exactly the bytes prometheus_client's encoders write, for every format a
+scraper can ask for, on a real node's families and on arbitrary ones (which it partly hands to the library); the
+cache serves those bytes, encoding a source's snapshot once per format, ahead of the scrape when it can."""
+
+import asyncio
+import gc
+import math
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Exemplar
+
+from exporter.config import validate
+from exporter.model.checkpoints import parse_checkpoint_event
+from exporter.model.jobs import JobTracker, parse_progress
+from exporter.node.ethtool import EthtoolTextReader
+from exporter.render import encode as exposition
+from exporter.render.collector import ExporterCollector
+from exporter.render.encode import MetricsCache, encode
+from exporter.scheduler import Scheduler
+from exporter.service import build_service
+from exporter.sim import nvml as fake_nvml
+from exporter.sim.mlx5 import SimulatedNode
+from exporter.sources.base import Snapshot
+from exporter.sources.ethtool import EthtoolSource
+from exporter.sources.gpu import GpuSource
+from exporter.sources.rdma import RdmaSource
+
+ACCEPT_HEADERS = [
+    "",  # curl: text 0.0.4
+    "text/plain;version=0.0.4",
+    "text/plain;version=1.0.0;escaping=allow-utf-8",
+    "text/plain;version=1.0.0;escaping=underscores",
+    "text/plain;version=1.0.0;escaping=dots",
+    "text/plain;version=1.0.0;escaping=values",
+    "application/openmetrics-text",
+    "application/openmetrics-text;version=1.0.0",
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8",
+    "application/openmetrics-text;version=1.0.0;escaping=dots",
+    "application/openmetrics-text;version=1.0.0;escaping=values",
+    "application/openmetrics-text;version=2.0.0;escaping=allow-utf-8",
+    # what Prometheus 2 and 3 send
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4",
+]
+
+
+class Families:
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def assert_same_bytes(registry):
+    for accept in ACCEPT_HEADERS:
+        encoder, content_type = choose_encoder(accept)
+        assert encode(registry, encoder, content_type) == encoder(registry), accept
+
+
+def node_runtime(tmp_path):
+    """A runtime whose daemon sampled a two-GPU, two-NIC node once, with jobs and checkpoint writes."""
+    fabric = SimulatedNode(tmp_path, nics=2)
+    fabric.nics[0].rx_pause_ratio = 0.2
+    fabric.tick(1.0)
+    nvml = fake_nvml.node(fake_nvml.h100, count=2)
+    config = validate({})
+    sources = [
+        GpuSource(nvml),
+        RdmaSource(fabric.sysfs_root),
+        EthtoolSource(fabric.sysfs_root, reader=EthtoolTextReader.from_directory(str(fabric.ethtool_directory))),
+    ]
+    runtime = build_service(config, sources)
+
+    async def sample_once():
+        await runtime.daemon.start()
+        while not all(state.cycles for state in runtime.daemon.states.values()):
+            await asyncio.sleep(0.01)
+        await runtime.daemon.stop()
+
+    asyncio.run(sample_once())
+    for step in (1, 2):
+        runtime.jobs.report(
+            parse_progress(
+                {"job": "llama", "tokens_total": step * 1e6, "step": step, "model": {"params": "8B"}, "gpus": 2},
+                time.time(),
+            )
+        )
+    return runtime
+
+
+def test_a_node_is_encoded_as_the_library_encodes_it(tmp_path):
+    runtime = node_runtime(tmp_path)
+    text = choose_encoder("")[0](runtime.registry).decode()
+    for family in (
+        "mfu_gpu_",
+        "mfu_rdma_hw_counters_total",
+        "mfu_nic_pfc_pause_duration_seconds_total",
+        "mfu_job_info",
+        "mfu_exporter_source_up",
+    ):
+        assert family in text  # every kind of family the exporter writes is in the comparison
+    assert_same_bytes(runtime.registry)
+
+
+def test_checkpoint_histograms_are_encoded_as_the_library_encodes_them():
+    from exporter.model.checkpoints import CheckpointTracker, checkpoint_families
+
+    tracker = CheckpointTracker()
+    for index, seconds in enumerate((0.5, 38.2, 900.0)):
+        tracker.record(
+            parse_checkpoint_event(
+                {"job": "llama", "checkpoint": f"step-{index}", "duration_seconds": seconds, "bytes": 1.6e10},
+                time.time(),
+            )
+        )
+    assert_same_bytes(Families(list(checkpoint_families(tracker.totals()))))
+
+
+def test_labels_values_and_help_that_need_escaping():
+    gauge = GaugeMetricFamily("mfu_test_gauge", 'Help with a \\ backslash,\na newline and "quotes".', labels=["b", "a"])
+    gauge.add_metric(['back\\slash "quoted"\nnewline', "ünïcode ✓"], 1.5)
+    gauge.add_metric(["", "empty"], -0.0)
+    counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
+    for value in (0, 1, 12345678, 1.5e300, math.inf, -math.inf, math.nan, 1e-9, 2**63):
+        counter.add_metric([str(value)], value)
+    assert_same_bytes(Families([gauge, counter]))
+
+
+def test_label_texts_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(exposition, "MAX_LABEL_TEXTS", 3)
+    counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
+    for index in range(10):
+        counter.add_metric([f"ens{index}np0"], index)
+    assert_same_bytes(Families([counter]))
+    assert len(exposition._label_texts) <= 3
+
+
+def test_units_and_created_samples():
+    duration = GaugeMetricFamily("mfu_test_duration", "A duration.", labels=["job"], unit="seconds")
+    duration.add_metric(["llama"], 38.2)
+    created = CounterMetricFamily("mfu_test_writes", "Writes.", labels=["job"], created=1.7e9)
+    created.add_metric(["llama"], 3, created=1.7e9)
+    assert_same_bytes(Families([duration, created]))
+
+
+def mostly(common, rare):
+    """``common`` nine times in ten: families the fast path writes, with now and then one it hands over."""
+    return st.integers(0, 9).flatmap(lambda roll: rare if roll == 0 else common)
+
+
+NAMES = mostly(
+    st.from_regex(r"[a-z_][a-z0-9_]{0,12}", fullmatch=True), st.sampled_from(["job:rate5m", "__reserved", "a.b", "ünï"])
+)
+LABEL_NAMES = mostly(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), st.sampled_from(["__name", "a.b", "ü"]))
+VALUES = st.one_of(st.integers(-(2**64), 2**64), st.floats(allow_nan=True, allow_infinity=True))
+
+
+@st.composite
+def families(draw):
+    kind = draw(
+        st.sampled_from(["gauge", "counter", "info", "histogram", "summary", "stateset", "gaugehistogram", "unknown"])
+    )
+    name = draw(NAMES)
+    metric = Metric(name, draw(st.text(max_size=20)), kind, unit=draw(mostly(st.just(""), st.just("seconds"))))
+    suffixes = {
+        "counter": ["_total", "_created"],
+        "info": ["_info"],
+        "histogram": ["_bucket", "_count", "_sum", "_created"],
+        "summary": ["", "_count", "_sum"],
+        "gaugehistogram": ["_bucket", "_gcount", "_gsum"],
+    }.get(kind, [""])
+    for _ in range(draw(st.integers(0, 4))):
+        labels = draw(st.dictionaries(LABEL_NAMES, st.text(max_size=10), max_size=3))
+        timestamp = draw(mostly(st.none(), st.floats(0, 2e9)))
+        exemplar = draw(
+            mostly(
+                st.none(),
+                st.builds(Exemplar, st.dictionaries(st.just("trace_id"), st.text(max_size=5)), VALUES, st.none()),
+            )
+        )
+        metric.add_sample(metric.name + draw(st.sampled_from(suffixes)), labels, draw(VALUES), timestamp, exemplar)
+    return metric
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(families(), max_size=4), st.sampled_from(ACCEPT_HEADERS))
+def test_arbitrary_families_are_encoded_as_the_library_encodes_them(metrics, accept):
+    registry = Families(metrics)
+    encoder, content_type = choose_encoder(accept)
+    try:
+        expected = encoder(registry)
+    except Exception as exc:  # noqa: BLE001 - what the library refuses must be refused alike
+        with pytest.raises(type(exc)):
+            encode(registry, encoder, content_type)
+        return
+    assert encode(registry, encoder, content_type) == expected
+
+
+async def test_the_cache_serves_the_library_bytes():
+    registry = CollectorRegistry(auto_describe=False)
+    counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
+    counter.add_metric(["ens1np0"], 7)
+    registry.register(Families([counter]))
+    cache = MetricsCache(registry, lambda: 0)
+    for accept in ACCEPT_HEADERS:
+        body, headers = await cache.render(accept, None)
+        encoder, content_type = choose_encoder(accept)
+        assert (body, headers["Content-Type"]) == (encoder(registry), content_type)
+
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0"
+
+
+class CountingSource:
+    """A source whose snapshots count how often their families are rendered."""
+
+    name, interval, timeout = "counting", 3600.0, 5.0  # sampled once at start; the tests sample it again by hand
+
+    def __init__(self):
+        self.value = 0
+        self.renders = 0
+
+    def sample(self):
+        self.value += 1
+        value = self.value
+
+        def render():
+            self.renders += 1
+            family = CounterMetricFamily("mfu_test_events", "Events.", labels=["interface"])
+            family.add_metric(["ens1np0"], value)
+            yield family
+
+        return Snapshot(render=render)
+
+    def close(self):
+        pass
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+async def cached_node(source, clock):
+    """A daemon, jobs and the cache wired as build_service wires them, with a fake monotonic clock and a
+    one-thread executor, so awaiting a no-op on it waits for everything queued before."""
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+    daemon = Scheduler([source])
+    jobs = JobTracker()
+    collector = ExporterCollector(daemon, jobs)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, monotonic=clock, parts=collector.parts)
+    daemon.on_sample(cache.sampled)
+    await daemon.start()
+    await daemon.first_cycle_done.wait()
+    return daemon, jobs, registry, cache
+
+
+async def executor_drained():
+    await asyncio.get_running_loop().run_in_executor(None, lambda: None)
+
+
+def report(jobs, step):
+    jobs.report(parse_progress({"job": "llama", "tokens_total": step * 1000, "step": step}, time.time()))
+
+
+async def test_a_snapshot_is_encoded_once_per_format_however_often_the_state_changes():
+    source, clock = CountingSource(), Clock()
+    daemon, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        for step in range(1, 6):
+            report(jobs, step)  # a new state: a new body, with the same snapshot in it
+            for accept in (OPENMETRICS_ACCEPT, ""):
+                for accept_encoding in (None, "gzip"):
+                    await cache.render(accept, accept_encoding)
+        assert source.renders == 2
+        for accept in ACCEPT_HEADERS:
+            encoder, content_type = choose_encoder(accept)
+            assert await cache.render(accept, None) == (encoder(registry), {"Content-Type": content_type})
+    finally:
+        await daemon.stop()
+
+
+async def sample_and_settle(daemon, source):
+    await daemon.sample_once(source)
+    await executor_drained()
+
+
+async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_scraper():
+    source, clock = CountingSource(), Clock()
+    daemon, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        await cache.render(OPENMETRICS_ACCEPT, None)
+        clock.now += 15
+        await cache.render(OPENMETRICS_ACCEPT, None)  # every 15 s: a Prometheus
+        await cache.render("", None)  # text, once: a curl
+        assert source.renders == 2
+        clock.now += 10
+        await sample_and_settle(daemon, source)
+        assert source.renders == 3  # encoded once more, as OpenMetrics only
+        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
+        assert source.renders == 3 and b'mfu_test_events_total{interface="ens1np0"} 2.0' in body
+        clock.now += 2 * 10 + MetricsCache.WARM_MARGIN + 1  # the scraper missed two of its intervals
+        await sample_and_settle(daemon, source)
+        assert source.renders == 3
+        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
+        assert source.renders == 4 and b'mfu_test_events_total{interface="ens1np0"} 3.0' in body
+    finally:
+        await daemon.stop()
+
+
+async def test_a_burst_of_scrapes_does_not_keep_encoding_ahead():
+    source, clock = CountingSource(), Clock()
+    daemon, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        for _ in range(100):
+            clock.now += 0.001
+            await cache.render(OPENMETRICS_ACCEPT, None)
+        clock.now += MetricsCache.WARM_MARGIN + 1
+        await sample_and_settle(daemon, source)
+        assert source.renders == 1
+    finally:
+        await daemon.stop()
+
+
+async def test_encodings_of_replaced_snapshots_are_let_go():
+    source, clock = CountingSource(), Clock()
+    daemon, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        for _ in range(2):
+            await cache.render(OPENMETRICS_ACCEPT, None)
+            clock.now += 15
+        first = weakref.ref(daemon.states[source.name].snapshot)
+        for _ in range(3):  # sampled and encoded ahead, not scraped
+            await sample_and_settle(daemon, source)
+        assert source.renders == 4
+        gc.collect()
+        assert first() is None
+    finally:
+        await daemon.stop()

@@ -1,0 +1,197 @@
+import pytest
+
+from exporter.model.jobs import GpuInfo, JobTracker, TooManyJobs, ValidationError, parse_progress
+
+NOW = 1_800_000_000.0
+H100 = "NVIDIA H100 80GB HBM3"
+LLAMA = {"params": 70.6e9, "layers": 80, "heads": 64, "head_dim": 128, "seq_len": 8192}
+
+
+class Clock:
+    def __init__(self, now=NOW):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def eight_h100():
+    return [GpuInfo(i, f"GPU-{i}", H100) for i in range(8)]
+
+
+def tracker(clock, inventory=eight_h100, **kwargs):
+    return JobTracker(configured={"llama3-70b": dict(LLAMA)}, window=60, gpu_inventory=inventory, clock=clock, **kwargs)
+
+
+def report(job="llama3-70b", tokens=0, **extra):
+    return parse_progress({"job": job, "tokens_total": tokens, **extra}, NOW)
+
+
+def test_mfu_from_two_reports_matches_the_formula():
+    clock = Clock()
+    jobs = tracker(clock)
+    jobs.report(report(tokens=0, time=NOW))
+    clock.now += 10
+    view = jobs.report(report(tokens=100_000, time=NOW + 10, step=12))
+    per_token = 6 * 70.6e9 + 12 * 80 * 64 * 128 * 8192
+    assert view.tokens_per_second == pytest.approx(10_000)
+    assert view.peak_flops == pytest.approx(8 * 989.4e12)
+    assert view.mfu == pytest.approx(per_token * 10_000 / (8 * 989.4e12))
+    assert view.step == 12 and view.reason is None
+
+
+def test_window_uses_oldest_and_newest_report_inside_it():
+    clock = Clock()
+    jobs = tracker(clock)
+    for second, tokens in [(0, 0), (30, 1000), (70, 5000), (100, 8000)]:
+        clock.now = NOW + second
+        view = jobs.report(report(tokens=tokens, time=NOW + second))
+    # the window is [40, 100]: reports at 70 and 100
+    assert view.tokens_per_second == pytest.approx((8000 - 5000) / 30)
+
+
+def test_a_job_reporting_every_step_keeps_about_one_window_point_per_second_and_an_exact_rate():
+    clock = Clock()
+    jobs = tracker(clock)
+    for i in range(120 * 50):  # 50 reports a second for two minutes, 2,000 tokens/s
+        clock.now = NOW + i / 50
+        view = jobs.report(report(tokens=i * 40, time=clock.now))
+    assert len(jobs._jobs["llama3-70b"].window) <= 64  # a point a second over the 60 s window, and its ends
+    assert view.tokens_per_second == pytest.approx(2000)
+
+
+def test_repeated_report_double_counts_nothing_and_backwards_total_starts_new_window():
+    clock = Clock()
+    jobs = tracker(clock)
+    jobs.report(report(tokens=1000, time=NOW))
+    clock.now += 5
+    jobs.report(report(tokens=2000, time=NOW + 5))
+    view = jobs.report(report(tokens=2000, time=NOW + 5))
+    assert view.tokens_total == 2000
+    clock.now += 5
+    view = jobs.report(report(tokens=500, time=NOW + 10))  # restarted from a checkpoint
+    assert view.restarts == 1
+    assert view.tokens_per_second is None and view.mfu is None
+    clock.now += 5
+    view = jobs.report(report(tokens=1500, time=NOW + 15))
+    assert view.tokens_per_second == pytest.approx(200)
+    # the exported counter never goes backwards: 2000 before the restart, then 1000 more tokens trained
+    assert view.tokens_processed == 3000 and view.replayed_tokens == 1500
+
+
+def test_no_report_for_a_window_means_zero_rate():
+    clock = Clock()
+    jobs = tracker(clock)
+    jobs.report(report(tokens=0, time=NOW))
+    clock.now += 10
+    jobs.report(report(tokens=1000, time=NOW + 10))
+    clock.now += 61
+    (view,) = jobs.views()
+    assert view.tokens_per_second == 0 and view.mfu == 0
+
+
+def test_reasons_when_mfu_cannot_be_known():
+    clock = Clock()
+    jobs = JobTracker(gpu_inventory=lambda: [GpuInfo(0, "GPU-0", "NVIDIA Quantum Toaster")], clock=clock)
+    view = jobs.report(report(job="mystery", tokens=0))
+    assert "params unknown" in view.reason
+    view = jobs.report(report(job="mystery", tokens=10, model={"params": "7B"}))
+    assert "no bf16 peak known for GPU 'NVIDIA Quantum Toaster'" in view.reason
+    clock.now += 1
+    view = jobs.report(report(job="mystery", tokens=20, peak_tflops=100))
+    assert view.reason is None and view.peak_flops == 100e12
+
+
+def test_no_inventory_needs_gpus_and_peak_override():
+    jobs = tracker(Clock(), inventory=lambda: None)
+    view = jobs.report(report(tokens=0))
+    assert "GPU inventory is unknown" in view.reason
+    view = jobs.report(report(tokens=0, gpus=8))
+    assert "set peak_tflops" in view.reason
+
+
+def test_job_gpu_list_on_a_mixed_node_sums_each_peak():
+    inventory = [GpuInfo(0, "GPU-a", H100), GpuInfo(1, "GPU-b", "NVIDIA A100-SXM4-80GB")]
+    jobs = tracker(Clock(), inventory=lambda: inventory)
+    view = jobs.report(report(tokens=0, gpus=[0, "GPU-b"]))
+    assert view.peak_flops == pytest.approx(989.4e12 + 312e12)
+    assert view.gpu_indices == [0, 1]
+    view = jobs.report(report(tokens=0, gpus=[5]))
+    assert "not found on this node: 5" in view.reason
+
+
+def test_a_gpu_named_by_index_and_uuid_is_not_counted_twice():
+    jobs = tracker(Clock())
+    view = jobs.report(report(tokens=0, gpus=[0, 1, "GPU-0"]))
+    assert view.reason == "job GPUs name GPU 0 twice (as 0 and GPU-0); list each GPU once"
+    assert (view.gpus, view.peak_flops, view.mfu) == (None, None, None)  # no peak a cluster ratio would sum twice
+    view = jobs.report(report(tokens=0, gpus=[0, 1]))
+    assert (view.gpus, view.peak_flops) == (2, pytest.approx(2 * 989.4e12))
+
+
+def test_the_no_mfu_line_is_logged_once_per_job_and_reason(caplog):
+    clock = Clock()
+    jobs = JobTracker(gpu_inventory=eight_h100, job_ttl=100, clock=clock)
+    with caplog.at_level("WARNING", logger="exporter.model.jobs"):
+        for job in ("a", "b", "a", "b"):
+            jobs.report(report(job=job))
+        assert [r.getMessage() for r in caplog.records] == [
+            f"job {job}: no MFU: model params unknown: send model.params in a progress report or set jobs.<name>.params"
+            for job in ("a", "b")
+        ]
+        caplog.clear()
+        clock.now += 101  # both forgotten: a new job "a" is logged again
+        jobs.report(report(job="a"))
+        assert [r.getMessage() for r in caplog.records] == [
+            "job a: no MFU: model params unknown: send model.params in a progress report or set jobs.<name>.params"
+        ]
+
+
+def test_eta_from_target_tokens():
+    clock = Clock()
+    jobs = tracker(clock)
+    jobs.report(report(tokens=0, target_tokens="1M"))
+    clock.now += 10
+    view = jobs.report(report(tokens=100_000))
+    assert view.eta_seconds == pytest.approx(90)
+
+
+def test_job_cap_and_expiry():
+    clock = Clock()
+    jobs = JobTracker(max_jobs=2, job_ttl=100, clock=clock)
+    jobs.report(report(job="a"))
+    jobs.report(report(job="b"))
+    with pytest.raises(TooManyJobs):
+        jobs.report(report(job="c"))
+    clock.now += 101
+    jobs.report(report(job="c"))
+    assert jobs.names() == ["c"]
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"tokens_total": 1}, "job"),
+        ({"job": "a b", "tokens_total": 1}, "job"),
+        ({"job": "x" * 129, "tokens_total": 1}, "job"),
+        ({"job": "ok"}, "tokens_total"),
+        ({"job": "ok", "tokens_total": -1}, "tokens_total"),
+        ({"job": "ok", "tokens_total": "12"}, "tokens_total"),
+        ({"job": "ok", "tokens_total": True}, "tokens_total"),
+        ({"job": "ok", "tokens_total": 1, "step": 1.5}, "step"),
+        ({"job": "ok", "tokens_total": 1, "time": NOW + 2 * 86400}, "time"),
+        ({"job": "ok", "tokens_total": 1, "model": {"params": "seventy"}}, "model.params"),
+        ({"job": "ok", "tokens_total": 1, "model": {"parms": 1}}, "model.parms"),
+        ({"job": "ok", "tokens_total": 1, "model": []}, "model"),
+        ({"job": "ok", "tokens_total": 1, "dtype": "int4"}, "dtype"),
+        ({"job": "ok", "tokens_total": 1, "gpus": -1}, "gpus"),
+        ({"job": "ok", "tokens_total": 1, "gpus": [0, 0]}, "gpus"),
+        ({"job": "ok", "tokens_total": 1, "gpus": ["GPU-a", 1, "GPU-a"]}, "gpus"),
+        ({"job": "ok", "tokens_total": 1, "tokens": 1}, "tokens"),
+        ([1, 2], ""),
+    ],
+)
+def test_bad_progress_names_the_field(body, field):
+    with pytest.raises(ValidationError) as caught:
+        parse_progress(body, NOW)
+    assert caught.value.field == field
