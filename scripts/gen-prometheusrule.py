@@ -37,7 +37,9 @@ RULE_NAME = "mfu-exporter"
 DEFAULT_RUNBOOK_BASE = "https://github.com/mfu-exporter/mfu-exporter/blob/main/docs"
 RUNBOOK_PAGE = "runbook.md"
 # One runbook_url per line, as alerts/ writes them: `runbook_url: <url>`, the URL plain or in one kind of quotes.
-RUNBOOK_LINE = re.compile(r"^(?P<lead>\s*(?:-\s+)?runbook_url:\s*)(?P<quote>['\"]?)(?P<url>[^'\"\s]+)(?P=quote)(?P<tail>\s*)$")
+RUNBOOK_LINE = re.compile(
+    r"^(?P<lead>\s*(?:-\s+)?runbook_url:\s*)(?P<quote>['\"]?)(?P<url>[^'\"\s]+)(?P=quote)(?P<tail>\s*)$"
+)
 
 
 class RuleFileError(Exception):
@@ -84,8 +86,10 @@ def check_runbook_base(base: str) -> str:
     """``base`` without a trailing slash; RuleFileError unless it is an absolute http(s) URL with no query or fragment."""
     parts = urlsplit(base)
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-        raise RuleFileError(f"--runbook-base: expected an absolute http(s) URL with no query or fragment, "
-                            f"such as {DEFAULT_RUNBOOK_BASE}, got {base!r}")
+        raise RuleFileError(
+            f"--runbook-base: expected an absolute http(s) URL with no query or fragment, "
+            f"such as {DEFAULT_RUNBOOK_BASE}, got {base!r}"
+        )
     return base.rstrip("/")
 
 
@@ -105,11 +109,13 @@ def with_runbook_base(path: Path, text: str, base: str, anchors: set[str]) -> st
             raise RuleFileError(f"{path}:{number + 1}: runbook_url: expected one URL on the line, got {body.strip()!r}")
         anchor = match["url"].partition("#")[2]
         if anchor not in anchors:
-            raise RuleFileError(f"{path}:{number + 1}: runbook_url: expected a URL ending in #<anchor of a heading in "
-                                f"{RUNBOOK_PAGE}>, got {match['url']!r}" + (f" (no heading has the anchor {anchor!r})" if anchor else ""))
+            raise RuleFileError(
+                f"{path}:{number + 1}: runbook_url: expected a URL ending in #<anchor of a heading in "
+                f"{RUNBOOK_PAGE}>, got {match['url']!r}"
+                + (f" (no heading has the anchor {anchor!r})" if anchor else "")
+            )
         quote = match["quote"]
-        lines[number] = (match["lead"] + quote + runbook_url(base, anchor) + quote + match["tail"]
-                         + line[len(body):])
+        lines[number] = match["lead"] + quote + runbook_url(base, anchor) + quote + match["tail"] + line[len(body) :]
     return "".join(lines)
 
 
@@ -172,13 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--alerts", type=Path, default=DEFAULT_ALERTS, help="directory of rule files (default alerts/)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="PrometheusRule manifest to write")
-    parser.add_argument("--runbook-base", default=DEFAULT_RUNBOOK_BASE, metavar="URL",
-                        help=f"where {RUNBOOK_PAGE} is served; each runbook_url becomes URL/{RUNBOOK_PAGE}#<anchor> "
-                             f"(default {DEFAULT_RUNBOOK_BASE})")
-    parser.add_argument("--runbook", type=Path, default=DEFAULT_RUNBOOK,
-                        help="the runbook whose headings the anchors must name (default docs/runbook.md)")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 when --output or a runbook_url in --alerts is out of date")
+    parser.add_argument(
+        "--runbook-base",
+        default=DEFAULT_RUNBOOK_BASE,
+        metavar="URL",
+        help=f"where {RUNBOOK_PAGE} is served; each runbook_url becomes URL/{RUNBOOK_PAGE}#<anchor> "
+        f"(default {DEFAULT_RUNBOOK_BASE})",
+    )
+    parser.add_argument(
+        "--runbook",
+        type=Path,
+        default=DEFAULT_RUNBOOK,
+        help="the runbook whose headings the anchors must name (default docs/runbook.md)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 when --output or a runbook_url in --alerts is out of date",
+    )
     args = parser.parse_args(argv)
     try:
         base = check_runbook_base(args.runbook_base)
@@ -193,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         if current != wanted:
             stale.append(args.output)
         for path in stale:
-            print(f"gen-prometheusrule: {path} is out of date with {args.alerts}/ and runbook base {base}; "
-                  "run scripts/gen-prometheusrule.py (make rules)", file=sys.stderr)
+            print(
+                f"gen-prometheusrule: {path} is out of date with {args.alerts}/ and runbook base {base}; "
+                "run scripts/gen-prometheusrule.py (make rules)",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for path in stale:
         path.write_text(texts[path], encoding="utf-8")

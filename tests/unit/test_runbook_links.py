@@ -107,9 +107,22 @@ def tree(tmp_path) -> Path:
 
 
 def generate(tree: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GENERATOR), "--alerts", str(tree / "alerts"),
-                           "--output", str(tree / "prometheusrule.yaml"), "--runbook", str(tree / "docs" / "runbook.md"),
-                           *flags], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(GENERATOR),
+            "--alerts",
+            str(tree / "alerts"),
+            "--output",
+            str(tree / "prometheusrule.yaml"),
+            "--runbook",
+            str(tree / "docs" / "runbook.md"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_committed_files_are_on_the_default_base(tree):
@@ -140,8 +153,9 @@ def test_another_base_moves_every_link_and_nothing_else(tree):
     assert {path: path.read_text() for path in (tree / "alerts").rglob("*.yaml")} == before
 
 
-@pytest.mark.parametrize("base", ["docs", "wiki.example.org/mfu", "https://wiki.example.org/mfu#x",
-                                  "ftp://wiki.example.org/mfu"])
+@pytest.mark.parametrize(
+    "base", ["docs", "wiki.example.org/mfu", "https://wiki.example.org/mfu#x", "ftp://wiki.example.org/mfu"]
+)
 def test_a_base_that_is_not_an_absolute_url_is_refused(tree, base):
     result = generate(tree, "--runbook-base", base)
     assert result.returncode == 2 and "--runbook-base: expected an absolute http(s) URL" in result.stderr
