@@ -287,3 +287,31 @@ def test_an_ended_job_is_left_alone_by_the_attribution():
     families = {f.name: f for f in attribution.families()}
     assert not families["mfu_job_bottleneck"].samples
     assert families["mfu_job_lost_gpu_seconds"].samples  # a counter stays while the job is known
+
+
+# --- over HTTP ----------------------------------------------------------------------------------------------------
+
+
+async def test_the_api_frees_the_cap_on_finish_and_shows_why_an_mfu_was_withheld(make_client):
+    client = await make_client({"ingest": {"max_jobs": 1}})
+    now = client.runtime.clock()
+    facts = {"model": MODEL, "gpus": 8, "peak_tflops": 0.5}
+    for at, tokens in ((now - 20, 0), (now - 10, 1_000_000), (now, 2_000_000)):
+        answer = await client.post("/api/v1/progress", json={"job": "a", "tokens_total": tokens, "time": at, **facts})
+        assert answer.status == 200
+    status = await (await client.get("/api/v1/status")).json()
+    (job,) = status["jobs"]
+    assert job["mfu"] is None and job["implausible_mfu"] > 1 and "peak_tflops (0.5 TFLOP/s per GPU)" in job["reason"]
+    body = await (await client.get("/metrics")).text()
+    assert 'mfu_model_flops_utilization_ratio{training_job="a"}' not in body
+    assert 'mfu_job_peak_flops{training_job="a"}' not in body
+    refused = await client.post("/api/v1/progress", json={"job": "b", "tokens_total": 0})
+    assert refused.status == 429 and (await refused.json())["field"] == "job"
+    bad = await client.post("/api/v1/progress", json={"job": "a", "tokens_total": 2_000_000, "state": "stopped"})
+    assert bad.status == 400 and (await bad.json())["field"] == "state"
+    done = await client.post("/api/v1/progress", json={"job": "a", "tokens_total": 2_000_000, "state": "finished"})
+    assert done.status == 200 and (await done.json())["state"] == "finished"
+    assert (await client.post("/api/v1/progress", json={"job": "b", "tokens_total": 0})).status == 200
+    body = await (await client.get("/metrics")).text()
+    assert 'mfu_job_state{state="finished",training_job="a"} 1.0' in body
+    assert 'mfu_job_tokens_total{training_job="a"} 2e+06' in body
