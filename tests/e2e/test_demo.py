@@ -22,6 +22,10 @@ FAMILIES = [
     "mfu_job_step",
     "mfu_job_last_report_timestamp_seconds",
     "mfu_job_eta_seconds",
+    "mfu_job_state",
+    # preflight over the simulated node
+    "mfu_preflight_check_ok",
+    "mfu_preflight_check_warning",
     # GPU
     "mfu_gpu_info",
     "mfu_exporter_driver_info",
@@ -112,9 +116,14 @@ def test_healthy_node_has_every_family_and_steady_mfu():
         assert values[("mfu_gpu_tensor_active_ratio", (("gpu", "0"),))] == pytest.approx(0.60)
         assert 30 <= values[("mfu_checkpoint_last_duration_seconds", JOB)] <= 45
         assert all(
-            values[("mfu_exporter_source_up", (("source", s),))] == 1 for s in ("gpu", "rdma", "ethtool", "checkpoint")
+            values[("mfu_exporter_source_up", (("source", s),))] == 1
+            for s in ("gpu", "rdma", "ethtool", "checkpoint", "preflight")
         )
         assert cause(base) == "none"
+        failing = [
+            labels for (name, labels), value in values.items() if name == "mfu_preflight_check_ok" and value == 0
+        ]
+        assert not failing, failing  # the simulated node is set up as the guide wants
 
 
 def pause_frames(values, interface):
