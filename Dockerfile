@@ -32,7 +32,9 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 # 65534 is "nobody" in the Debian base; numeric so Kubernetes' runAsNonRoot can check it without /etc/passwd.
 USER 65534:65534
 EXPOSE 9495
-# No curl in the slim image; the interpreter is there anyway. Follows MFU_EXPORTER_WEB_LISTEN_ADDRESS's port.
+# The daemon is PID 1 (exec-form ENTRYPOINT): the probe reads its flags from /proc/1/cmdline and its MFU_EXPORTER_*
+# env, then the config and web config files they name, so it asks /healthz on the daemon's port over HTTPS when
+# tls_server_config is set and over HTTP otherwise. Exit 0 healthy, 1 unhealthy, as Docker wants.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('MFU_EXPORTER_WEB_LISTEN_ADDRESS', ':9495').rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4)"]
+    CMD ["mfu-exporter", "healthcheck", "--daemon-pid", "1", "--timeout", "4"]
 ENTRYPOINT ["mfu-exporter"]

@@ -51,9 +51,11 @@ bench: $(STAMP)
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-node-exporter >/dev/null; }
 	$(PY) -m bench.run --json bench/results/$$(date -u +%Y%m%dT%H%M%SZ).json
 
-# Regenerate the Kubernetes PrometheusRule after editing alerts/*.yaml (a test fails while it drifts).
+# Regenerate the Kubernetes PrometheusRule after editing alerts/*.yaml (a test fails while it drifts), and point every
+# runbook_url in alerts/ and the PrometheusRule at RUNBOOK_BASE/runbook.md#<alert> (default: the repository's docs;
+# a site with its own copy of the runbook: make rules RUNBOOK_BASE=https://wiki.example.org/mfu).
 rules: $(STAMP)
-	$(PY) scripts/gen-prometheusrule.py
+	$(PY) scripts/gen-prometheusrule.py $(if $(RUNBOOK_BASE),--runbook-base '$(RUNBOOK_BASE)')
 
 clean:
 	rm -rf $(VENV) build *.egg-info

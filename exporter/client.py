@@ -8,7 +8,11 @@
         dcp.save(state, checkpoint_id=path)
         save.bytes = written                                # optional: the checkpoint's size
     ...
-    reporter.close()                                        # flushes the newest totals
+    reporter.close()                                        # flushes the newest totals: the job finished
+    reporter.close(state="failed")                          # ... or says it failed (or "cancelled")
+
+As a context manager, the reporter closes as finished when the block ends, failed when it raises, and cancelled on
+KeyboardInterrupt (Ctrl-C, or SIGINT from a scheduler).
 
 Totals are cumulative, so only the newest one matters: a slow or absent exporter makes the reporter keep just the
 latest totals and retry with backoff, never queueing the job's history. Checkpoint events each matter, so they wait
@@ -32,6 +36,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_PATH = "/api/v1/progress"
 CHECKPOINTS_PATH = "/api/v1/checkpoints"
+END_STATES = ("finished", "failed", "cancelled")
 
 
 @dataclass
@@ -83,6 +88,7 @@ class ProgressReporter:
         self._monotonic = monotonic
         self._wake = threading.Condition()
         self._pending: dict[str, Any] | None = None
+        self._last: dict[str, Any] | None = None  # the newest progress payload, for the final report's totals
         self._checkpoint_events: deque[dict[str, Any]] = deque()
         self._checkpoint_queue = checkpoint_queue
         self.dropped_checkpoint_events = 0
@@ -105,7 +111,9 @@ class ProgressReporter:
             if step is not None:
                 payload["step"] = step
             with self._wake:
-                self._pending = payload
+                if self._closing:
+                    return  # after close() said how the job ended, a late total would start a new run
+                self._pending = self._last = payload
                 self._wake.notify()
         except Exception:
             log.debug("progress update dropped", exc_info=True)
@@ -126,9 +134,22 @@ class ProgressReporter:
             raise
         self._checkpoint_event(save, "finished", started)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Send what is pending (best effort, at most ``timeout`` seconds) and stop the background thread."""
+    def close(self, timeout: float = 5.0, state: str = "finished") -> None:
+        """Say how the job ended (``finished``, ``failed`` or ``cancelled``) with its newest totals, send what is
+        pending (best effort, at most ``timeout`` seconds) and stop the background thread.
+
+        The exporter then drops the job's MFU series and stops counting it as stalled. A reporter that never got
+        an update sends nothing: the exporter does not know the job. Never raises.
+        """
+        if state not in END_STATES:
+            self._warn_once(
+                "close-state",
+                f"close(state={state!r}): expected one of {', '.join(END_STATES)}; reporting the job as finished",
+            )
+            state = "finished"
         with self._wake:
+            if not self._closing and self._last is not None:
+                self._pending = {**self._last, "time": self._clock(), "state": state}
             self._closing = True
             self._wake.notify()
         self._thread.join(timeout)
@@ -136,8 +157,13 @@ class ProgressReporter:
     def __enter__(self) -> "ProgressReporter":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.close(state="cancelled")
+        else:
+            self.close(state="failed")
 
     def _checkpoint_event(self, save: CheckpointSave, phase: str, started: float | None) -> float | None:
         """Queue one checkpoint event; returns the monotonic time it was taken (None if that failed)."""

@@ -144,15 +144,53 @@ def listen_address(value: Any) -> str:
     return value
 
 
+# Bounds on the facts a job gives (config jobs: and the progress API alike), wide enough for any real model and
+# node, narrow enough that every figure derived from them (FLOPs per token, FLOPs totals, MFU, ETA) is a finite
+# double: 6·P + 12·L·H·Q·T stays below 1.3e25 FLOPs per token, times at most 1e21 tokens. docs/metrics.md lists them.
+MAX_PARAMS = 1e15  # a quadrillion parameters; the largest published models have ~2e12
+MAX_LAYERS = MAX_HEADS = MAX_HEAD_DIM = 100_000
+MAX_SEQ_LEN = 1_000_000_000  # a billion-token context
+MAX_TOKENS = 1e21  # far above any training run (Llama 3: 1.56e13), per node or in all
+MAX_JOB_GPUS = 1024  # GPUs of one job on one node (an NVL72 rack is 72)
+MIN_PEAK_TFLOPS, MAX_PEAK_TFLOPS = 1e-3, 1e6  # per GPU: a GFLOP/s to an exaFLOP/s (a B200 is 2,250 dense bf16)
+
+
+def bounded_quantity(low: float, high: float, example: str) -> Validator:
+    """A quantity (number or "70B" form) from ``low`` to ``high``."""
+
+    def check(value: Any) -> float:
+        number = quantity(value)
+        if not low <= number <= high:
+            raise Invalid(f"a number from {low:g} to {high:g}, like {example}")
+        return number
+
+    return check
+
+
+def bounded_int(low: int, high: int) -> Validator:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise Invalid(f"a whole number from {low} to {high:,}")
+        return value
+
+    return check
+
+
 def job_gpus(value: Any) -> int | list[int | str]:
     """A GPU count, or a list of GPU indices and/or UUIDs, each GPU once (a repeat would count its peak twice)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_JOB_GPUS:
         return value
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_JOB_GPUS:
+        raise Invalid(f"a GPU count from 1 to {MAX_JOB_GPUS} (GPUs of the job on this node)")
+    if isinstance(value, list) and len(value) > MAX_JOB_GPUS:
+        raise Invalid(f"a list of at most {MAX_JOB_GPUS} GPUs (GPUs of the job on this node)")
     if (
         isinstance(value, list)
         and value
         and all(
-            (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (isinstance(v, str) and v) for v in value
+            (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_JOB_GPUS)
+            or (isinstance(v, str) and 0 < len(v) <= 256)
+            for v in value
         )
     ):
         seen: set[int | str] = set()
@@ -204,16 +242,19 @@ def _job_name(value: Any) -> str:
 
 JOB_SECTION = Section(
     {
-        "params": (optional(positive_quantity), None),
-        "layers": (optional(positive_int), None),
-        "heads": (optional(positive_int), None),
-        "head_dim": (optional(positive_int), None),
-        "seq_len": (optional(positive_int), None),
+        "params": (optional(bounded_quantity(1, MAX_PARAMS, '"70B" or 7e10')), None),
+        "layers": (optional(bounded_int(1, MAX_LAYERS)), None),
+        "heads": (optional(bounded_int(1, MAX_HEADS)), None),
+        "head_dim": (optional(bounded_int(1, MAX_HEAD_DIM)), None),
+        "seq_len": (optional(bounded_int(1, MAX_SEQ_LEN)), None),
         "causal_attention": (boolean, False),
         "dtype": (choice("bf16", "fp16", "fp8", "tf32"), "bf16"),
         "gpus": (optional(job_gpus), None),
-        "target_tokens": (optional(positive_quantity), None),
-        "peak_tflops": (optional(positive_quantity), None),
+        "target_tokens": (optional(bounded_quantity(1, MAX_TOKENS, '"15T"')), None),
+        "peak_tflops": (
+            optional(bounded_quantity(MIN_PEAK_TFLOPS, MAX_PEAK_TFLOPS, "989.4 (an H100's dense bf16)")),
+            None,
+        ),
         "expected_mfu": (optional(ratio), None),
     }
 )

@@ -213,6 +213,7 @@ class _JobAttribution:
     last_recorded: float = float("-inf")
     last_evaluated: float | None = None
     verdict: Verdict | None = None
+    judged: bool = False  # had a verdict once: from then on its lost GPU-seconds are exported, verdict or not
 
 
 class Attributor:
@@ -241,6 +242,7 @@ class Attributor:
                     size = int(self.limits.baseline_window / self.limits.baseline_interval)
                     state = self._jobs[view.name] = _JobAttribution(history=deque(maxlen=max(size, 1)))
                 self._evaluate(now, view, state, signals)
+                state.judged = state.judged or state.verdict is not None
             for name in set(self._jobs) - seen:
                 del self._jobs[name]
 
@@ -248,7 +250,7 @@ class Attributor:
         elapsed = 0.0 if state.last_evaluated is None else max(now - state.last_evaluated, 0.0)
         state.last_evaluated = now
         if view.mfu is None:
-            state.verdict = None  # no MFU to explain (the job JSON says why)
+            state.verdict = None  # no MFU to explain (the job JSON says why), or the job ended: nothing to blame
             return
         baseline = self.baseline(view, state)
         if now - state.last_recorded >= self.limits.baseline_interval and view.mfu > 0:
@@ -291,12 +293,14 @@ class Attributor:
         )
         with self._lock:
             for name, state in self._jobs.items():
+                # A counter stays while its job is known, also when there is no verdict now (an ended job, a
+                # window with no MFU): gaps in a counter read as resets.
+                for cause, seconds in state.lost_seconds.items() if state.judged else ():
+                    lost.add_metric([name, cause], seconds)
                 if state.verdict is None:
                     continue
                 for cause in CAUSES:
                     bottleneck.add_metric([name, cause], 1.0 if cause == state.verdict.cause else 0.0)
-                for cause, seconds in state.lost_seconds.items():
-                    lost.add_metric([name, cause], seconds)
                 if state.verdict.baseline is not None:
                     baseline.add_metric([name], state.verdict.baseline)
         return (bottleneck, lost, baseline)

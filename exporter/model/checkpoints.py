@@ -32,6 +32,9 @@ MAX_CHECKPOINT_BYTES = 2**50  # 1 PiB: far above a 1T-parameter model with its A
 
 
 MAX_DURATION_SECONDS = 86400.0
+# A write timed below a millisecond says nothing about the storage: its bytes over that time could be any bandwidth,
+# up to an infinite one (a petabyte over 5e-324 s). Such a write gets no bandwidth.
+MIN_TIMED_SECONDS = 1e-3
 
 
 MAX_OPEN_PER_JOB = 16  # started, not yet finished: async saves overlap a few, a leaking job must not grow us
@@ -264,7 +267,7 @@ class CheckpointTracker:
             state.last_bytes = size
             if size is not None:
                 state.written_bytes += size
-            state.last_bandwidth = size / duration if size is not None and duration > 0 else None
+            state.last_bandwidth = size / duration if size is not None and duration >= MIN_TIMED_SECONDS else None
             return duration
 
     def fail(

@@ -2,8 +2,16 @@
 
 Progress is cumulative (totals, not deltas), so a lost or repeated report loses nothing and double-counts
 nothing. MFU over the window = FLOPs/token × Δtokens/Δt ÷ (job GPUs here × dense peak), with Δ taken between the
-oldest and newest report inside the window. Nothing here knows about HTTP; the server maps ``ValidationError`` to
-400 and ``TooManyJobs`` to 429.
+oldest and newest report inside the window, at least ``REPORT_RESOLUTION_SECONDS`` apart. Nothing here knows about
+HTTP; the server maps ``ValidationError`` to 400 and ``TooManyJobs`` to 429.
+
+Every number a job's facts and reports lead to is finite: the facts are bounded (``exporter.config``, MAX_*), tokens
+too, and a rate needs a time step of a second or more. An MFU above 1 is more FLOP/s than the GPUs' peak, so one
+of the job's facts is wrong: that window is not exported and the job's reason says which fact to suspect.
+
+A job ends when a report says ``state`` finished, failed or cancelled: its MFU, rate, ETA, peak and GPU series go at
+once, it no longer takes a slot under ``max_jobs``, and its counters stay until ``job_ttl`` (or until
+``max_jobs`` ended jobs are newer). A running report after that is a new run, on the same counters.
 """
 
 from __future__ import annotations
@@ -18,14 +26,18 @@ from typing import Any, Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
-from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, ConfigError, validate_job_facts
+from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
 from exporter.model import flops as mfu_math
 
 log = logging.getLogger(__name__)
 
 MAX_FUTURE_SECONDS = 86400.0
-MAX_TOKENS = 1e21  # far above any training run (Llama 3: 1.56e13); rejects garbage that would poison counters
-REPORT_RESOLUTION_SECONDS = 1.0  # reports closer together than this are merged in the MFU window
+MAX_STEP = 2**53  # the largest integer a double (and so a Prometheus sample) holds exactly
+# Reports closer together than this are merged in the MFU window, and a rate needs at least this much time between
+# the window's ends: over a zero or nanosecond step any token count would be an infinite or absurd rate.
+REPORT_RESOLUTION_SECONDS = 1.0
+STATES = ("running", "finished", "failed", "cancelled")
+RUNNING = "running"
 FACT_KEYS = ("dtype", "gpus", "target_tokens", "peak_tflops", "expected_mfu")
 MODEL_KEYS = ("params", "layers", "heads", "head_dim", "seq_len", "causal_attention")
 FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
@@ -113,12 +125,13 @@ class ProgressReport:
     step: int | None
     time: float | None
     facts: dict[str, Any]  # only the facts this report carries, validated
+    state: str = RUNNING
 
 
 def parse_progress(body: Any, now: float) -> ProgressReport:
     """Validate a ``POST /api/v1/progress`` body; raises ValidationError naming the field."""
     body = require_object(body)
-    reject_unknown(body, ("job", "tokens_total", "step", "time", "model") + FACT_KEYS)
+    reject_unknown(body, ("job", "tokens_total", "step", "time", "state", "model") + FACT_KEYS)
     job = validate_job_name(body.get("job"))
     tokens = body.get("tokens_total")
     if (
@@ -128,12 +141,16 @@ def parse_progress(body: Any, now: float) -> ProgressReport:
         or not 0 <= tokens <= MAX_TOKENS
     ):
         raise ValidationError(
-            "tokens_total", "tokens_total must be a non-negative number of tokens processed so far (a running total)"
+            "tokens_total",
+            f"tokens_total must be the number of tokens processed so far (a running total), from 0 to {MAX_TOKENS:g}",
         )
     step = body.get("step")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0 or step > 2**53):
-        raise ValidationError("step", "step must be a non-negative integer")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0 or step > MAX_STEP):
+        raise ValidationError("step", "step must be an integer from 0 to 2^53")
     report_time = validate_time(body.get("time"), now)
+    state = body.get("state", RUNNING)
+    if state not in STATES:
+        raise ValidationError("state", "state must be running, finished, failed or cancelled")
 
     model = body.get("model")
     if model is None:
@@ -149,7 +166,7 @@ def parse_progress(body: Any, now: float) -> ProgressReport:
         field_name = f"model.{exc.path}" if exc.path in MODEL_KEYS else exc.path
         raise ValidationError(field_name, f"{field_name}: {exc.detail}") from None
     facts = {k: validated[k] for k in raw_facts}
-    return ProgressReport(job, float(tokens), step, report_time, facts)
+    return ProgressReport(job, float(tokens), step, report_time, facts, state)
 
 
 @dataclass
@@ -165,6 +182,16 @@ class Job:
     replayed_tokens: float = 0.0  # tokens re-trained after restarts from checkpoints
     window: deque = field(default_factory=deque)  # (report time, tokens_total)
     reported: bool = False
+    state: str = RUNNING
+    ended: float | None = None  # our clock, when a report said the job ended
+    runs: int = 1  # runs under this name since the exporter first saw it (a report after an end starts one)
+    carried_tokens: float = 0.0  # tokens processed by the earlier runs, so the counters continue across runs
+    flops_total: float = 0.0  # model FLOPs counted so far: each token at the FLOPs/token known when it was reported
+    counted_tokens: float = 0.0  # of carried + processed tokens, those already in flops_total
+
+    @property
+    def tokens_processed(self) -> float:
+        return self.carried_tokens + self.tokens_total + self.replayed_tokens
 
 
 @dataclass
@@ -186,11 +213,15 @@ class JobView:
     restarts: int
     gpu_indices: list[int] | None = None
     replayed_tokens: float = 0.0
+    state: str = RUNNING
+    runs: int = 1
+    tokens_processed: float = 0.0  # monotonic: tokens of earlier runs, the reported total and replayed tokens
+    model_flops: float | None = None  # the FLOPs counter; None until the job's FLOPs per token are known
+    implausible_mfu: float | None = None  # an MFU above 1, withheld from the metrics (``reason`` says why)
 
     @property
-    def tokens_processed(self) -> float:
-        """Monotonic: the reported total plus tokens trained again after restarts (what the counters export)."""
-        return self.tokens_total + self.replayed_tokens
+    def running(self) -> bool:
+        return self.state == RUNNING
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -208,6 +239,9 @@ class JobView:
             "reason": self.reason,
             "restarts": self.restarts,
             "replayed_tokens": self.replayed_tokens,
+            "state": self.state,
+            "runs": self.runs,
+            "implausible_mfu": self.implausible_mfu,
             "model": {k: self.facts.get(k) for k in MODEL_KEYS},
             **{k: self.facts.get(k) for k in FACT_KEYS},
         }
@@ -247,10 +281,13 @@ class JobTracker:
             self._expire(now)
             job = self._jobs.get(report.job)
             if job is None:
-                if len(self._jobs) >= self.max_jobs:
-                    raise TooManyJobs(f"this exporter already tracks {self.max_jobs} jobs (ingest.max_jobs)")
+                if report.state == RUNNING:
+                    self._admit()
                 job = Job(report.job, dict(self._configured.get(report.job, {})), created=now)
                 self._jobs[report.job] = job
+            elif job.state != RUNNING and report.state == RUNNING:
+                self._admit()
+                self._new_run(job, now)
             job.facts.update(report.facts)
             at = report.time if report.time is not None else now
             if job.reported and report.tokens_total < job.tokens_total:
@@ -275,8 +312,71 @@ class JobTracker:
             job.last_report_time = at
             job.last_arrival = now
             job.reported = True
+            self._count_flops(job)
+            if report.state != job.state:
+                self._end(job, report.state, now)
             self.generation += 1
             return self._view(job, now)
+
+    def _admit(self) -> None:
+        """Refuse one more running job past the cap; ended jobs keep their counters but take no slot."""
+        if sum(1 for j in self._jobs.values() if j.state == RUNNING) >= self.max_jobs:
+            raise TooManyJobs(f"this exporter already tracks {self.max_jobs} running jobs (ingest.max_jobs)")
+
+    def _new_run(self, job: Job, now: float) -> None:
+        """A report after the job ended: a run of its own, whose counters carry on from the last run's."""
+        log.info("job %s: reporting again after it %s: run %d starts", job.name, job.state, job.runs + 1)
+        job.carried_tokens += job.tokens_total + job.replayed_tokens
+        job.tokens_total = job.replayed_tokens = 0.0
+        job.restarts = 0
+        job.step = None
+        job.window.clear()
+        job.facts = dict(self._configured.get(job.name, {}))
+        job.state, job.ended, job.runs = RUNNING, None, job.runs + 1
+        job.created = now
+        self._warned = {key for key in self._warned if key[0] != job.name}
+
+    def _end(self, job: Job, state: str, now: float) -> None:
+        if job.state == RUNNING:
+            log.info(
+                "job %s %s (its progress report says so): its MFU series end, its counters stay for %s",
+                job.name,
+                state,
+                "ingest.job_ttl",
+            )
+        job.state, job.ended = state, now
+        job.window.clear()
+        ended = sorted((j for j in self._jobs.values() if j.state != RUNNING), key=lambda j: j.ended or 0.0)
+        for old in ended[: max(len(ended) - self.max_jobs, 0)]:
+            # Ended jobs are bounded too, or a stream of short runs would grow memory and /metrics until the TTL.
+            del self._jobs[old.name]
+            self._warned = {key for key in self._warned if key[0] != old.name}
+
+    def _count_flops(self, job: Job) -> None:
+        """Add the tokens not yet counted at the job's current FLOPs per token: the counter never goes back, even
+        when the job changes its model facts (an earlier token keeps the FLOPs it was counted with)."""
+        fpt = self._flops_per_token({**FACT_DEFAULTS, **job.facts})
+        if fpt is None:
+            return  # counted once params arrive: then all tokens so far, as if they had been known from the start
+        processed = job.tokens_processed
+        if processed > job.counted_tokens:
+            job.flops_total += fpt * (processed - job.counted_tokens)
+            job.counted_tokens = processed
+
+    @staticmethod
+    def _flops_per_token(facts: dict) -> float | None:
+        if not facts.get("params"):
+            return None
+        return mfu_math.flops_per_token(
+            mfu_math.ModelShape(
+                facts["params"],
+                facts.get("layers"),
+                facts.get("heads"),
+                facts.get("head_dim"),
+                facts.get("seq_len"),
+                bool(facts.get("causal_attention")),
+            )
+        )
 
     def touch(self, name: str) -> None:
         """Create a job known only from another API (checkpoints) so it counts against the cap."""
@@ -284,8 +384,7 @@ class JobTracker:
         with self._lock:
             self._expire(now)
             if name not in self._jobs:
-                if len(self._jobs) >= self.max_jobs:
-                    raise TooManyJobs(f"this exporter already tracks {self.max_jobs} jobs (ingest.max_jobs)")
+                self._admit()
                 self._jobs[name] = Job(name, dict(self._configured.get(name, {})), created=now)
                 self.generation += 1
 
@@ -325,8 +424,8 @@ class JobTracker:
         if len(points) < 2:
             return None
         (t0, n0), (t1, n1) = points[0], points[-1]
-        if t1 <= t0:
-            return None
+        if t1 - t0 < REPORT_RESOLUTION_SECONDS:
+            return None  # a zero or sub-second step divides nothing: wait for reports further apart
         return (n1 - n0) / (t1 - t0)
 
     def _resolve_gpus(self, facts: dict) -> tuple[list[GpuInfo] | None, int | None, str | None]:
@@ -383,40 +482,42 @@ class JobTracker:
 
     def _view(self, job: Job, now: float) -> JobView:
         facts = {**FACT_DEFAULTS, **job.facts}
-        rate = self._rate(job, now)
+        running = job.state == RUNNING
+        rate = self._rate(job, now) if running else None
         reason = None
-        fpt = None
-        if facts.get("params"):
-            fpt = mfu_math.flops_per_token(
-                mfu_math.ModelShape(
-                    facts["params"],
-                    facts.get("layers"),
-                    facts.get("heads"),
-                    facts.get("head_dim"),
-                    facts.get("seq_len"),
-                    bool(facts.get("causal_attention")),
-                )
-            )
-        else:
+        fpt = self._flops_per_token(facts)
+        if fpt is None:
             reason = "model params unknown: send model.params in a progress report or set jobs.<name>.params"
         gpus, count, gpu_reason = self._resolve_gpus(facts)
         peak, peak_reason = self._peak(facts, gpus, count)
         reason = reason or gpu_reason or peak_reason
         if reason is None and peak is None:
             reason = "peak FLOP/s unknown for this job's GPUs"
-        if reason is None and rate is None:
-            reason = "waiting for a second progress report"
+        if reason is None and rate is None and running:
+            reason = (
+                "waiting for progress reports at least 1 s apart"
+                if len(job.window) >= 2
+                else "waiting for a second progress report"
+            )
+        utilization = implausible = None
+        # No reason means every fact is known; the checks for None say so to the type checker.
+        if reason is None and running and fpt is not None and rate is not None and peak is not None:
+            utilization = mfu_math.model_flops_utilization(fpt, rate, peak)
+            if not 0.0 <= utilization <= 1.0:
+                reason = self._implausible(facts, gpus, count, fpt * rate, peak)
+                implausible, utilization = utilization, None
+        if not running:
+            reason = f"the job {job.state}: MFU is measured while a job runs"
         # Per job: two jobs without params each deserve a line, though the reason reads the same.
-        if reason and (job.name, reason) not in self._warned:
+        elif reason and (job.name, reason) not in self._warned:
             self._warned.add((job.name, reason))
             log.warning("job %s: no MFU: %s", job.name, reason)
-        utilization = None
-        if reason is None and fpt is not None and rate is not None and peak is not None:  # no reason: all known
-            utilization = mfu_math.model_flops_utilization(fpt, rate, peak)
         eta = None
         target = facts.get("target_tokens")
-        if target and rate:
+        if target and rate and running:
             eta = max(target - job.tokens_total, 0.0) / rate
+            if not math.isfinite(eta):
+                eta = None  # a rate so slow the remaining tokens take longer than a double counts
         return JobView(
             name=job.name,
             tokens_total=job.tokens_total,
@@ -433,11 +534,49 @@ class JobTracker:
             restarts=job.restarts,
             replayed_tokens=job.replayed_tokens,
             gpu_indices=[g.index for g in gpus] if gpus is not None else None,
+            state=job.state,
+            runs=job.runs,
+            tokens_processed=job.tokens_processed,
+            model_flops=job.flops_total if fpt is not None or job.flops_total > 0 else None,
+            implausible_mfu=implausible,
         )
+
+    def _implausible(
+        self, facts: dict, gpus: list[GpuInfo] | None, count: int | None, achieved: float, peak: float
+    ) -> str:
+        """Why an MFU above 1 cannot be: the job's fact that must be wrong. The text stays the same from one window
+        to the next (no live figures), so it is logged once; the value is in the job's ``implausible_mfu``."""
+        head = "MFU above 1 (more model FLOP/s than the peak of the job's GPUs here), so a fact of the job is wrong: "
+        override = facts.get("peak_tflops")
+        if override:
+            table = self._table_peak(facts, gpus, count)
+            if table is None or achieved <= table:
+                known = f", the GPU table says {table / 1e12 / count:g}" if table and count else ""
+                return head + f"peak_tflops ({override:g} TFLOP/s per GPU{known}) is below what its GPUs do"
+        inventory = self._gpu_inventory()
+        if inventory and count is not None and count < len(inventory) and achieved <= peak / count * len(inventory):
+            return (
+                head + f"gpus ({count}) is fewer than the GPUs the job trains on here (this node has {len(inventory)})"
+            )
+        return head + (
+            "tokens_total grows faster than these GPUs can train (it must count this node's tokens, not "
+            "the whole job's) or model.params is too large"
+        )
+
+    def _table_peak(self, facts: dict, gpus: list[GpuInfo] | None, count: int | None) -> float | None:
+        """The peak of the job's GPUs from the GPU table, ignoring a peak_tflops override; None when unknown."""
+        if gpus is None or count is None or len(gpus) < count:
+            return None
+        return self._peak({**facts, "peak_tflops": None}, gpus, count)[0]
 
 
 def job_families(views: list[JobView]) -> Iterable:
-    """Per-job metric families; every series is labelled ``training_job`` (``job`` is Prometheus's own)."""
+    """Per-job metric families; every series is labelled ``training_job`` (``job`` is Prometheus's own).
+
+    An ended job keeps its counters (tokens, FLOPs), step, last report time, FLOPs per token, info and state until
+    it is forgotten; its rate, MFU, ETA, peak and GPU count go at once. A window whose MFU came out above 1 exports
+    no MFU and no peak, so the cluster-wide MFU rule (which counts nodes exporting both halves) leaves it out too.
+    """
     label = ["training_job"]
     tokens = CounterMetricFamily(
         "mfu_job_tokens",
@@ -465,18 +604,28 @@ def job_families(views: list[JobView]) -> Iterable:
         labels=label,
     )
     eta = GaugeMetricFamily("mfu_job_eta_seconds", "Seconds until target_tokens at the current rate.", labels=label)
+    state = GaugeMetricFamily(
+        "mfu_job_state",
+        "1 for the job's state as its newest progress report gave it (running, finished, failed, cancelled), 0 for the others.",
+        labels=["training_job", "state"],
+    )
     info = InfoMetricFamily("mfu_job", "Facts of the job that are not numbers.", labels=label)
     for view in views:
         key = [view.name]
         tokens.add_metric(key, view.tokens_processed)
         last.add_metric(key, view.last_report_time)
         info.add_metric(key, {"dtype": str(view.facts.get("dtype", "bf16"))})
+        for name in STATES:
+            state.add_metric([view.name, name], 1.0 if name == view.state else 0.0)
         if view.step is not None:
             step.add_metric(key, view.step)
         if view.flops_per_token is not None:
             per_token.add_metric(key, view.flops_per_token)
-            flops.add_metric(key, view.flops_per_token * view.tokens_processed)
-        if view.peak_flops is not None:
+        if view.model_flops is not None:
+            flops.add_metric(key, view.model_flops)
+        if not view.running:
+            continue
+        if view.peak_flops is not None and view.implausible_mfu is None:
             peak.add_metric(key, view.peak_flops)
         if view.gpus is not None:
             gpus.add_metric(key, view.gpus)
@@ -486,4 +635,4 @@ def job_families(views: list[JobView]) -> Iterable:
             utilization.add_metric(key, view.mfu)
         if view.eta_seconds is not None:
             eta.add_metric(key, view.eta_seconds)
-    return (tokens, flops, peak, gpus, rate, utilization, step, last, per_token, eta, info)
+    return (tokens, flops, peak, gpus, rate, utilization, step, last, per_token, eta, state, info)

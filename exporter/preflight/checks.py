@@ -405,35 +405,66 @@ def _read_each(netdevs: list[str], read: Callable[[str], object]) -> tuple[dict[
     return values, unreadable
 
 
-def check_pfc(facts: NodeFacts, settings: PreflightSettings) -> CheckResult:
-    priority = settings.roce_priority
-    expected = f"PFC on priority {priority} only"
+def _pfc_settings(
+    facts: NodeFacts, check: str, expected: str
+) -> tuple[dict[str, frozenset], list[str], CheckResult | None]:
+    """Each RoCE netdev's PFC priorities, the unreadable ones, or the SKIP result when there is nothing to judge."""
     reason = _no_roce(facts)
     if reason:
-        return CheckResult("roce.pfc", Status.SKIP, reason, expected)
+        return {}, [], CheckResult(check, Status.SKIP, reason, expected)
     enabled, unreadable = _read_each(facts.roce_netdevs, facts.qos.pfc_priorities)
     if not enabled:
-        return CheckResult("roce.pfc", Status.SKIP, "PFC settings not readable: " + "; ".join(unreadable), expected)
-    fix_for = lambda netdev: f"dcb pfc set dev {netdev} prio-pfc all:off {priority}:on"  # noqa: E731
-    missing = [n for n, prios in enabled.items() if priority not in prios]
-    extra = [n for n, prios in enabled.items() if priority in prios and prios - {priority}]
-    if not missing and not extra:
-        observed = f"priority {priority} only on {_plural(len(enabled), 'interface')}"
-    else:
-        observed = ", ".join(f"{n}: {','.join(map(str, sorted(enabled[n]))) or 'none'}" for n in missing + extra)
-    if unreadable:
-        observed += " (unreadable: " + "; ".join(unreadable) + ")"
-    if missing:
-        return CheckResult("roce.pfc", Status.FAIL, observed, expected, "; ".join(fix_for(n) for n in missing))
-    if extra:
-        return CheckResult(
-            "roce.pfc",
-            Status.WARN,
-            observed,
-            expected,
-            "; ".join(fix_for(n) for n in extra) + " (PFC on other priorities spreads pauses to other traffic)",
+        return (
+            {},
+            unreadable,
+            CheckResult(check, Status.SKIP, "PFC settings not readable: " + "; ".join(unreadable), expected),
         )
-    return CheckResult("roce.pfc", Status.PASS, observed, expected)
+    return enabled, unreadable, None
+
+
+def _pfc_observed(enabled: dict[str, frozenset], netdevs: list[str], unreadable: list[str]) -> str:
+    observed = ", ".join(f"{n}: {','.join(map(str, sorted(enabled[n]))) or 'none'}" for n in netdevs)
+    return observed + (" (unreadable: " + "; ".join(unreadable) + ")" if unreadable else "")
+
+
+def _pfc_fix(netdev: str, priority: int) -> str:
+    return f"dcb pfc set dev {netdev} prio-pfc all:off {priority}:on"
+
+
+def check_pfc(facts: NodeFacts, settings: PreflightSettings) -> CheckResult:
+    """FAIL when a RoCE interface lacks PFC on the RoCE priority: RoCE traffic there is lossy."""
+    priority = settings.roce_priority
+    expected = f"PFC on priority {priority}"
+    enabled, unreadable, skipped = _pfc_settings(facts, "roce.pfc", expected)
+    if skipped:
+        return skipped
+    missing = [n for n, prios in enabled.items() if priority not in prios]
+    if missing:
+        fix = "; ".join(_pfc_fix(n, priority) for n in missing)
+        return CheckResult("roce.pfc", Status.FAIL, _pfc_observed(enabled, missing, unreadable), expected, fix)
+    observed = f"priority {priority} on {_plural(len(enabled), 'interface')}"
+    return CheckResult("roce.pfc", Status.PASS, observed + _pfc_observed(enabled, [], unreadable), expected)
+
+
+def check_pfc_other_priorities(facts: NodeFacts, settings: PreflightSettings) -> CheckResult:
+    """WARN when PFC is on for priorities besides the RoCE one: a check of its own, so an alert can key on it
+    (``mfu_preflight_check_warning{check="roce.pfc_other_priorities"}``) whatever ``roce.pfc`` says."""
+    priority = settings.roce_priority
+    expected = f"PFC on no priority but {priority}"
+    enabled, unreadable, skipped = _pfc_settings(facts, "roce.pfc_other_priorities", expected)
+    if skipped:
+        return skipped
+    extra = [n for n, prios in enabled.items() if prios - {priority}]
+    if extra:
+        fix = (
+            "; ".join(_pfc_fix(n, priority) for n in extra)
+            + " (PFC on other priorities spreads pauses to other traffic)"
+        )
+        return CheckResult(
+            "roce.pfc_other_priorities", Status.WARN, _pfc_observed(enabled, extra, unreadable), expected, fix
+        )
+    observed = f"none on {_plural(len(enabled), 'interface')}" + _pfc_observed(enabled, [], unreadable)
+    return CheckResult("roce.pfc_other_priorities", Status.PASS, observed, expected)
 
 
 ECN_POINTS = ("roce_np", "roce_rp")  # notification point (sends CNPs) and reaction point (slows down on CNPs)
@@ -837,6 +868,7 @@ CHECKS: tuple[CheckFunction, ...] = (
     check_nic_per_gpu,
     check_gpu_nic_affinity,
     check_pfc,
+    check_pfc_other_priorities,
     check_ecn,
     check_global_pause,
     check_gpudirect,

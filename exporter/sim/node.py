@@ -23,6 +23,8 @@ from exporter.config import load_config, validate
 from exporter.model import flops as mfu_math
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.node.ethtool import EthtoolTextReader
+from exporter.node.nic_qos import GlobalPause
+from exporter.preflight.checks import PreflightSettings
 from exporter.quantities import format_duration, parse_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
@@ -31,6 +33,7 @@ from exporter.sources.base import Paths
 from exporter.sources.checkpoint import CheckpointSource
 from exporter.sources.ethtool import EthtoolSource
 from exporter.sources.gpu import GpuSource
+from exporter.sources.preflight import PreflightSource
 from exporter.sources.rdma import RdmaSource
 
 log = logging.getLogger(__name__)
@@ -166,6 +169,39 @@ class CheckpointWriter:
             self.current = None
 
 
+class SimulatedQos:
+    """The node's PFC and 802.3x pause as preflight wants them: PFC on the RoCE priority only, global pause off (the
+    kernel's dcbnl and ethtool ioctl have nothing to simulate them with)."""
+
+    def __init__(self, priority: int = PreflightSettings().roce_priority):
+        self.priority = priority
+
+    def pfc_priorities(self, interface: str) -> frozenset[int]:
+        return frozenset({self.priority})
+
+    def global_pause(self, interface: str) -> GlobalPause:
+        return GlobalPause(autoneg=False, rx=False, tx=False)
+
+
+# A procfs with what preflight reads, set as the guide wants: 64 MiB socket buffers, nvidia_peermem loaded.
+PROCFS = {
+    "sys/net/core/rmem_max": "67108864\n",
+    "sys/net/core/wmem_max": "67108864\n",
+    "sys/net/ipv4/tcp_rmem": "4096\t87380\t67108864\n",
+    "sys/net/ipv4/tcp_wmem": "4096\t65536\t67108864\n",
+    "sys/kernel/osrelease": "6.8.0-demo\n",
+    "modules": "nvidia_peermem 16384 0 - Live 0x0000000000000000\nnvidia 54063104 1 nvidia_peermem, Live 0x0000000000000000\n",
+}
+
+
+def write_procfs(root: Path) -> Path:
+    for name, text in PROCFS.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
 class DemoNode:
     """One simulated training node. ``tick`` advances it to the clock's current time."""
 
@@ -175,6 +211,7 @@ class DemoNode:
         self.random = random.Random(seed)
         self.nvml = fake_nvml.node(fake_nvml.h100, count=GPUS)
         self.fabric = SimulatedNode(root / "fabric", nics=GPUS)
+        self.procfs = write_procfs(root / "proc")
         self.checkpoints = CheckpointWriter(root / "checkpoints" / JOB)
         self.checkpoints.root.mkdir(parents=True)
         self.tokens = 0.0
@@ -201,6 +238,16 @@ class DemoNode:
                 clock=self.clock.monotonic,
             ),
             CheckpointSource(section, tracker, clock=self.clock.time),
+            # The daemon's preflight over the simulated node, every 5 minutes of wall time as by default.
+            PreflightSource(
+                PreflightSettings(),
+                str(self.fabric.sysfs_root),
+                str(self.procfs),
+                self.nvml,
+                qos=SimulatedQos(),
+                interval=300.0,
+                timeout=30.0,
+            ),
         ]
 
     def tick(self) -> None:

@@ -1,4 +1,5 @@
-"""The preflight checks as a daemon source: rerun every few minutes, exported as ``mfu_preflight_check_ok{check}``.
+"""The preflight checks as a daemon source: rerun every few minutes, exported as ``mfu_preflight_check_ok{check}``
+and ``mfu_preflight_check_warning{check}``.
 
 A fleet dashboard then shows misconfigured nodes before jobs land on them, and ``MfuPreflightFailed`` alerts on
 them. The checks themselves live in ``exporter.preflight.checks`` (shared with ``mfu-exporter check``).
@@ -31,10 +32,18 @@ def check_families(results: list[CheckResult]) -> Iterable[Metric]:
         "1 when the preflight check passes (PASS or WARN), 0 when it FAILs; absent when it does not apply.",
         labels=["check"],
     )
+    # WARN is ok (the node works) but its own series, so an alert can key on one warning (MfuPfcOtherPriorities).
+    warning = GaugeMetricFamily(
+        "mfu_preflight_check_warning",
+        "1 when the preflight check WARNs (works, but not as the guide wants), 0 when it passes or FAILs; absent when it does not apply.",
+        labels=["check"],
+    )
     for result in results:
         if result.status != Status.SKIP:
             ok.add_metric([result.check], 0.0 if result.status == Status.FAIL else 1.0)
+            warning.add_metric([result.check], 1.0 if result.status == Status.WARN else 0.0)
     yield ok
+    yield warning
 
 
 class PreflightSource:

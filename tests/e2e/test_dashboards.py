@@ -13,7 +13,7 @@ import promql_parser
 import pytest
 import yaml
 
-from tests.support.dashboards import DASHBOARDS_DIR, dashboards, panels, queries
+from tests.support.dashboards import DASHBOARDS_DIR, LABEL_VALUES, dashboards, panels, queries
 from tests.support.prom_harness import RULE_FILES, documented_metrics, promql_nodes
 from tests.support.tools import require_tool
 
@@ -40,7 +40,6 @@ GRAFANA_DURATIONS = {
     "$__range": "8888s",
 }
 RATE_INTERVAL = timedelta(seconds=7777)
-LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>[a-z_]+)\)$")
 
 
 def substitute(expr: str) -> str:

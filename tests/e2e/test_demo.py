@@ -50,7 +50,7 @@ def test_healthy_node_has_every_family_and_steady_mfu(full_node_families):
         wait_until(lambda: metric_samples(base).get(("mfu_checkpoint_writes_total", JOB), 0) >= 1, 30, "a checkpoint")
         values = metric_samples(base)
         names = {name for name, _ in values}
-        # Every family a full node exports, but those of sources the demo does not run (it has no preflight).
+        # Every family a full node exports, but those of sources the demo does not run.
         running = {source["source"] for source in get_json(base + "api/v1/status")["sources"]}
         not_run = set().union(*(found for source, found in by_source.items() if source not in running))
         missing = sorted(golden - not_run - names)
@@ -62,9 +62,14 @@ def test_healthy_node_has_every_family_and_steady_mfu(full_node_families):
         assert values[("mfu_gpu_tensor_active_ratio", (("gpu", "0"),))] == pytest.approx(0.60)
         assert 30 <= values[("mfu_checkpoint_last_duration_seconds", JOB)] <= 45
         assert all(
-            values[("mfu_exporter_source_up", (("source", s),))] == 1 for s in ("gpu", "rdma", "ethtool", "checkpoint")
+            values[("mfu_exporter_source_up", (("source", s),))] == 1
+            for s in ("gpu", "rdma", "ethtool", "checkpoint", "preflight")
         )
         assert cause(base) == "none"
+        failing = [
+            labels for (name, labels), value in values.items() if name == "mfu_preflight_check_ok" and value == 0
+        ]
+        assert not failing, failing  # the simulated node is set up as the guide wants
 
 
 def pause_frames(values, interface):

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from exporter.sim.node import JOB
-from tests.support.dashboards import queries
+from tests.support.dashboards import LABEL_VALUES, dashboards, queries
 from tests.support.demo_harness import get_json, running_demo
 from tests.support.prom_harness import RULE_FILES, SCRAPE_JOB, Prometheus, derived_rules, listening_addresses
 from tests.support.tools import require_tool
@@ -264,6 +264,40 @@ def test_every_dashboard_query_returns_series(cluster):
         if not cluster.ever(expr):
             empty.append(where)
     assert not empty, f"no series: {empty}"
+
+
+def label_values(cluster: Cluster, query: str, chosen: dict[str, str]) -> set[str]:
+    """What Grafana's ``label_values(selector, label)`` gives for a variable over the run: Prometheus's label values
+    API with the selector as ``match[]``, after the variables it uses are replaced by ``chosen``."""
+    match = LABEL_VALUES.match(query)
+    assert match, f"not a label_values() query: {query}"
+    selector = match["selector"]
+    for name, value in sorted(chosen.items(), key=lambda item: -len(item[0])):
+        selector = selector.replace(f"${name}", value)
+    assert "$" not in selector, f"a variable left in {selector}"
+    values = cluster.prometheus.api(
+        f"label/{match['label']}/values", **{"match[]": selector}, start=cluster.started, end=time.time()
+    )
+    return set(values)
+
+
+def test_every_dashboard_variable_query_runs_against_prometheus(cluster):
+    """Each dashboard's query variables, in their order (instance uses $job, training_job both), as Grafana runs them:
+    with All selected (the allValue regex) every demo and every job shows; with one node selected, only its job."""
+    cluster.wait(lambda: cluster.ever(f'mfu_job_info{{training_job="{JOB}"}}'), "the healthy job's info")
+    nodes = {address(base) for base in cluster.bases}
+    jobs = {JOB} | {incident_job(incident) for incident in cluster.incidents}
+    wanted = {"job": {SCRAPE_JOB}, "instance": nodes, "training_job": jobs}
+    for name, dashboard in dashboards():
+        variables = [v for v in dashboard["templating"]["list"] if v["type"] == "query"]
+        assert [v["name"] for v in variables] == ["job", "instance", "training_job"], name
+        chosen: dict[str, str] = {}
+        for variable in variables:
+            found = label_values(cluster, variable["query"], chosen)
+            assert found == wanted[variable["name"]], f"{name}: ${variable['name']} offers {sorted(found)}"
+            chosen[variable["name"]] = variable["allValue"]
+        one_node = {"job": promql_regex(SCRAPE_JOB), "instance": promql_regex(address(cluster.healthy))}
+        assert label_values(cluster, variables[-1]["query"], one_node) == {JOB}, name
 
 
 def test_every_rule_evaluates_and_nothing_listens_off_loopback(cluster):

@@ -5,8 +5,11 @@ Prometheus (tests/e2e/test_e2e_prometheus.py)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+# A Grafana variable query: label_values(<selector>, <label>).
+LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>[a-z_]+)\)$")
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
 
 

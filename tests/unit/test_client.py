@@ -17,8 +17,10 @@ def test_reports_carry_model_facts_and_time():
     reporter = ProgressReporter(URL, "llama3-70b", model={"params": "70B"}, gpus=8, clock=lambda: 1234.5)
     reporter.update(tokens_total=1000, step=3)
     reporter.close()
-    (call,) = responses.calls
-    body = call.request.body
+    # The update, unless close() came first and sent it as the final report; that one says the job finished.
+    assert 1 <= len(responses.calls) <= 2
+    body = responses.calls[-1].request.body
+    assert b'"state": "finished"' in body
     assert b'"tokens_total": 1000' in body and b'"step": 3' in body and b'"time": 1234.5' in body
     assert b'"model": {"params": "70B"}' in body and b'"gpus": 8' in body
 
@@ -32,7 +34,10 @@ def test_retries_with_backoff_until_the_exporter_answers():
     reporter.update(tokens_total=10)
     wait_until(lambda: reporter.sent == 1)
     reporter.close()
-    assert len(responses.calls) == 3
+    assert len(responses.calls) == 4  # the last: close() saying the job finished
+    assert (
+        b'"state"' not in responses.calls[2].request.body and b'"state": "finished"' in responses.calls[3].request.body
+    )
     assert reporter.failures == 2
 
 
@@ -85,3 +90,45 @@ def test_close_flushes_the_pending_total():
     with ProgressReporter(URL, "job") as reporter:
         reporter.update(tokens_total=42)
     assert b'"tokens_total": 42' in responses.calls[-1].request.body
+
+
+@responses.activate
+def test_close_and_the_context_manager_say_how_the_job_ended():
+    responses.post(PROGRESS, json={})
+
+    def final_state(exit_with: type[BaseException] | None) -> bytes:
+        responses.calls.reset()
+        try:
+            with ProgressReporter(URL, "job") as reporter:
+                reporter.update(tokens_total=10)
+                if exit_with is not None:
+                    raise exit_with()
+        except BaseException as exc:  # noqa: BLE001 - the job's own exception passes through untouched
+            assert exit_with is not None and isinstance(exc, exit_with)
+        return responses.calls[-1].request.body
+
+    assert b'"state": "finished"' in final_state(None)
+    assert b'"state": "failed"' in final_state(RuntimeError)
+    assert b'"state": "cancelled"' in final_state(KeyboardInterrupt)
+    responses.calls.reset()
+    reporter = ProgressReporter(URL, "job")
+    reporter.update(tokens_total=5)
+    wait_until(lambda: reporter.sent == 1)
+    reporter.close(state="cancelled")
+    reporter.update(tokens_total=6)  # after the end: dropped, or it would start a new run
+    assert [b'"state"' in c.request.body for c in responses.calls] == [False, True]
+    assert (
+        b'"state": "cancelled"' in responses.calls[1].request.body
+        and b'"tokens_total": 5' in responses.calls[1].request.body
+    )
+
+
+@responses.activate
+def test_a_reporter_that_never_reported_sends_nothing_on_close_and_a_bad_state_is_finished():
+    responses.post(PROGRESS, json={})
+    ProgressReporter(URL, "idle").close()
+    assert len(responses.calls) == 0
+    reporter = ProgressReporter(URL, "job")
+    reporter.update(tokens_total=1)
+    reporter.close(state="exploded")
+    assert b'"state": "finished"' in responses.calls[-1].request.body

@@ -20,7 +20,7 @@ from exporter.preflight.checks import PreflightSettings, Status
 from exporter.sim.nvml import FakeNvml, a100, h100
 from exporter.sources import build_sources
 from exporter.sources.base import Paths
-from exporter.sources.preflight import PreflightSource
+from exporter.sources.preflight import PreflightSource, check_families
 from tests.support.nodes import FakeQos, Node, hgx_node
 from tests.support.tools import require_tool
 
@@ -59,6 +59,7 @@ def test_check_names_are_stable_and_unique(tmp_path):
         "rdma.nic_per_gpu",
         "rdma.gpu_nic_affinity",
         "roce.pfc",
+        "roce.pfc_other_priorities",
         "roce.ecn",
         "roce.global_pause",
         "gpudirect.rdma",
@@ -79,7 +80,8 @@ def test_healthy_hgx_node_passes_everything(tmp_path):
     assert results["rdma.node_bandwidth"].observed == "3200 Gb/s over 8 ACTIVE ports"
     assert results["rdma.gpu_nic_affinity"].observed == "8 GPUs: 8× same PCIe switch"
     assert results["gpu.inventory"].observed == "8× NVIDIA H100 80GB HBM3"
-    assert results["roce.pfc"].observed == "priority 3 only on 8 interfaces"
+    assert results["roce.pfc"].observed == "priority 3 on 8 interfaces"
+    assert results["roce.pfc_other_priorities"].observed == "none on 8 interfaces"
     assert results["roce.ecn"].observed == "enabled on 8 interfaces"
     assert results["roce.global_pause"].observed == "off on 8 interfaces"
     assert all(r.fix == "" for r in results.values())
@@ -193,7 +195,7 @@ FAILURES = [
     ("link layer", _wrong_link_layer, "rdma.link_layer", Status.FAIL, "mlxconfig -d 0000:19:00.0 set LINK_TYPE_P1=1"),
     ("thin node", _thin_node, "rdma.node_bandwidth", Status.FAIL, "rdma.port_state"),
     ("pfc off", _pfc_off, "roce.pfc", Status.FAIL, "dcb pfc set dev eth2 prio-pfc all:off 3:on"),
-    ("pfc extra", _pfc_extra, "roce.pfc", Status.WARN, "dcb pfc set dev eth4 prio-pfc all:off 3:on"),
+    ("pfc extra", _pfc_extra, "roce.pfc_other_priorities", Status.WARN, "dcb pfc set dev eth4 prio-pfc all:off 3:on"),
     ("ecn off", _ecn_off, "roce.ecn", Status.FAIL, "echo 1 > /sys/class/net/eth1/ecn/roce_rp/enable/3"),
     ("global pause", _global_pause, "roce.global_pause", Status.FAIL, "ethtool -A eth6 rx off tx off"),
     ("no peermem", _no_peermem, "gpudirect.rdma", Status.FAIL, "modprobe nvidia_peermem"),
@@ -221,6 +223,27 @@ def test_each_misconfiguration_is_caught_alone(tmp_path, mutate, check, status, 
     assert fix in results[check].fix
     others = {name: r.status for name, r in results.items() if name != check and r.status in (Status.FAIL, Status.WARN)}
     assert others == {}
+
+
+def test_pfc_missing_on_one_interface_and_extra_on_another_are_two_findings(tmp_path):
+    """The RoCE priority without PFC fails roce.pfc; other priorities with PFC warn in a check of their own, so the
+    warning is not hidden behind the failure (and MfuPfcOtherPriorities can key on it)."""
+    node = hgx_node(tmp_path)
+    ctx = {"qos": healthy_qos()}
+    _pfc_off(node, ctx)
+    ctx["qos"].pfc["eth5"] = {0, 3}
+    results = run(node, qos=ctx["qos"])
+    assert (results["roce.pfc"].status, results["roce.pfc"].observed) == (Status.FAIL, "eth2: none")
+    other = results["roce.pfc_other_priorities"]
+    assert (other.status, other.observed) == (Status.WARN, "eth5: 0,3")
+    assert other.fix.startswith("dcb pfc set dev eth5 prio-pfc all:off 3:on")
+    families = {f.name: {s.labels["check"]: s.value for s in f.samples} for f in check_families(list(results.values()))}
+    assert families["mfu_preflight_check_ok"]["roce.pfc_other_priorities"] == 1.0  # a WARN: the node works
+    assert families["mfu_preflight_check_warning"]["roce.pfc_other_priorities"] == 1.0
+    assert (
+        families["mfu_preflight_check_warning"]["roce.pfc"] == 0.0
+        and families["mfu_preflight_check_ok"]["roce.pfc"] == 0.0
+    )
 
 
 def test_observed_values_name_the_culprits(tmp_path):
@@ -322,7 +345,7 @@ def test_infiniband_ports_skip_the_roce_checks(tmp_path):
     node.pci("pci0000:00", ["0000:00:01.0", "0000:01:00.0"])
     node.rdma("mlx5_0", "0000:01:00.0", link_layer="InfiniBand")
     results = run(node, qos=FakeQos())
-    for check in ("roce.pfc", "roce.ecn", "roce.global_pause"):
+    for check in ("roce.pfc", "roce.pfc_other_priorities", "roce.ecn", "roce.global_pause"):
         assert results[check].status == Status.SKIP
         assert "InfiniBand uses credit-based flow control" in results[check].observed
     assert results["rdma.port_state"].status == Status.PASS
@@ -445,7 +468,7 @@ def test_json_output_schema(tmp_path):
     assert set(document) == {"ok", "summary", "results"}
     assert document["ok"] is False
     assert set(document["summary"]) == {"pass", "warn", "fail", "skip"}
-    assert sum(document["summary"].values()) == len(document["results"]) == 22
+    assert sum(document["summary"].values()) == len(document["results"]) == 23
     for result in document["results"]:
         assert set(result) == {"check", "status", "observed", "expected", "fix"}
         assert result["status"] in ("PASS", "WARN", "FAIL", "SKIP")
@@ -478,7 +501,7 @@ def test_table_keeps_fix_commands_whole(tmp_path):
         for line in lines
     )
     assert any("roce.pfc" in line and line.endswith("dcb pfc set dev eth2 prio-pfc all:off 3:on") for line in lines)
-    assert lines[-1] == "20 PASS, 0 WARN, 2 FAIL, 0 SKIP"
+    assert lines[-1] == "21 PASS, 0 WARN, 2 FAIL, 0 SKIP"
 
 
 def test_config_thresholds_reach_the_command(tmp_path):
@@ -488,7 +511,7 @@ def test_config_thresholds_reach_the_command(tmp_path):
     code, out = check_command(node, "--config", str(config), "--json")
     results = {r["check"]: r for r in json.loads(out)["results"]}
     assert code == 1
-    assert results["roce.pfc"]["expected"] == "PFC on priority 4 only"
+    assert results["roce.pfc"]["expected"] == "PFC on priority 4"
     assert "4:on" in results["roce.pfc"]["fix"]
 
 
@@ -564,9 +587,11 @@ def test_source_exports_check_ok_and_leaves_skips_out(tmp_path):
         nccl_env_file=None,
     )
     snapshot = source.sample()
-    (family,) = list(snapshot.render())
+    family, warning = list(snapshot.render())
     values = {s.labels["check"]: s.value for s in family.samples}
-    assert family.name == "mfu_preflight_check_ok"
+    assert (family.name, warning.name) == ("mfu_preflight_check_ok", "mfu_preflight_check_warning")
+    assert {s.labels["check"] for s in warning.samples} == set(values)  # both series for each check that applies
+    assert {s.value for s in warning.samples} == {0.0}
     assert values["net.core.rmem_max"] == 0.0
     assert values["rdma.port_state"] == 1.0
     assert "nccl.NCCL_IB_HCA" not in values  # SKIP: no job environment configured
@@ -634,6 +659,7 @@ async def test_metrics_endpoint_serves_preflight_results(tmp_path, make_client):
     finally:
         await client.runtime.daemon.stop()
     assert 'mfu_preflight_check_ok{check="roce.pfc"} 1.0' in body
+    assert 'mfu_preflight_check_warning{check="roce.pfc"} 0.0' in body
     assert 'mfu_exporter_source_up{source="preflight"} 1.0' in body
 
 
