@@ -143,6 +143,11 @@ class Job:
     replayed_tokens: float = 0.0  # tokens re-trained after restarts from checkpoints
     window: deque = field(default_factory=deque)  # (report time, tokens_total)
     reported: bool = False
+    # Log-fed jobs (sources.logs): what the framework printed about its own speed, and why the log's lines give
+    # no token total yet (a missing world size or sequence length), shown as the job's reason.
+    framework_mfu: float | None = None
+    framework_tflops_per_gpu: float | None = None
+    feed_reason: str | None = None
 
 
 @dataclass
@@ -164,6 +169,8 @@ class JobView:
     restarts: int
     gpu_indices: list[int] | None = None
     replayed_tokens: float = 0.0
+    framework_mfu: float | None = None  # the framework's own MFU (printed, or its TFLOP/s/GPU over our peak)
+    framework_tflops_per_gpu: float | None = None
 
     @property
     def tokens_processed(self) -> float:
@@ -186,6 +193,8 @@ class JobView:
             "reason": self.reason,
             "restarts": self.restarts,
             "replayed_tokens": self.replayed_tokens,
+            "framework_mfu": self.framework_mfu,
+            "framework_tflops_per_gpu": self.framework_tflops_per_gpu,
             "model": {k: self.facts.get(k) for k in MODEL_KEYS},
             **{k: self.facts.get(k) for k in FACT_KEYS},
         }
@@ -254,6 +263,43 @@ class JobTracker:
             job.reported = True
             self.generation += 1
             return self._view(job, now)
+
+    def observe(
+        self,
+        name: str,
+        *,
+        step: int | None = None,
+        framework_mfu: float | None = None,
+        framework_tflops_per_gpu: float | None = None,
+        reason: str | None = None,
+        facts: dict[str, Any] | None = None,
+    ) -> None:
+        """What a log line says besides a token total: the step, the framework's own figures, model facts it
+        printed, or why the line gives no total (``reason``; None once a total arrives through ``report``).
+        Creates the job like touch (and raises TooManyJobs like it)."""
+        self.touch(name)
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is None:
+                return
+            if facts:
+                job.facts.update(facts)
+            if step is not None:
+                job.step = step
+            if framework_mfu is not None:
+                job.framework_mfu = framework_mfu
+            if framework_tflops_per_gpu is not None:
+                job.framework_tflops_per_gpu = framework_tflops_per_gpu
+            job.feed_reason = reason
+            job.last_arrival = max(job.last_arrival, self._clock())
+            self.generation += 1
+
+    def gpu_count(self, name: str) -> int | None:
+        """The job's GPUs on this node as its MFU counts them (its gpus fact, else the GPU inventory)."""
+        with self._lock:
+            job = self._jobs.get(name)
+            facts = {**FACT_DEFAULTS, **(job.facts if job else self._configured.get(name, {}))}
+        return self._resolve_gpus(facts)[1]
 
     def touch(self, name: str) -> None:
         """Create a job known only from another API (checkpoints) so it counts against the cap."""
@@ -374,6 +420,8 @@ class JobTracker:
         reason = reason or gpu_reason or peak_reason
         if reason is None and peak is None:
             reason = "peak FLOP/s unknown for this job's GPUs"
+        if job.feed_reason and (reason is None or not job.reported):
+            reason = job.feed_reason
         if reason is None and rate is None:
             reason = "waiting for a second progress report"
         # Per job: two jobs without params each deserve a line, though the reason reads the same.
@@ -383,6 +431,10 @@ class JobTracker:
         utilization = None
         if reason is None:
             utilization = mfu_math.model_flops_utilization(fpt, rate, peak)
+        framework = job.framework_mfu
+        if framework is None and job.framework_tflops_per_gpu is not None and peak and count:
+            # Megatron and NeMo print their FLOPs count as TFLOP/s per GPU, not an MFU: over our per-GPU peak.
+            framework = job.framework_tflops_per_gpu * 1e12 / (peak / count)
         eta = None
         target = facts.get("target_tokens")
         if target and rate:
@@ -403,6 +455,8 @@ class JobTracker:
             restarts=job.restarts,
             replayed_tokens=job.replayed_tokens,
             gpu_indices=[g.index for g in gpus] if gpus is not None else None,
+            framework_mfu=framework,
+            framework_tflops_per_gpu=job.framework_tflops_per_gpu,
         )
 
 
@@ -435,6 +489,12 @@ def job_families(views: list[JobView]) -> Iterable:
         labels=label,
     )
     eta = GaugeMetricFamily("mfu_job_eta_seconds", "Seconds until target_tokens at the current rate.", labels=label)
+    framework = GaugeMetricFamily(
+        "mfu_job_framework_mfu_ratio",
+        "The MFU the training framework printed in its log (0–1), or its printed TFLOP/s per GPU over this node's "
+        "per-GPU peak; by the framework's FLOPs convention, beside ours.",
+        labels=label,
+    )
     info = InfoMetricFamily("mfu_job", "Facts of the job that are not numbers.", labels=label)
     for view in views:
         key = [view.name]
@@ -456,4 +516,7 @@ def job_families(views: list[JobView]) -> Iterable:
             utilization.add_metric(key, view.mfu)
         if view.eta_seconds is not None:
             eta.add_metric(key, view.eta_seconds)
-    return (tokens, flops, peak, gpus, rate, utilization, step, last, per_token, eta, info)
+        # A framework dividing by a wrong peak prints impossible figures (torchtitan's A100 fallback: 563 %).
+        if view.framework_mfu is not None and 0.0 <= view.framework_mfu <= 1.0:
+            framework.add_metric(key, view.framework_mfu)
+    return (tokens, flops, peak, gpus, rate, utilization, step, last, per_token, eta, framework, info)

@@ -130,6 +130,10 @@ class Follower:
                 self._inotify.close()
                 self._inotify = None
 
+    def error_counts(self) -> Counter:
+        with self._lock:
+            return Counter(self.errors)
+
     def followed(self) -> list[str]:
         with self._lock:
             return sorted(self._files)
