@@ -60,7 +60,13 @@ FIELDS = {
 
 class MegatronParser(Parser):
     name = "megatron"
-    anchor = re.compile(r"^\s*" + STAMP + r"iteration\s+\d+/\s*\d+ \| consumed samples:")
+    # The iteration line is on the last rank only; rank 0's log (another node, in a multi-node job) has the argument
+    # dump's title and the checkpoint lines instead.
+    anchor = re.compile(
+        r"^\s*" + STAMP + r"iteration\s+\d+/\s*\d+ \| consumed samples:"
+        r"|^-{24} arguments -{24}$"
+        r"|^\s*" + STAMP + r"saving checkpoint at iteration\s+\d+ to \S+ in \S+ format"
+    )
 
     def parse(self, line: Line) -> Record | None:
         text = line.text

@@ -169,6 +169,7 @@ class JobView:
     restarts: int
     gpu_indices: list[int] | None = None
     replayed_tokens: float = 0.0
+    reported: bool = True  # False for a job known only by name (checkpoints, a log with no progress lines yet)
     framework_mfu: float | None = None  # the framework's own MFU (printed, or its TFLOP/s/GPU over our peak)
     framework_tflops_per_gpu: float | None = None
 
@@ -457,6 +458,7 @@ class JobTracker:
             gpu_indices=[g.index for g in gpus] if gpus is not None else None,
             framework_mfu=framework,
             framework_tflops_per_gpu=job.framework_tflops_per_gpu,
+            reported=job.reported,
         )
 
 
@@ -498,14 +500,18 @@ def job_families(views: list[JobView]) -> Iterable:
     info = InfoMetricFamily("mfu_job", "Facts of the job that are not numbers.", labels=label)
     for view in views:
         key = [view.name]
-        tokens.add_metric(key, view.tokens_processed)
+        if view.reported:
+            # A node of the job that sees no progress (its log has none: the framework prints on another rank)
+            # exports no token or FLOPs counters, so the cluster rules count only the nodes that measure.
+            tokens.add_metric(key, view.tokens_processed)
         last.add_metric(key, view.last_report_time)
         info.add_metric(key, {"dtype": str(view.facts.get("dtype", "bf16"))})
         if view.step is not None:
             step.add_metric(key, view.step)
         if view.flops_per_token is not None:
             per_token.add_metric(key, view.flops_per_token)
-            flops.add_metric(key, view.flops_per_token * view.tokens_processed)
+            if view.reported:
+                flops.add_metric(key, view.flops_per_token * view.tokens_processed)
         if view.peak_flops is not None:
             peak.add_metric(key, view.peak_flops)
         if view.gpus is not None:
