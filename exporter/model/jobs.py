@@ -148,6 +148,7 @@ class Job:
     framework_mfu: float | None = None
     framework_tflops_per_gpu: float | None = None
     feed_reason: str | None = None
+    interval: float = 0.0  # the job's own time between its last two reports
 
 
 @dataclass
@@ -248,6 +249,8 @@ class JobTracker:
                 job.replayed_tokens += job.tokens_total - report.tokens_total
             if job.window and at < job.window[-1][0]:
                 at = job.window[-1][0]  # reports out of order by the job's clock: keep the window monotonic
+            if job.window and at > job.window[-1][0]:
+                job.interval = at - job.window[-1][0]
             if len(job.window) >= 2 and at - job.window[-2][0] < REPORT_RESOLUTION_SECONDS:
                 # Jobs may report every step: the rate needs only the window's ends, so reports closer than the
                 # resolution replace the newest point and a window holds ~one point per second, not per step.
@@ -334,8 +337,10 @@ class JobTracker:
     def _rate(self, job: Job, now: float) -> float | None:
         if not job.reported:
             return None
-        if now - job.last_arrival > self.window:
-            return 0.0  # no report for a whole window: the job is not progressing
+        if now - job.last_arrival > max(self.window, 2 * job.interval):
+            # No report for a whole window (or twice the job's own cadence, for one that reports less often, like
+            # a log printed every few minutes): the job is not progressing.
+            return 0.0
         points = [p for p in job.window if p[0] >= job.last_report_time - self.window]
         if len(points) < 2 and len(job.window) >= 2:
             points = [job.window[-2], job.window[-1]]  # reports sparser than the window: use the last interval

@@ -16,8 +16,9 @@ node with them turns the job's global count into its own share (× node GPUs ÷ 
 and exports the numerator and denominator of MFU for its own GPUs; in a synchronous job that share's MFU is the
 job's. Every other node following a log of the job exports the job's ``mfu_job_gpus`` and peak but no FLOPs, so
 the cluster MFU rule (which counts only nodes exporting both halves) is the one node's, which is right; their GPUs
-still join their node signals (a paused NIC, a hot GPU) to the job in the cluster attribution rules, and
-``training_job:mfu_job_tokens:rate5m`` scales the reporting nodes' tokens up to all the job's GPUs.
+still join their node signals (a paused NIC, a hot GPU) to the job in the cluster attribution rules. The job's
+summed token rate (``training_job:mfu_job_tokens:rate5m``) is then the printing node's share only: it is still 0
+exactly when the job stalls, which is what the rules read it for.
 """
 
 from __future__ import annotations
