@@ -53,6 +53,9 @@ class Parser:
 
     name: ClassVar[str]
     anchor: ClassVar[Pattern[str]]
+    # Substrings one of which every line this parser can read contains: a line with none is skipped before any
+    # regex or prefix peeling (most of a training log is NCCL and warnings). None: every line is tried.
+    keywords: ClassVar[tuple[str, ...] | None] = None
     # Frameworks that print a save's start but never its end (HF, DeepSpeed): the stream ends the save at the
     # next progress line, since a synchronous save blocks training.
     ends_saves_at_next_step: ClassVar[bool] = False

@@ -45,6 +45,7 @@ TAG_STEP = re.compile(r"global_step(\d+)")
 
 class DeepSpeedParser(Parser):
     name = "deepspeed"
+    keywords = ("SamplesPerSec=", "heckpoint")
     anchor = re.compile(r"(?:^|\] )(?:epoch=\d+/micro_step=\d+/global_step=\d+|\d+/\d+), (?:RunningAvg)?SamplesPerSec=")
     ends_saves_at_next_step = True
 

@@ -37,6 +37,7 @@ STEP_DIR = re.compile(r"checkpoint-(\d+)")
 
 class HfParser(Parser):
     name = "hf"
+    keywords = ("{'", "%|", "Saving model checkpoint")
     anchor = re.compile(r"^\{'(?:loss|train_runtime|num_input_tokens_seen)': ")
     ends_saves_at_next_step = True
 

@@ -60,6 +60,7 @@ FIELDS = {
 
 class MegatronParser(Parser):
     name = "megatron"
+    keywords = ("iteration", " ..", " arguments ")
     # The iteration line is on the last rank only; rank 0's log (another node, in a multi-node job) has the argument
     # dump's title and the checkpoint lines instead.
     anchor = re.compile(

@@ -47,6 +47,7 @@ SAVE = re.compile(
 
 class NemoParser(Parser):
     name = "nemo"
+    keywords = (", iteration ", "Global Checkpoint Save", "[NeMo ")
     anchor = re.compile(r"^\S+ epoch \d+, iteration \d+/\d+ \| |^\[NeMo [A-Z] \d{4}-\d\d-\d\d ")
 
     def parse(self, line: Line) -> Record | None:

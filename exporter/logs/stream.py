@@ -20,7 +20,7 @@ from exporter.logs.nemo import NemoParser
 from exporter.logs.records import Line, Record
 from exporter.logs.regex import RegexParser
 from exporter.logs.torchtitan import TorchtitanParser
-from exporter.logs.transport import Peeler
+from exporter.logs.transport import Peeler, parse_rfc3339, split_line
 
 PARSERS: dict[str, type[Parser]] = {
     "torchtitan": TorchtitanParser,
@@ -30,6 +30,15 @@ PARSERS: dict[str, type[Parser]] = {
     "deepspeed": DeepSpeedParser,
 }
 FORMATS = ("auto", *PARSERS, "regex")
+# What a line must contain to be worth trying during detection: every parser's keywords and its anchors' prefixes.
+DETECT_KEYWORDS = tuple({k for cls in PARSERS.values() for k in cls.keywords or ()} | {"[titan] "})
+
+
+UNRECOGNISED = (
+    "no line of a known format in the first {lines} lines (torchtitan 'step: .. tps:', Megatron "
+    "'iteration ../.. | consumed samples:', HF \"{{'loss': ..}}\", NeMo 'epoch .., iteration ../.. |', "
+    "DeepSpeed 'SamplesPerSec='); set format, or format: regex with a pattern"
+)
 
 
 @dataclass(frozen=True)
@@ -79,13 +88,25 @@ class LogStream:
     def feed(self, raw: str, read_time: float) -> list[Event]:
         """Records of one raw line (CRI partial lines give none until their last segment)."""
         events: list[Event] = []
-        for line in self.peeler.feed(raw):
+        for text, stamp in self.peeler.unwrap(raw):
             self.lines += 1
-            if self.parser is None:
-                self._detect(line, read_time, events)
-            else:
-                self._parse(line, read_time, events)
+            parser = self.parser
+            keywords = parser.keywords if parser is not None else DETECT_KEYWORDS
+            if keywords is not None and not any(k in text for k in keywords):
+                # Nothing any parser reads (or, while detecting, could decide on): skipped before any regex.
+                if parser is None:
+                    self._undecided()
+                continue
+            for line in split_line(text, parse_rfc3339(stamp) if stamp else None):
+                if self.parser is None:
+                    self._detect(line, read_time, events)
+                else:
+                    self._parse(line, read_time, events)
         return events
+
+    def _undecided(self) -> None:
+        if self.unrecognised is None and self.lines >= self.detect_lines:
+            self.unrecognised = UNRECOGNISED.format(lines=self.lines)
 
     def _parse(self, line: Line, read_time: float, events: list[Event]) -> None:
         record = self.parser.parse(line)
@@ -107,9 +128,4 @@ class LogStream:
         if len(hits) > 1:
             self.errors["ambiguous_line"] += 1
         self._pending.append((line, read_time))
-        if self.unrecognised is None and self.lines >= self.detect_lines:
-            self.unrecognised = (
-                f"no line of a known format in the first {self.lines} lines (torchtitan 'step: .. tps:', Megatron "
-                "'iteration ../.. | consumed samples:', HF \"{'loss': ..}\", NeMo 'epoch .., iteration ../.. |', "
-                "DeepSpeed 'SamplesPerSec='); set format, or format: regex with a pattern"
-            )
+        self._undecided()

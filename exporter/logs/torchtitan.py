@@ -62,6 +62,7 @@ SAVE_END = re.compile(
 
 class TorchtitanParser(Parser):
     name = "torchtitan"
+    keywords = ("step:", "checkpoint", "Trainer is initialized", "total parameters", "Peak FLOPS", "Training starts")
     anchor = re.compile(r"^\[titan\] \d{4}-\d\d-\d\d |^(?:.* - [A-Z]+ - )?step:\s*\d+\s+loss:.*\s(?:tps|wps): [\d,]+")
 
     def parse(self, line: Line) -> Record | None:

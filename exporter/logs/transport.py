@@ -66,57 +66,78 @@ class Peeler:
         self._partial_size: dict[str, int] = {}
         self._dropping: set[str] = set()
 
-    def feed(self, raw: str) -> Iterator[Line]:
+    def feed(self, raw: str) -> list[Line]:
+        """The lines of one raw line, transport and launcher layers peeled."""
+        return [
+            line
+            for text, stamp in self.unwrap(raw)
+            for line in split_line(text, parse_rfc3339(stamp) if stamp else None)
+        ]
+
+    def unwrap(self, raw: str) -> list[tuple[str, str | None]]:
+        """The container layer only: ``(text, RFC 3339 time or None)`` of each complete line (CRI partial lines
+        give nothing until their last segment). Cheap, so a caller can skip uninteresting text before the rest."""
         if self.container == "auto":
             if not raw.strip():
-                return
+                return []
             self.container = "cri" if CRI.match(raw) else "docker" if raw.startswith('{"log":') else "plain"
         if self.container == "cri":
-            yield from self._cri(raw)
-        elif self.container == "docker":
-            yield from self._docker(raw)
-        else:
-            yield from split_line(raw, None)
+            return self._cri(raw)
+        if self.container == "docker":
+            return self._docker(raw)
+        return [(raw, None)]
 
-    def _cri(self, raw: str) -> Iterator[Line]:
-        match = CRI.match(raw)
-        if not match:
+    def _cri(self, raw: str) -> list[tuple[str, str | None]]:
+        # str.find, not the regex: this runs on every line of a pod's log.
+        first = raw.find(" ")
+        second = raw.find(" ", first + 1) if first > 0 else -1
+        third = raw.find(" ", second + 1) if second > 0 else -1
+        stamp, stream = raw[:first], raw[first + 1 : second]
+        tag = raw[second + 1 : third] if third > 0 else raw[second + 1 :]
+        if (
+            second < 0
+            or stream not in ("stdout", "stderr")
+            or not tag
+            or tag[0] not in "PF"
+            or (len(tag) > 1 and tag[1] != ":")
+            or stamp[4:5] != "-"
+            or stamp[10:11] != "T"
+        ):
             self.errors["cri_malformed"] += 1
-            yield from split_line(raw, None)
-            return
-        stamp, stream, tag, text = match.groups()
-        if tag == "P":
+            return [(raw, None)]
+        text = raw[third + 1 :] if third > 0 else ""
+        if tag[0] == "P":
             if stream in self._dropping:
-                return
+                return []
             size = self._partial_size.get(stream, 0) + len(text)
             if size > self.max_line_chars:
                 self.errors["line_too_long"] += 1
                 self._dropping.add(stream)
                 self._partial.pop(stream, None)
                 self._partial_size.pop(stream, None)
-                return
+                return []
             self._partial.setdefault(stream, []).append(text)
             self._partial_size[stream] = size
-            return
+            return []
         if stream in self._dropping:
             self._dropping.discard(stream)
-            return
-        parts = self._partial.pop(stream, None)
-        self._partial_size.pop(stream, None)
-        if parts:
-            parts.append(text)
-            text = "".join(parts)
-        yield from split_line(text, parse_rfc3339(stamp))
+            return []
+        if self._partial:
+            parts = self._partial.pop(stream, None)
+            self._partial_size.pop(stream, None)
+            if parts:
+                parts.append(text)
+                text = "".join(parts)
+        return [(text, stamp)]
 
-    def _docker(self, raw: str) -> Iterator[Line]:
+    def _docker(self, raw: str) -> list[tuple[str, str | None]]:
         try:
             record = json.loads(raw)
             text, stamp = record["log"], record.get("time", "")
         except (ValueError, KeyError, TypeError):
             self.errors["docker_malformed"] += 1
-            yield from split_line(raw, None)
-            return
-        yield from split_line(str(text).rstrip("\n"), parse_rfc3339(str(stamp)))
+            return [(raw, None)]
+        return [(str(text).rstrip("\n"), str(stamp) or None)]
 
 
 def split_line(text: str, when: float | None) -> Iterator[Line]:

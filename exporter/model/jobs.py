@@ -229,7 +229,7 @@ class JobTracker:
         self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
         self.generation = 0
 
-    def report(self, report: ProgressReport) -> JobView:
+    def report(self, report: ProgressReport, view: bool = True) -> JobView | None:
         now = self._clock()
         with self._lock:
             self._expire(now)
@@ -266,7 +266,8 @@ class JobTracker:
             job.last_arrival = now
             job.reported = True
             self.generation += 1
-            return self._view(job, now)
+            # A log source feeds many lines at once and needs no view of each (a view looks the peak up).
+            return self._view(job, now) if view else None
 
     def observe(
         self,

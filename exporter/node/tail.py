@@ -307,26 +307,38 @@ class Follower:
             self._deliver(file, lines, kind)
 
     def _split(self, file: _File, data: bytes, lines: list[str]) -> None:
-        start = 0
-        while True:
-            end = data.find(b"\n", start)
+        if file.dropping:  # inside a line over the cap: skip to its end
+            end = data.find(b"\n")
             if end < 0:
-                rest = data[start:]
-                if file.dropping:
-                    return
-                if len(file.partial) + len(rest) > self.max_line_bytes:
-                    self.errors["line_too_long"] += 1
-                    file.partial, file.dropping = b"", True
-                    return
-                file.partial += rest
                 return
-            piece = data[start:end]
-            start = end + 1
-            if file.dropping:
-                file.dropping = False
-                continue
-            if file.partial:
-                piece, file.partial = file.partial + piece, b""
+            file.dropping = False
+            data = data[end + 1 :]
+        last = data.rfind(b"\n")
+        if last < 0:
+            if len(file.partial) + len(data) > self.max_line_bytes:
+                self.errors["line_too_long"] += 1
+                file.partial, file.dropping = b"", True
+            else:
+                file.partial += data
+            return
+        block = data[:last]
+        if file.partial:
+            block, file.partial = file.partial + block, b""
+        rest = data[last + 1 :]
+        if len(rest) > self.max_line_bytes:
+            self.errors["line_too_long"] += 1
+            file.dropping = True
+        else:
+            file.partial = rest
+        # The complete lines of a chunk are decoded together (one C call, not one per line); only a chunk with a
+        # NUL byte, a CR, an over-long line or invalid UTF-8 takes the slow path, line by line.
+        if len(block) <= self.max_line_bytes and b"\x00" not in block and b"\r" not in block:
+            try:
+                lines.extend(block.decode("utf-8").split("\n"))
+                return
+            except UnicodeDecodeError:
+                pass
+        for piece in block.split(b"\n"):
             if len(piece) > self.max_line_bytes:
                 self.errors["line_too_long"] += 1
                 continue

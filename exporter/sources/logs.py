@@ -34,7 +34,15 @@ from typing import Any, Callable, Iterable
 
 from exporter.logs import PARSERS, Facts, JobLog, LogStream, SaveAction, Startup, Update
 from exporter.model.checkpoints import CheckpointTracker
-from exporter.model.jobs import MAX_FUTURE_SECONDS, MAX_TOKENS, JobTracker, ProgressReport, TooManyJobs, ValidationError
+from exporter.model.jobs import (
+    MAX_FUTURE_SECONDS,
+    MAX_TOKENS,
+    REPORT_RESOLUTION_SECONDS,
+    JobTracker,
+    ProgressReport,
+    TooManyJobs,
+    ValidationError,
+)
 from exporter.node.tail import HEAD, Follower, Lines
 from exporter.sources.base import Paths, Snapshot
 
@@ -221,8 +229,19 @@ class LogsSource:
         if stream.unrecognised and batch.path not in self._warned:
             self._warned.add(batch.path)
             log.warning("sources.logs: %s (job %s): %s", batch.path, job, stream.unrecognised)
+        updates = [item for item in out if isinstance(item, Update)]
+        following = dict(zip(map(id, updates), updates[1:]))
         for item in out:
             if isinstance(item, Update):
+                after = following.get(id(item))
+                # Lines read together (a backlog, a burst) closer than the job model's resolution would only
+                # replace each other in its window: feed the last of them, and any before a total that drops.
+                if (
+                    after is not None
+                    and after.time - item.time < REPORT_RESOLUTION_SECONDS
+                    and (item.tokens_total is None or (after.tokens_total or 0.0) >= item.tokens_total)
+                ):
+                    continue
                 self._apply(job, item, joblog, batch.read_time)
             elif isinstance(item, SaveAction):
                 self._save(job, item)
@@ -267,7 +286,7 @@ class LogsSource:
             )
             tokens = update.tokens_total
             if tokens is not None and math.isfinite(tokens) and 0 <= tokens <= MAX_TOKENS:
-                self._jobs.report(ProgressReport(job, float(tokens), update.step, at, facts))
+                self._jobs.report(ProgressReport(job, float(tokens), update.step, at, facts), view=False)
                 self._fed.add(job)
             elif tokens is not None:
                 self._counts["tokens_out_of_range"] += 1
