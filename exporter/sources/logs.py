@@ -218,13 +218,12 @@ class LogsSource:
         facts = self._facts(job)
         stream = followed.stream
         out: list = []
-        for raw in batch.lines:
-            events = stream.feed(raw, batch.read_time)
-            if batch.kind == HEAD:  # the file's head, read at a restart: its start-up facts, not old progress
-                events = [e for e in events if isinstance(e.record, Startup)]
-            if events:
-                parser = PARSERS.get(stream.format or "")
-                out.extend(joblog.feed(batch.path, events, facts, bool(parser and parser.ends_saves_at_next_step)))
+        events = stream.feed_many(batch.lines, batch.read_time)
+        if batch.kind == HEAD:  # the file's head, read at a restart: its start-up facts, not old progress
+            events = [e for e in events if isinstance(e.record, Startup)]
+        if events:
+            parser = PARSERS.get(stream.format or "")
+            out.extend(joblog.feed(batch.path, events, facts, bool(parser and parser.ends_saves_at_next_step)))
         followed.lines += len(batch.lines)
         if stream.unrecognised and batch.path not in self._warned:
             self._warned.add(batch.path)
