@@ -19,8 +19,9 @@ tokens per second, so the node's share is exact. Where a fact is missing the upd
 
 One job's progress is counted from one writer: the first file and rank (``[rank0]:``, ``srun`` task) that prints
 progress. Other writers' progress lines are skipped (counted), so eight ranks printing the same step count once.
-A writer silent for longer than ``takeover_after`` (or twice its own interval, if longer) hands over to the next
-one that prints, which is how a container restarted into a new log file keeps its job fed. Checkpoint lines are
+A writer in a file that appeared later (a container restarted into ``1.log``) takes over at once; otherwise a
+writer silent for longer than ``takeover_after`` (or twice its own interval, if longer) hands over to the next
+one that prints. Checkpoint lines are
 taken from one writer by the same rule (Megatron prints them on rank 0, its iteration line on the last rank).
 """
 
@@ -67,10 +68,10 @@ class SaveAction:
 
 
 class _Writer:
-    __slots__ = ("key", "last", "interval")
+    __slots__ = ("key", "last", "interval", "generation")
 
-    def __init__(self, key: str, at: float):
-        self.key, self.last, self.interval = key, at, 0.0
+    def __init__(self, key: str, at: float, generation: int = 0):
+        self.key, self.last, self.interval, self.generation = key, at, 0.0, generation
 
     def saw(self, at: float) -> None:
         if at > self.last:
@@ -94,15 +95,24 @@ class JobLog:
         self._integrated_step: int | None = None
         self._integrated_first: int | None = None
 
-    def feed(self, source: str, events: list[Event], facts: Facts, ends_saves_at_next_step: bool = False) -> list:
-        """Updates and SaveActions, in order, for the events of one file (``source`` names it)."""
+    def feed(
+        self,
+        source: str,
+        events: list[Event],
+        facts: Facts,
+        ends_saves_at_next_step: bool = False,
+        generation: int = 0,
+    ) -> list:
+        """Updates and SaveActions, in order, for the events of one file (``source`` names it). ``generation``
+        orders files by when they appeared: a writer in a newer file takes over at once (a restarted container's
+        ``1.log``), while writers of files that appeared together keep the first-come rule."""
         out: list = []
         for event in events:
             record = event.record
             if isinstance(record, Startup):
                 self.startup = self.startup.merged(record)
             elif isinstance(record, Progress):
-                if not self._take("_progress", f"{source}|{event.origin}", event.time):
+                if not self._take("_progress", f"{source}|{event.origin}", event.time, generation):
                     self.skipped["other_writer_progress"] += 1
                     continue
                 if ends_saves_at_next_step and self._open is not None:
@@ -111,22 +121,22 @@ class JobLog:
                     out.append(SaveAction("finish", name, event.time, max(event.time - started, 0.0)))
                 out.append(self._update(record, event.time, facts))
             elif isinstance(record, Checkpoint):
-                if not self._take("_saves", f"{source}|{event.origin}", event.time):
+                if not self._take("_saves", f"{source}|{event.origin}", event.time, generation):
                     self.skipped["other_writer_checkpoint"] += 1
                     continue
                 out.extend(self._save(record, event.time))
         return out
 
-    def _take(self, attr: str, key: str, at: float) -> bool:
+    def _take(self, attr: str, key: str, at: float, generation: int) -> bool:
         writer: _Writer | None = getattr(self, attr)
         if writer is None or writer.key == key:
             if writer is None:
-                setattr(self, attr, _Writer(key, at))
+                setattr(self, attr, _Writer(key, at, generation))
             else:
                 writer.saw(at)
             return True
-        if at - writer.last > max(self.takeover_after, 2 * writer.interval):
-            setattr(self, attr, _Writer(key, at))
+        if generation > writer.generation or at - writer.last > max(self.takeover_after, 2 * writer.interval):
+            setattr(self, attr, _Writer(key, at, generation))
             return True
         return False
 

@@ -61,10 +61,11 @@ DiscoveredPods = Callable[[], dict[str, list[tuple[str, str]]]]  # {job: [(names
 
 
 class _Followed:
-    __slots__ = ("path", "job", "stream", "kind", "lines")
+    __slots__ = ("path", "job", "stream", "kind", "lines", "generation")
 
-    def __init__(self, path: str, job: str, stream: LogStream, kind: str):
+    def __init__(self, path: str, job: str, stream: LogStream, kind: str, generation: int):
         self.path, self.job, self.stream, self.kind, self.lines = path, job, stream, kind, 0
+        self.generation = generation  # the sample in which the file was first wanted: later files take over
 
 
 def pod_log_glob(root: str, namespace: str, pod: str) -> str:
@@ -102,6 +103,8 @@ class LogsSource:
         self._counts: Counter = Counter()
         self._reported: Counter = Counter()
         self._started = False
+        self._samples = 0
+        self._first_wanted: dict[str, int] = {}
         self.follower = Follower(
             [],
             self._on_lines,
@@ -123,6 +126,10 @@ class LogsSource:
             return Snapshot(status={"files": [], "followed": 0, "wanted": 0})
         wanted = self._expand()
         with self._lock:
+            self._samples += 1
+            # Only what is wanted now is remembered (pods come and go): a file that comes back is a newer one.
+            self._first_wanted = {p: self._first_wanted.get(p, self._samples) for p in wanted}
+            self._followed = {p: f for p, f in self._followed.items() if p in wanted}
             self._wanted = wanted
         self.follower.set_patterns([glob.escape(p) for p in wanted])
         if not self._started:
@@ -131,7 +138,8 @@ class LogsSource:
             self.follower.start()
         jobs_seen = {job for job, *_ in wanted.values()}
         if self._jobs is not None:
-            for job in sorted(jobs_seen - self._fed):
+            known = set(self._jobs.names())
+            for job in sorted(jobs_seen - self._fed - known):
                 try:  # a node whose log has no progress lines still shows the job's GPUs (cluster attribution)
                     self._jobs.observe(job, reason=NO_PROGRESS)
                 except TooManyJobs:
@@ -213,7 +221,8 @@ class LogsSource:
         followed = self._followed.get(batch.path)
         if followed is None or followed.job != job:
             stream = LogStream(fmt, pattern, container)
-            followed = self._followed[batch.path] = _Followed(batch.path, job, stream, container)
+            generation = self._first_wanted.get(batch.path, 0)
+            followed = self._followed[batch.path] = _Followed(batch.path, job, stream, container, generation)
         joblog = self._joblogs.setdefault(job, JobLog(self.takeover_after))
         facts = self._facts(job)
         stream = followed.stream
@@ -223,7 +232,8 @@ class LogsSource:
             events = [e for e in events if isinstance(e.record, Startup)]
         if events:
             parser = PARSERS.get(stream.format or "")
-            out.extend(joblog.feed(batch.path, events, facts, bool(parser and parser.ends_saves_at_next_step)))
+            ends = bool(parser and parser.ends_saves_at_next_step)
+            out.extend(joblog.feed(batch.path, events, facts, ends, followed.generation))
         followed.lines += len(batch.lines)
         if stream.unrecognised and batch.path not in self._warned:
             self._warned.add(batch.path)

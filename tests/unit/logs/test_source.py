@@ -444,3 +444,51 @@ def test_rotation_mid_run_loses_and_repeats_nothing(tmp_path):
     source.close()
     (view,) = tracker.views()
     assert view.step == 60 and view.restarts == 0 and view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+
+
+def test_exporter_restart_resumes_from_the_head_and_a_bounded_tail(tmp_path):
+    """A long Megatron log at exporter start: the argument dump from its head, the latest lines from its tail."""
+    clock = Clock(t(1000) + 1)
+    path = tmp_path / "train.log"
+    with open(path, "w") as out:
+        out.write("".join(line + "\n" for line in fl.megatron_args({"seq_length": SEQ, "world_size": WORLD})))
+        for step in range(10, 1001, 10):
+            out.write(
+                fl.megatron_iteration(t(step), step, 10**6, step * BATCH, STEP_SECONDS, 412.3, 1e-4, BATCH, 2.3) + "\n"
+            )
+            out.write(("NCCL INFO noise " * 20 + "\n") * 60)  # ~19 KiB between iteration lines: 1.9 MB in all
+    assert path.stat().st_size > (1 << 20) + (256 << 10)
+    source, tracker, _ = build([{"path": str(path), "job": "llm"}], {"llm": {"params": PARAMS}}, clock)
+    view, snapshot = run_source(source, tracker)
+    assert view.facts["seq_len"] == SEQ and view.step == 1000  # facts from the head, progress from the tail
+    assert view.tokens_total == pytest.approx(1000 * NODE_TOKENS_PER_STEP)
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+    assert snapshot.status["files"][0]["lines"] < 20000  # the middle of the file was never read
+
+
+def test_a_restarted_container_writes_1_log_and_its_progress_takes_over(tmp_path):
+    clock = Clock(t(100) + 1)
+    pod = tmp_path / "pods" / "train_llm-0_6f1c" / "trainer"
+    first = [
+        fl.cri(t(s), fl.megatron_iteration(t(s), s, 1000, s * BATCH, STEP_SECONDS, None, 1e-4, BATCH, 2.3))
+        for s in (10, 20, 30)
+    ]
+    # The container died after step 30 and came back 2 minutes later from the checkpoint at step 10: kubelet's 1.log.
+    resumed = [
+        fl.cri(t(s) + 120, fl.megatron_iteration(t(s) + 120, s, 1000, s * BATCH, STEP_SECONDS, None, 1e-4, BATCH, 2.3))
+        for s in (20, 30, 40, 50, 60)
+    ]
+    write(pod / "0.log", first)
+    jobs = {"llm": {"params": PARAMS, "world_size": WORLD, "seq_len": SEQ}}
+    source, tracker, _ = build([], jobs, clock, pods_root=str(tmp_path / "pods"))
+    source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    try:
+        source.sample()
+        write(pod / "1.log", resumed)
+        source.sample()  # the next pass finds 1.log
+        source.follower.poll()
+    finally:
+        source.close()
+    (view,) = tracker.views()
+    assert view.step == 60 and view.restarts == 1  # 1.log's writer took over, and its step 20 is a new window
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
