@@ -256,8 +256,44 @@ JOB_SECTION = Section(
             None,
         ),
         "expected_mfu": (optional(ratio), None),
+        # What a log-fed job's lines may not say (sources.logs): its GPUs over all nodes, and sequences per step.
+        "world_size": (optional(positive_int), None),
+        "global_batch": (optional(positive_int), None),
     }
 )
+
+LOG_FORMATS = ("auto", "torchtitan", "megatron", "hf", "nemo", "deepspeed", "regex")  # = exporter.logs.FORMATS
+# The groups a regex pattern may name: exporter.logs.regex.GROUPS (a test keeps the two equal).
+LOG_REGEX_GROUPS = (
+    "step",
+    "time",
+    "tokens_seen",
+    "samples_seen",
+    "tokens_per_second_per_gpu",
+    "samples_per_second",
+    "global_batch",
+    "step_seconds",
+    "tflops_per_gpu",
+    "mfu",
+)
+LOG_PROGRESS_GROUPS = ("step", "tokens_seen", "samples_seen", "tokens_per_second_per_gpu", "samples_per_second")
+
+
+def log_pattern(value: Any) -> str:
+    form = "a regular expression with named groups, e.g. 'step (?P<step>\\d+) tokens (?P<tokens_seen>\\d+)'"
+    if not isinstance(value, str) or not value:
+        raise Invalid(form)
+    try:
+        compiled = re.compile(value)
+    except re.error as exc:
+        raise Invalid(f"{form} (this one does not compile: {exc})") from None
+    unknown = sorted(set(compiled.groupindex) - set(LOG_REGEX_GROUPS))
+    if unknown:
+        raise Invalid(f"group names among {', '.join(LOG_REGEX_GROUPS)} ({', '.join(unknown)} is not one)")
+    if not set(compiled.groupindex) & set(LOG_PROGRESS_GROUPS):
+        raise Invalid(f"a pattern naming at least one of the groups {', '.join(LOG_PROGRESS_GROUPS)}")
+    return value
+
 
 WATCH_SECTION = Section(
     {
@@ -266,6 +302,15 @@ WATCH_SECTION = Section(
         "done_marker": (optional(string), None),
         "quiet_period": (duration, 30.0),
         "poll": (choice("auto", "true", "false"), "auto"),
+    }
+)
+
+LOG_FILE_SECTION = Section(
+    {
+        "path": (string, None),
+        "job": (_job_name, None),
+        "format": (choice(*LOG_FORMATS), "auto"),
+        "pattern": (optional(log_pattern), None),
     }
 )
 
@@ -308,6 +353,16 @@ SCHEMA = Section(
                             watch=(ListOf(WATCH_SECTION), []),
                             started_timeout=(duration, 7200.0),
                             forget_after=(duration, 86400.0),
+                        ),
+                        None,
+                    ),
+                    "logs": (
+                        _enabled_interval(
+                            files=(ListOf(LOG_FILE_SECTION), []),
+                            discovered_pods=(boolean, True),
+                            pods_root=(string, "/var/log/pods"),
+                            takeover_after=(duration, 30.0),
+                            max_line_bytes=(positive_int, 1 << 20),
                         ),
                         None,
                     ),
@@ -429,7 +484,18 @@ def _join(path: str, key: str) -> str:
 
 def validate(raw: Any, file: str = "<config>") -> dict:
     """Validate a parsed YAML document; ``ConfigError`` names the first bad key."""
-    return _validate(SCHEMA, raw, file, "")
+    config = _validate(SCHEMA, raw, file, "")
+    for i, entry in enumerate(config["sources"]["logs"]["files"]):
+        if entry["format"] == "regex" and entry["pattern"] is None:
+            raise ConfigError(file, f"sources.logs.files[{i}].pattern", "a pattern (format regex needs one)")
+        if entry["format"] != "regex" and entry["pattern"] is not None:
+            raise ConfigError(
+                file,
+                f"sources.logs.files[{i}].format",
+                "regex (a pattern is read only with format: regex)",
+                entry["format"],
+            )
+    return config
 
 
 def validate_job_facts(raw: dict, where: str = "job") -> dict:

@@ -21,6 +21,7 @@ from exporter.render.encode import MetricsCache
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
+from exporter.sources.logs import LogsSource, discovered_pods_from
 
 
 @dataclass
@@ -120,6 +121,9 @@ def build_service(
     cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, parts=collector.parts)
     daemon.on_sample(cache.sampled)
     checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
+    for source in sources:
+        if isinstance(source, LogsSource):  # log lines feed the same job model and checkpoint tracker as the APIs
+            source.attach(jobs, checkpoints, discovered_pods_from(lambda: daemon.states))
     return Service(
         config,
         daemon,

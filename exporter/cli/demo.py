@@ -24,6 +24,13 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
         "--mfu.window", dest="mfu_window", default="15s", help="MFU window (default 15s, so changes show fast)"
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the simulation's noise")
+    parser.add_argument(
+        "--progress",
+        choices=("api", "logs"),
+        default="api",
+        help="how the job's progress reaches the exporter: api (its ProgressReporter) or logs (it prints "
+        "torchtitan's log lines to a file the logs source follows; no reporting at all)",
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -35,15 +42,16 @@ def run_demo(args: argparse.Namespace) -> int:
 
         def started(urls: list[str]) -> None:
             url = urls[0]
-            node.reporter = ProgressReporter(
-                url,
-                JOB,
-                model=dict(MODEL),
-                dtype="bf16",
-                gpus=GPUS,
-                target_tokens=NODE_TARGET_TOKENS,
-                clock=node.clock.time,
-            )
+            if node.training_log is None:
+                node.reporter = ProgressReporter(
+                    url,
+                    JOB,
+                    model=dict(MODEL),
+                    dtype="bf16",
+                    gpus=GPUS,
+                    target_tokens=NODE_TARGET_TOKENS,
+                    clock=node.clock.time,
+                )
             simulation.start()
             print(f"mfu-exporter demo: a simulated 8 × {GPU_NAME} node training {JOB}", flush=True)
             print(f"  status page  {url}", flush=True)
@@ -51,6 +59,8 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"  jobs         {url}api/v1/jobs", flush=True)
             print(f"  schedule     {node.schedule.describe(args.speed)}", flush=True)
             print(f"  files        {root} (sysfs tree, ethtool texts, checkpoints)", flush=True)
+            if node.training_log is not None:
+                print(f"  training log {node.training_log.path} (torchtitan's lines; MFU comes from here)", flush=True)
             print("  Ctrl-C stops it.", flush=True)
 
         asyncio.run(serve(runtime, on_started=started))

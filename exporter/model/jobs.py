@@ -188,6 +188,12 @@ class Job:
     carried_tokens: float = 0.0  # tokens processed by the earlier runs, so the counters continue across runs
     flops_total: float = 0.0  # model FLOPs counted so far: each token at the FLOPs/token known when it was reported
     counted_tokens: float = 0.0  # of carried + processed tokens, those already in flops_total
+    # Log-fed jobs (sources.logs): what the framework printed about its own speed, and why the log's lines give
+    # no token total yet (a missing world size or sequence length), shown as the job's reason.
+    framework_mfu: float | None = None
+    framework_tflops_per_gpu: float | None = None
+    feed_reason: str | None = None
+    interval: float = 0.0  # the job's own time between its last two reports
 
     @property
     def tokens_processed(self) -> float:
@@ -218,6 +224,9 @@ class JobView:
     tokens_processed: float = 0.0  # monotonic: tokens of earlier runs, the reported total and replayed tokens
     model_flops: float | None = None  # the FLOPs counter; None until the job's FLOPs per token are known
     implausible_mfu: float | None = None  # an MFU above 1, withheld from the metrics (``reason`` says why)
+    reported: bool = True  # False for a job known only by name (checkpoints, a log with no progress lines yet)
+    framework_mfu: float | None = None  # the framework's own MFU (printed, or its TFLOP/s/GPU over our peak)
+    framework_tflops_per_gpu: float | None = None
 
     @property
     def running(self) -> bool:
@@ -242,6 +251,8 @@ class JobView:
             "state": self.state,
             "runs": self.runs,
             "implausible_mfu": self.implausible_mfu,
+            "framework_mfu": self.framework_mfu,
+            "framework_tflops_per_gpu": self.framework_tflops_per_gpu,
             "model": {k: self.facts.get(k) for k in MODEL_KEYS},
             **{k: self.facts.get(k) for k in FACT_KEYS},
         }
@@ -275,7 +286,7 @@ class JobTracker:
         self.generation = 0
         self._expiry_bound = (float("inf"), 0.0)  # (clock of the last pass over the jobs, their oldest arrival then)
 
-    def report(self, report: ProgressReport) -> JobView:
+    def report(self, report: ProgressReport, view: bool = True) -> JobView | None:
         now = self._clock()
         with self._lock:
             self._expire(now)
@@ -298,6 +309,8 @@ class JobTracker:
                 job.replayed_tokens += job.tokens_total - report.tokens_total
             if job.window and at < job.window[-1][0]:
                 at = job.window[-1][0]  # reports out of order by the job's clock: keep the window monotonic
+            if job.window and at > job.window[-1][0]:
+                job.interval = at - job.window[-1][0]
             if len(job.window) >= 2 and at - job.window[-2][0] < REPORT_RESOLUTION_SECONDS:
                 # Jobs may report every step: the rate needs only the window's ends, so reports closer than the
                 # resolution replace the newest point and a window holds ~one point per second, not per step.
@@ -316,7 +329,45 @@ class JobTracker:
             if report.state != job.state:
                 self._end(job, report.state, now)
             self.generation += 1
-            return self._view(job, now)
+            # A log source feeds many lines at once and needs no view of each (a view looks the peak up).
+            return self._view(job, now) if view else None
+
+    def observe(
+        self,
+        name: str,
+        *,
+        step: int | None = None,
+        framework_mfu: float | None = None,
+        framework_tflops_per_gpu: float | None = None,
+        reason: str | None = None,
+        facts: dict[str, Any] | None = None,
+    ) -> None:
+        """What a log line says besides a token total: the step, the framework's own figures, model facts it
+        printed, or why the line gives no total (``reason``; None once a total arrives through ``report``).
+        Creates the job like touch (and raises TooManyJobs like it)."""
+        self.touch(name)
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is None:
+                return
+            if facts:
+                job.facts.update(facts)
+            if step is not None:
+                job.step = step
+            if framework_mfu is not None:
+                job.framework_mfu = framework_mfu
+            if framework_tflops_per_gpu is not None:
+                job.framework_tflops_per_gpu = framework_tflops_per_gpu
+            job.feed_reason = reason
+            job.last_arrival = max(job.last_arrival, self._clock())
+            self.generation += 1
+
+    def gpu_count(self, name: str) -> int | None:
+        """The job's GPUs on this node as its MFU counts them (its gpus fact, else the GPU inventory)."""
+        with self._lock:
+            job = self._jobs.get(name)
+            facts = {**FACT_DEFAULTS, **(job.facts if job else self._configured.get(name, {}))}
+        return self._resolve_gpus(facts)[1]
 
     def _admit(self) -> None:
         """Refuse one more running job past the cap; ended jobs keep their counters but take no slot."""
@@ -333,6 +384,7 @@ class JobTracker:
         job.window.clear()
         job.facts = dict(self._configured.get(job.name, {}))
         job.state, job.ended, job.runs = RUNNING, None, job.runs + 1
+        job.framework_mfu = job.framework_tflops_per_gpu = job.feed_reason = None
         job.created = now
         self._warned = {key for key in self._warned if key[0] != job.name}
 
@@ -416,8 +468,10 @@ class JobTracker:
     def _rate(self, job: Job, now: float) -> float | None:
         if not job.reported:
             return None
-        if now - job.last_arrival > self.window:
-            return 0.0  # no report for a whole window: the job is not progressing
+        if now - job.last_arrival > max(self.window, 2 * job.interval):
+            # No report for a whole window (or twice the job's own cadence, for one that reports less often, like
+            # a log printed every few minutes): the job is not progressing.
+            return 0.0
         points = [p for p in job.window if p[0] >= job.last_report_time - self.window]
         if len(points) < 2 and len(job.window) >= 2:
             points = [job.window[-2], job.window[-1]]  # reports sparser than the window: use the last interval
@@ -493,6 +547,8 @@ class JobTracker:
         reason = reason or gpu_reason or peak_reason
         if reason is None and peak is None:
             reason = "peak FLOP/s unknown for this job's GPUs"
+        if job.feed_reason and (reason is None or not job.reported):
+            reason = job.feed_reason
         if reason is None and rate is None and running:
             reason = (
                 "waiting for progress reports at least 1 s apart"
@@ -512,6 +568,10 @@ class JobTracker:
         elif reason and (job.name, reason) not in self._warned:
             self._warned.add((job.name, reason))
             log.warning("job %s: no MFU: %s", job.name, reason)
+        framework = job.framework_mfu
+        if framework is None and job.framework_tflops_per_gpu is not None and peak and count:
+            # Megatron and NeMo print their FLOPs count as TFLOP/s per GPU, not an MFU: over our per-GPU peak.
+            framework = job.framework_tflops_per_gpu * 1e12 / (peak / count)
         eta = None
         target = facts.get("target_tokens")
         if target and rate and running:
@@ -539,6 +599,9 @@ class JobTracker:
             tokens_processed=job.tokens_processed,
             model_flops=job.flops_total if fpt is not None or job.flops_total > 0 else None,
             implausible_mfu=implausible,
+            framework_mfu=framework,
+            framework_tflops_per_gpu=job.framework_tflops_per_gpu,
+            reported=job.reported,
         )
 
     def _implausible(
@@ -609,10 +672,19 @@ def job_families(views: list[JobView]) -> Iterable:
         "1 for the job's state as its newest progress report gave it (running, finished, failed, cancelled), 0 for the others.",
         labels=["training_job", "state"],
     )
+    framework = GaugeMetricFamily(
+        "mfu_job_framework_mfu_ratio",
+        "The MFU the training framework printed in its log (0–1), or its printed TFLOP/s per GPU over this node's "
+        "per-GPU peak; by the framework's FLOPs convention, beside ours.",
+        labels=label,
+    )
     info = InfoMetricFamily("mfu_job", "Facts of the job that are not numbers.", labels=label)
     for view in views:
         key = [view.name]
-        tokens.add_metric(key, view.tokens_processed)
+        if view.reported:
+            # A node of the job that sees no progress (its log has none: the framework prints on another rank)
+            # exports no token or FLOPs counters, so the cluster rules count only the nodes that measure.
+            tokens.add_metric(key, view.tokens_processed)
         last.add_metric(key, view.last_report_time)
         info.add_metric(key, {"dtype": str(view.facts.get("dtype", "bf16"))})
         for name in STATES:
@@ -621,7 +693,8 @@ def job_families(views: list[JobView]) -> Iterable:
             step.add_metric(key, view.step)
         if view.flops_per_token is not None:
             per_token.add_metric(key, view.flops_per_token)
-        if view.model_flops is not None:
+        # A node of the job that sees no progress exports no FLOPs counter either (see tokens above).
+        if view.model_flops is not None and view.reported:
             flops.add_metric(key, view.model_flops)
         if not view.running:
             continue
@@ -635,4 +708,7 @@ def job_families(views: list[JobView]) -> Iterable:
             utilization.add_metric(key, view.mfu)
         if view.eta_seconds is not None:
             eta.add_metric(key, view.eta_seconds)
-    return (tokens, flops, peak, gpus, rate, utilization, step, last, per_token, eta, state, info)
+        # A framework dividing by a wrong peak prints impossible figures (torchtitan's A100 fallback: 563 %).
+        if view.framework_mfu is not None and 0.0 <= view.framework_mfu <= 1.0:
+            framework.add_metric(key, view.framework_mfu)
+    return (tokens, flops, peak, gpus, rate, utilization, step, last, per_token, eta, state, framework, info)

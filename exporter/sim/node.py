@@ -33,6 +33,7 @@ from exporter.sources.base import Paths
 from exporter.sources.checkpoint import CheckpointSource
 from exporter.sources.ethtool import EthtoolSource
 from exporter.sources.gpu import GpuSource
+from exporter.sources.logs import LogsSource
 from exporter.sources.preflight import PreflightSource
 from exporter.sources.rdma import RdmaSource
 
@@ -202,10 +203,60 @@ def write_procfs(root: Path) -> Path:
     return root
 
 
+class TrainingLog:
+    """``--progress logs``: the job prints torchtitan's lines (its format strings, ``exporter/logs/torchtitan.py``)
+    to a file instead of reporting, and the logs source follows it: MFU from a log alone."""
+
+    EVERY_STEPS = 1  # log_freq 1 (torchtitan's default is 10): the demo's steps are ~18 s, MFU shows sooner
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._last: tuple[float, float] | None = None  # (time, tokens) of the last step line
+        self._step = 0
+
+    @staticmethod
+    def _prefix(now: float) -> str:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now * 1000) % 1000:03d}"
+        return f"[rank0]:[titan] {stamp} - root - INFO - "
+
+    def start(self, now: float) -> None:
+        lines = [
+            f"\033[34mModel llama3 70B \033[31msize: {int(MODEL['params']):,} total parameters\033[39m",
+            f"Peak FLOPS used for computing MFU: {989e12:.3e}",
+            "Trainer is initialized with local batch size 2, global batch size 2048, gradient accumulation steps 1, "
+            f"sequence length {MODEL['seq_len']}, total steps 1000000 (warmup 2000)",
+            "Training starts at step 1",
+        ]
+        self._write([self._prefix(now) + line for line in lines])
+
+    def progress(self, now: float, tokens: float) -> None:
+        step = int(tokens // TOKENS_PER_STEP)
+        if step < self._step + self.EVERY_STEPS:
+            return
+        self._step = step
+        if self._last is not None and now > self._last[0]:
+            tps = (tokens - self._last[1]) / ((now - self._last[0]) * GPUS)  # tokens/s per GPU, as torchtitan
+            per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
+            tflops = per_token * tps / 1e12
+            mfu = 100 * per_token * tps / 989e12
+            self._write(
+                [
+                    self._prefix(now)
+                    + f"\033[31mstep: {step:2}  \033[32mloss: {2.1:8.5f}  \033[34mtps: {round(tps):,}  "
+                    f"\033[36mtflops: {tflops:,.2f}  \033[35mmfu: {mfu:.2f}%\033[39m"
+                ]
+            )
+        self._last = (now, tokens)
+
+    def _write(self, lines: list[str]) -> None:
+        with open(self.path, "a") as out:
+            out.write("".join(line + "\n" for line in lines))
+
+
 class DemoNode:
     """One simulated training node. ``tick`` advances it to the clock's current time."""
 
-    def __init__(self, root: Path, clock: SimClock, schedule: Schedule, seed: int = 0):
+    def __init__(self, root: Path, clock: SimClock, schedule: Schedule, seed: int = 0, progress: str = "api"):
         self.clock = clock
         self.schedule = schedule
         self.random = random.Random(seed)
@@ -217,6 +268,7 @@ class DemoNode:
         self.tokens = 0.0
         self.incident: str | None = None
         self.reporter: ProgressReporter | None = None
+        self.training_log = TrainingLog(root / "train.log") if progress == "logs" else None
         self._origin: float | None = None
         self._last = 0.0
         self._next_checkpoint = FIRST_CHECKPOINT
@@ -248,12 +300,22 @@ class DemoNode:
                 interval=300.0,
                 timeout=30.0,
             ),
+            *([self.logs_source()] if self.training_log is not None else []),
         ]
+
+    def logs_source(self) -> LogsSource:
+        self.training_log.path.touch()
+        files = [{"path": str(self.training_log.path), "job": JOB, "format": "torchtitan"}]
+        config = validate({"sources": {"logs": {"files": files, "discovered_pods": False}}})
+        return LogsSource(config["sources"]["logs"], clock=self.clock.time)
 
     def tick(self) -> None:
         if self._origin is None:
             self._origin = self.clock.elapsed()  # the schedule starts with the first tick, not with process start-up
+            if self.training_log is not None:
+                self.training_log.start(self.clock.time())
         now = self.clock.elapsed() - self._origin
+        stamp = self.clock.time()  # the tick's time: the clock moves on (× speed) while the tick writes files
         dt = max(now - self._last, 0.0)
         self._last = now
         incident = self.schedule.incident(now)
@@ -272,6 +334,8 @@ class DemoNode:
         self.fabric.tick(dt)
         if self.reporter is not None and self.incident != "gpu-lost":
             self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
+        if self.training_log is not None and self.incident != "gpu-lost":
+            self.training_log.progress(stamp, self.tokens)
 
     def _checkpoint(self, now: float) -> None:
         # A stall is storage gone slow: the write under way, or one started now, takes fifteen minutes. A scheduled
@@ -328,12 +392,14 @@ class DemoNode:
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
 
 
-def demo_config(config_path: str | None, window: float) -> dict:
+def demo_config(config_path: str | None, window: float, progress: str = "api") -> dict:
     config = load_config(config_path)
     config["mfu"]["window"] = window
+    # From a log, the model is what the log prints (parameters, sequence length): nothing configured about it.
+    model = MODEL if progress == "api" else {"target_tokens": NODE_TARGET_TOKENS}
     config["jobs"].setdefault(
         JOB,
-        validate({"jobs": {JOB: {**MODEL, "dtype": "bf16", "gpus": GPUS, "expected_mfu": STEADY_MFU}}})["jobs"][JOB],
+        validate({"jobs": {JOB: {**model, "dtype": "bf16", "gpus": GPUS, "expected_mfu": STEADY_MFU}}})["jobs"][JOB],
     )
     return config
 
@@ -364,8 +430,9 @@ class Simulation:
 
 def build_demo(args: argparse.Namespace, root: Path) -> tuple[Service, DemoNode, Simulation]:
     clock = SimClock(args.speed)
-    node = DemoNode(root, clock, Schedule(args.incident), seed=args.seed)
-    config = demo_config(args.config, parse_duration(args.mfu_window))
+    progress = getattr(args, "progress", "api")
+    node = DemoNode(root, clock, Schedule(args.incident), seed=args.seed, progress=progress)
+    config = demo_config(args.config, parse_duration(args.mfu_window), progress)
     if args.listen_address:
         config["web"]["listen_address"] = args.listen_address
     runtime = build_service(config, node.sources(), clock=clock.time, paths=Paths(node.fabric.sysfs_root))

@@ -17,6 +17,7 @@ from exporter.sources.base import Paths, Source, SourceUnavailable
 from exporter.sources.checkpoint import checkpoint_source
 from exporter.sources.ethtool import build_ethtool_source
 from exporter.sources.gpu import GpuSource
+from exporter.sources.logs import logs_source
 from exporter.sources.preflight import PreflightSource
 from exporter.sources.rdma import build_rdma_source
 
@@ -31,6 +32,8 @@ def build_sources(config: dict, paths: Paths) -> list[Source]:
             continue
         if name == "ethtool":  # it reads the RDMA ports' netdevs: only those of the devices sources.rdma selects
             sources.append(factory(section, paths, rdma=config["sources"]["rdma"]))
+        elif name == "logs":  # what a log cannot say (world size, sequence length) comes from jobs.<job>
+            sources.append(factory(section, paths, jobs=config["jobs"]))
         else:
             sources.append(factory(section, paths))
     return sources
@@ -91,4 +94,5 @@ SOURCE_FACTORIES: dict[str, Callable[[dict, Paths], Source]] = {
     "preflight": _preflight_source,
     "rdma": build_rdma_source,
     "ethtool": build_ethtool_source,
+    "logs": logs_source,
 }

@@ -1,0 +1,24 @@
+"""Training logs read with no change to the job: transport peeling, one parser per framework, derivation.
+
+Pure: no files, no threads, no Prometheus. ``exporter.node.tail`` follows the files; ``exporter.sources.logs``
+feeds the records to the job model and the checkpoint tracker.
+"""
+
+from exporter.logs.derive import Facts, JobLog, SaveAction, Update
+from exporter.logs.records import Checkpoint, Line, Progress, Startup
+from exporter.logs.stream import FORMATS, PARSERS, Event, LogStream
+
+__all__ = [
+    "FORMATS",
+    "PARSERS",
+    "Checkpoint",
+    "Event",
+    "Facts",
+    "JobLog",
+    "Line",
+    "LogStream",
+    "Progress",
+    "SaveAction",
+    "Startup",
+    "Update",
+]

@@ -1,0 +1,64 @@
+"""What every format parser shares: the interface, number and timestamp helpers."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import ClassVar, Pattern
+
+from exporter.logs.records import Line, Record
+
+# Python logging's asctime (``%Y-%m-%d %H:%M:%S,mmm``) and Megatron's datetime.now() forms. Both are the training
+# process's local time with no zone: read as this machine's local time (the exporter runs on the same node, and a
+# container that logs in UTC usually sits on a node in UTC). Where the transport has its own time (CRI, Docker
+# JSON, always UTC), the stream prefers that one.
+LOCAL_STAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
+
+
+def local_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    match = LOCAL_STAMP.match(text)
+    if not match:
+        return None
+    year, month, day, hour, minute, second, fraction = match.groups()
+    try:
+        seconds = time.mktime((int(year), int(month), int(day), int(hour), int(minute), int(second), 0, 0, -1))
+    except (OverflowError, ValueError):
+        return None
+    if fraction:
+        seconds += int(fraction) / 10 ** len(fraction)
+    return seconds
+
+
+def number(text: str | None) -> float | None:
+    """A printed number: thousands separators allowed (torchtitan's ``6,875``); None for N/A or garbage."""
+    if text is None:
+        return None
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def integer(text: str | None) -> int | None:
+    value = number(text)
+    return int(value) if value is not None and value == int(value) else None
+
+
+class Parser:
+    """One framework's lines. ``anchor`` is a pattern only this framework's progress or start-up lines match:
+    detection (``auto``) decides on it and nothing weaker. ``parse`` returns a record or None."""
+
+    name: ClassVar[str]
+    anchor: ClassVar[Pattern[str]]
+    # Substrings one of which every line this parser can read contains: a line with none is skipped before any
+    # regex or prefix peeling (most of a training log is NCCL and warnings). None: every line is tried.
+    keywords: ClassVar[tuple[str, ...] | None] = None
+    # Frameworks that print a save's start but never its end (HF, DeepSpeed): the stream ends the save at the
+    # next progress line, since a synchronous save blocks training.
+    ends_saves_at_next_step: ClassVar[bool] = False
+
+    def parse(self, line: Line) -> Record | None:
+        raise NotImplementedError

@@ -1,0 +1,72 @@
+"""Hugging Face transformers ``Trainer``, from the 5.25.0, 5.0.0 and 4.57.1 wheels.
+
+Per logging step, ``Trainer.log`` builds ``logs`` (``loss``, ``grad_norm``, ``learning_rate``, ``epoch``) and, with
+``include_num_input_tokens_seen``::
+
+    logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+    ...
+    logs.update(speed_metrics("train", start_time, num_tokens=current_session_num_tokens))
+
+``num_input_tokens_seen`` is global and cumulative (``self.accelerator.gather(input_tokens).sum()``);
+``train_tokens_per_second`` is a running average since the session started. ``ProgressCallback.on_log`` prints
+``self.training_bar.write(str(shallow_logs))`` on world rank 0 (``PrinterCallback``: ``print(logs)``): a Python dict
+``repr`` (single quotes, never JSON), floats formatted ``f"{v:.4g}"`` as strings since 5.0.0. The printed dict has
+no ``step``: it comes from the tqdm bar drawn beside it (``  5%|▌   | 50/1000 [01:23<26:15,  1.66s/it]``, the
+``n/total`` of ``tqdm``'s ``format_meter``), else it is unknown.
+
+The Trainer computes no MFU (``floating_point_ops`` is ``6 * tokens * num_parameters(exclude_embeddings=True)``,
+no attention term), and prints no parameter count, sequence length or world size: those come from ``jobs.<job>``.
+
+Checkpoints, ``Trainer._save``: ``logger.info(f"Saving model checkpoint to {output_dir}")`` (INFO: shown only with
+``log_level="info"``), under ``f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"``; 5.25.0's handler prefixes
+``[transformers] ``. No end line: the save ends at the next progress record.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from exporter.logs.base import Parser, number
+from exporter.logs.records import Checkpoint, Line, Progress, Record
+
+BAR = re.compile(r"^\s*\d+%\|[^|]*\| (\d+)/(\d+) \[")
+SAVE = re.compile(r"Saving model checkpoint to (\S+)")
+STEP_DIR = re.compile(r"checkpoint-(\d+)")
+
+
+class HfParser(Parser):
+    name = "hf"
+    keywords = ("{'", "%|", "Saving model checkpoint")
+    anchor = re.compile(r"^\{'(?:loss|train_runtime|num_input_tokens_seen)': ")
+    ends_saves_at_next_step = True
+
+    def __init__(self) -> None:
+        self.bar_step: int | None = None
+
+    def parse(self, line: Line) -> Record | None:
+        text = line.text.strip()
+        if text.startswith("{'"):
+            try:
+                logs = ast.literal_eval(text)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return None
+            if not isinstance(logs, dict) or not any(
+                k in logs for k in ("loss", "num_input_tokens_seen", "train_runtime")
+            ):
+                return None
+            if any(str(k).startswith("eval_") for k in logs):
+                return None  # an evaluation record: no training progress
+            return Progress(step=self.bar_step, tokens_seen=number(str(logs.get("num_input_tokens_seen"))))
+        if "%|" in text:
+            match = BAR.match(text)
+            if match:
+                self.bar_step = int(match.group(1))
+            return None
+        if "Saving model checkpoint to" in text:
+            match = SAVE.search(text)
+            step = STEP_DIR.search(match.group(1)) if match else None
+            return Checkpoint(
+                "start", step=int(step.group(1)) if step else None, path=match.group(1) if match else None
+            )
+        return None

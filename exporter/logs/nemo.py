@@ -1,0 +1,87 @@
+"""NeMo 2 on PyTorch Lightning (NVIDIA/NeMo 8cfedd720346, Lightning-AI/pytorch-lightning 7f0c3436cd3f).
+
+Per-step line, ``nemo/lightning/pytorch/callbacks/progress_printer.py`` (global rank 0 only)::
+
+    def format_string(self, prefix, metrics):
+        log_string = prefix
+        for metric, val in metrics.items():
+            if isinstance(val, (float)) and val.is_integer():
+                val = int(val)
+                log_string += f' | {metric}: {val}'
+            else:
+                log_string += f' | {metric}: {val:.4}'
+    ...
+    prefix = self.train_description + f" epoch {trainer.current_epoch}, iteration {n-1}/{self.total-1}"
+
+The keys are whatever was logged with ``prog_bar=True``: ``global_step``, ``consumed_samples`` (global, sequences;
+averaged over the log interval like every key but ``global_step``), ``global_batch_size``, ``train_step_timing in
+s`` (TimingCallback), ``TFLOPS_per_GPU`` (FLOPsMeasurementCallback: ``flops_per_gpu / (1e12 *
+train_step_time)``, llama3's formula with causal-halved attention), ``tokens_per_sec_per_gpu`` with
+``log_tokens_per_sec``. NeMo prints no MFU. Real line (NVIDIA-NeMo/Speech#14850, behind ``srun --label``)::
+
+     0: Training epoch 0, iteration 9/29 | lr: 5.988e-06 | global_batch_size: 512 | global_step: 9 | ...
+     | train_step_timing in s: 27.88 | consumed_samples: 5120 | TFLOPS_per_GPU: 85.8
+
+Logger format, ``nemo/utils/formatters/base.py``: ``"%(color)s[NeMo %(levelname)1.1s %(asctime)s
+%(module)s:%(lineno)d]%(end_color)s %(message)s"``, datefmt ``"%Y-%m-%d %H:%M:%S"``.
+
+Checkpoints, ``nemo/lightning/io/pl.py`` ``MegatronCheckpointIO.save_checkpoint``: the parts ``"Global Checkpoint
+Save"``, ``f"Rank: {rank}"``, ``f"Iteration: {iteration}"``, ``f"Start time: {start_time:.3f}s"``, ``f"Save
+duration: {end_time - start_time:.3f}s"`` joined with ``" : "``: one line for the whole save (for an async save,
+its blocking part, as NeMo measures it).
+"""
+
+from __future__ import annotations
+
+import re
+
+from exporter.logs.base import Parser, integer, local_time, number
+from exporter.logs.records import Checkpoint, Line, Progress, Record
+
+HEADER = re.compile(r"^\[NeMo [A-Z] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) [^\]]*\] ")
+STEP = re.compile(r"^\S+ epoch (\d+), iteration (\d+)/(\d+)((?: \| [^|]+)+)$")
+SAVE = re.compile(
+    r"^Global Checkpoint Save : Rank: \d+ : (?:Iteration: (\d+) : )?Start time: ([\d.]+)s : Save duration: ([\d.]+)s"
+)
+
+
+class NemoParser(Parser):
+    name = "nemo"
+    keywords = (", iteration ", "Global Checkpoint Save", "[NeMo ")
+    anchor = re.compile(r"^\S+ epoch \d+, iteration \d+/\d+ \| |^\[NeMo [A-Z] \d{4}-\d\d-\d\d ")
+
+    def parse(self, line: Line) -> Record | None:
+        text = line.text
+        stamp = None
+        header = HEADER.match(text)
+        if header:
+            stamp = local_time(header.group(1))
+            text = text[header.end() :]
+        if ", iteration " in text:
+            match = STEP.match(text.rstrip())
+            if not match:
+                return None
+            metrics = {}
+            for part in match.group(4).split(" | ")[1:]:
+                key, _, value = part.rpartition(": ")
+                metrics[key.strip()] = value.strip()
+            step = integer(metrics.get("global_step"))
+            timing = number(metrics.get("train_step_timing in s"))
+            return Progress(
+                step=step if step is not None else int(match.group(2)),
+                time=stamp,
+                samples_seen=number(metrics.get("consumed_samples")),
+                global_batch=integer(metrics.get("global_batch_size")),
+                step_seconds=timing,
+                tflops_per_gpu=number(metrics.get("TFLOPS_per_GPU")),
+                tokens_per_second_per_gpu=number(metrics.get("tokens_per_sec_per_gpu")),
+            )
+        if text.startswith("Global Checkpoint Save"):
+            match = SAVE.match(text)
+            if not match:
+                return None
+            start, duration = number(match.group(2)), number(match.group(3))
+            if start is None or duration is None:
+                return None
+            return Checkpoint("end", start + duration, step=integer(match.group(1)), duration=duration)
+        return None

@@ -1,0 +1,84 @@
+"""What the parsers read out of a training log: frozen records, one per meaningful line.
+
+A parser says only what its line says. Turning a framework's numbers into the node-local running token total the
+job model wants (its units differ: per-GPU tokens/s, global consumed samples, global tokens seen) is
+``exporter.logs.derive``'s job, because it needs facts the line does not carry (GPUs here, world size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Line:
+    """One logical log line with its transport peeled off.
+
+    ``time`` is the transport's own timestamp (CRI, Docker JSON), ``origin`` names the writer (the ``srun --label``
+    task and the torchrun ``[rankN]:`` prefix, when present), so interleaved ranks can be told apart.
+    """
+
+    text: str
+    time: float | None = None
+    origin: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A per-step throughput line. Every quantity is in the framework's own unit, named by the field.
+
+    ``time`` is the line's own timestamp (the framework's log prefix), None when the line has none. ``step`` is
+    None only where the framework does not print it (HF Trainer without its progress bar).
+    """
+
+    step: int | None
+    time: float | None = None
+    tokens_seen: float | None = None  # global cumulative tokens (HF num_input_tokens_seen)
+    samples_seen: float | None = None  # global cumulative samples/sequences (Megatron, NeMo consumed samples)
+    tokens_per_second_per_gpu: float | None = None  # torchtitan tps (verified per device)
+    samples_per_second: float | None = None  # global samples/s (DeepSpeed CurrSamplesPerSec)
+    global_batch: int | None = None  # sequences per step, where the line prints it
+    step_seconds: float | None = None  # time per step, where printed (Megatron, NeMo)
+    tflops_per_gpu: float | None = None  # the framework's achieved TFLOP/s per GPU
+    mfu: float | None = None  # the framework's own MFU, as a ratio (48.5 % -> 0.485)
+
+
+@dataclass(frozen=True)
+class Startup:
+    """Facts printed once at start-up; None where the line does not say."""
+
+    params: float | None = None
+    seq_len: int | None = None
+    global_batch: int | None = None
+    world_size: int | None = None
+    tokens_per_step: float | None = None
+    layers: int | None = None
+    heads: int | None = None
+    head_dim: int | None = None
+    peak_flops_per_gpu: float | None = None  # the peak the framework divides by (torchtitan)
+    first_step: int | None = None  # the step training (re)starts at
+
+    def merged(self, other: "Startup") -> "Startup":
+        """These facts with ``other``'s known ones on top (a later line wins)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update({f.name: getattr(other, f.name) for f in fields(other) if getattr(other, f.name) is not None})
+        return Startup(**values)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint save: ``phase`` is ``start``, ``end`` or ``failed``.
+
+    ``duration`` is what the framework measured, when it prints it (then the start is ``time - duration``).
+    ``step`` is None where the line does not say; the stream fills in the step of the latest progress line.
+    """
+
+    phase: str
+    time: float | None = None
+    step: int | None = None
+    duration: float | None = None
+    path: str | None = None
+    detail: str = ""
+
+
+Record = Progress | Startup | Checkpoint

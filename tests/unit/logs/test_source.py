@@ -1,0 +1,494 @@
+"""The logs source end to end on real files: each framework's log gives the MFU the progress API gives for the
+same numbers (within 1 %), with the framework's own MFU beside it; interleaved ranks, restarts, CRI pod logs, and a
+job whose progress only one of two nodes sees."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from exporter.config import LOG_FORMATS, LOG_REGEX_GROUPS, ConfigError, validate
+from exporter.logs import FORMATS
+from exporter.logs.regex import GROUPS
+from exporter.model.checkpoints import CheckpointTracker
+from exporter.model.jobs import GpuInfo, JobTracker, job_families, parse_progress
+from exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
+from tests.unit.logs import framework_lines as fl
+
+H100 = "NVIDIA H100 80GB HBM3"
+PEAK = 989.4e12
+T0 = 1_787_300_000.0
+PARAMS = 7e9
+SEQ, WORLD, BATCH, NODE_GPUS, STEP_SECONDS = 4096, 16, 256, 8, 5.0
+NODE_TOKENS_PER_STEP = BATCH * SEQ * NODE_GPUS / WORLD  # 524,288
+TPS_PER_GPU = BATCH * SEQ / WORLD / STEP_SECONDS  # torchtitan's tps: tokens/s per GPU
+EXPECTED_MFU = 6 * PARAMS * NODE_TOKENS_PER_STEP / STEP_SECONDS / (NODE_GPUS * PEAK)
+STEPS = [10, 20, 30, 40, 50, 60]
+END = T0 + STEPS[-1] * STEP_SECONDS
+
+
+def inventory():
+    return [GpuInfo(i, f"GPU-{i}", H100) for i in range(NODE_GPUS)]
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def build(files, jobs, clock, **logs):
+    config = validate({"sources": {"logs": {"files": files, **logs}}, "jobs": jobs})
+    tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory, clock=clock)
+    checkpoints = CheckpointTracker(clock=clock)
+    source = LogsSource(config["sources"]["logs"], config["jobs"], use_inotify=False, clock=clock)
+    source.attach(tracker, checkpoints)
+    return source, tracker, checkpoints
+
+
+def api_mfu(jobs: dict, tokens_at: dict[float, float], clock) -> float:
+    """The same numbers through the progress API's parser and the same job model."""
+    config = validate({"jobs": jobs})
+    tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory, clock=clock)
+    for at, tokens in tokens_at.items():
+        tracker.report(parse_progress({"job": "llm", "tokens_total": tokens, "time": at}, clock()))
+    (view,) = tracker.views()
+    return view.mfu
+
+
+def run_source(source, tracker, name="llm"):
+    try:
+        snapshot = source.sample()
+    finally:
+        source.close()
+    views = {v.name: v for v in tracker.views()}
+    return views[name], snapshot
+
+
+def write(path, lines):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def t(step):
+    return T0 + step * STEP_SECONDS
+
+
+def torchtitan_log(world_printed=True):
+    fpt = 6 * PARAMS
+    lines = [
+        fl.titan_logger(T0, fl.titan_model_size("llama3", "7B", 7_500_000_000)),  # all parameters: jobs.llm.params wins
+        fl.titan_logger(T0, fl.titan_peak(989e12)),
+        fl.titan_logger(T0, fl.titan_init_v02(BATCH // WORLD, BATCH, 1, SEQ, 1000, 100)),
+        fl.titan_logger(T0, "Training starts at step 1"),
+    ]
+    for step in STEPS:
+        tflops = fpt * TPS_PER_GPU / 1e12
+        lines.append(
+            "[rank0]:"
+            + fl.titan_logger(
+                t(step), fl.titan_step(step, 2.4, 0.33, 61.2, 77.3, TPS_PER_GPU, tflops, 100 * tflops * 1e12 / 989e12)
+            )
+        )
+        if step == 30:
+            lines.append("[rank0]:" + fl.titan_logger(t(step) + 0.1, fl.titan_save_begin()))
+            lines.append("[rank0]:" + fl.titan_logger(t(step) + 2.6, fl.titan_save_end(2.5)))
+    return lines
+
+
+@pytest.mark.parametrize("world_size", [WORLD, None], ids=["step-based", "tps-integrated"])
+def test_torchtitan_log_gives_the_api_mfu_and_its_own(tmp_path, world_size):
+    clock = Clock(END + 1)
+    path = tmp_path / "train.log"
+    write(path, torchtitan_log())
+    job = {"params": PARAMS, "world_size": world_size} if world_size else {"params": PARAMS}
+    source, tracker, checkpoints = build([{"path": str(tmp_path / "*.log"), "job": "llm"}], {"llm": job}, clock)
+    view, snapshot = run_source(source, tracker)
+    reference = api_mfu({"llm": {"params": PARAMS}}, {t(s): s * NODE_TOKENS_PER_STEP for s in STEPS}, clock)
+    assert view.mfu == pytest.approx(reference, rel=0.01) and view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+    assert view.step == 60 and view.facts["params"] == PARAMS
+    assert view.framework_mfu == pytest.approx(6 * PARAMS * TPS_PER_GPU / 989e12, rel=1e-3)
+    (status,) = snapshot.status["files"]
+    assert status["format"] == "torchtitan" and status["unrecognised"] is None
+    totals = checkpoints.totals()["llm"]
+    assert totals.writes == 1 and checkpoints.overlap("llm", 60)["last_duration_seconds"] == 2.5
+
+
+def megatron_log(restart_at=None):
+    lines = fl.megatron_args({"seq_length": SEQ, "world_size": WORLD, "global_batch_size": BATCH, "num_layers": 32})
+    steps = STEPS if restart_at is None else STEPS + [restart_at + 10 * i for i in range(1, 5)]
+    base = 0.0
+    for i, step in enumerate(steps):
+        if restart_at is not None and i == len(STEPS):
+            base = t(STEPS[-1]) + 120 - t(restart_at)  # restarted from the checkpoint at restart_at, 2 min later
+        at = t(step) + base
+        lines.append(fl.megatron_iteration(at, step, 1000, step * BATCH, STEP_SECONDS, 412.3, 1e-4, BATCH, 2.3))
+        if step == 30 and restart_at is None:
+            lines.append(fl.megatron_save_begin(at + 0.1, 30, "/ckpt"))
+            lines.append(fl.megatron_save_end(at + 8.7, 30, "/ckpt"))
+    return lines
+
+
+def test_megatron_log_gives_the_api_mfu_and_its_tflops_over_our_peak(tmp_path):
+    clock = Clock(END + 1)
+    write(tmp_path / "megatron.log", megatron_log())
+    source, tracker, checkpoints = build(
+        [{"path": str(tmp_path / "megatron.log"), "job": "llm", "format": "megatron"}],
+        {"llm": {"params": PARAMS}},
+        clock,
+    )
+    view, _ = run_source(source, tracker)
+    reference = api_mfu({"llm": {"params": PARAMS}}, {t(s): s * NODE_TOKENS_PER_STEP for s in STEPS}, clock)
+    assert view.mfu == pytest.approx(reference, rel=0.01) and view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+    assert view.framework_mfu == pytest.approx(412.3e12 / PEAK)
+    assert view.facts["seq_len"] == SEQ and view.facts["layers"] == 32  # from the argument dump
+    assert checkpoints.overlap("llm", 60)["last_duration_seconds"] == pytest.approx(8.6, abs=1e-3)
+
+
+def test_megatron_restart_from_a_checkpoint_is_a_new_window(tmp_path):
+    clock = Clock(t(STEPS[-1]) + 120 + 40 * STEP_SECONDS + 1)
+    write(tmp_path / "megatron.log", megatron_log(restart_at=30))
+    source, tracker, _ = build(
+        [{"path": str(tmp_path / "megatron.log"), "job": "llm"}], {"llm": {"params": PARAMS}}, clock
+    )
+    view, _ = run_source(source, tracker)
+    assert view.restarts == 1 and view.step == 70
+    assert view.replayed_tokens == pytest.approx((60 - 40) * NODE_TOKENS_PER_STEP)  # first line after: step 40
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)  # the 2-minute gap is not in the rate
+
+
+def hf_cri_lines():
+    lines = []
+    for step in STEPS:
+        lines.append(
+            fl.cri(
+                t(step) - 0.01, fl.tqdm_bar(step - 1, 1000) + "\r" + fl.tqdm_bar(step, 1000), stream="stderr", tag="P"
+            )
+        )
+        lines.append(fl.cri(t(step) - 0.005, "", stream="stderr", tag="F"))
+        record = fl.hf_log(
+            {
+                "loss": 2.15,
+                "grad_norm": 0.87,
+                "learning_rate": 4.8e-05,
+                "epoch": step / 1000,
+                "num_input_tokens_seen": step * BATCH * SEQ,
+            }
+        )
+        # a long record split by containerd into P segments
+        lines.append(fl.cri(t(step), record[:20], tag="P"))
+        lines.append(fl.cri(t(step), record[20:], tag="F"))
+    return lines
+
+
+def test_hf_pod_cri_log_gives_the_api_mfu_with_the_bar_step(tmp_path):
+    clock = Clock(END + 1)
+    log = tmp_path / "pods" / "train_llm-0_6f1c" / "trainer" / "0.log"
+    write(log, hf_cri_lines())
+    source, tracker, _ = build(
+        [], {"llm": {"params": PARAMS, "world_size": WORLD}}, clock, pods_root=str(tmp_path / "pods")
+    )
+    source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    view, snapshot = run_source(source, tracker)
+    reference = api_mfu({"llm": {"params": PARAMS}}, {t(s): s * NODE_TOKENS_PER_STEP for s in STEPS}, clock)
+    assert view.mfu == pytest.approx(reference, rel=0.01)
+    assert view.step == 60 and view.framework_mfu is None  # HF prints no MFU
+    assert snapshot.status["files"][0]["container"] == "cri" and snapshot.status["files"][0]["format"] == "hf"
+
+
+def test_nemo_cri_log_gives_the_api_mfu(tmp_path):
+    clock = Clock(END + 1)
+    lines = []
+    for step in STEPS:
+        metrics = {
+            "lr": 5.988e-06,
+            "global_batch_size": float(BATCH),
+            "global_step": float(step),
+            "reduced_train_loss": 10.1,
+            "train_step_timing in s": STEP_SECONDS,
+            "consumed_samples": float((step + 1) * BATCH),
+            "TFLOPS_per_GPU": 401.7,
+        }
+        lines.append(fl.cri(t(step), " 0: " + fl.nemo_step(0, step + 1, 1000, metrics)))
+    lines.append(fl.cri(END, fl.nemo_logger(END, "pl", 219, fl.nemo_save(0, 60, END - 9.876, 9.876))))
+    write(tmp_path / "nemo.log", lines)
+    source, tracker, checkpoints = build(
+        [{"path": str(tmp_path / "nemo.log"), "job": "llm"}],
+        {"llm": {"params": PARAMS, "world_size": WORLD, "seq_len": SEQ}},
+        clock,
+    )
+    view, _ = run_source(source, tracker)
+    reference = api_mfu({"llm": {"params": PARAMS}}, {t(s): s * NODE_TOKENS_PER_STEP for s in STEPS}, clock)
+    assert view.mfu == pytest.approx(reference, rel=0.01)
+    assert view.framework_mfu == pytest.approx(401.7e12 / PEAK)
+    assert checkpoints.overlap("llm", 60)["last_duration_seconds"] == pytest.approx(9.876)
+
+
+def test_deepspeed_log_gives_the_api_mfu_and_ends_a_save_at_the_next_step(tmp_path):
+    clock = Clock(END + 1)
+    lines = []
+    for step in STEPS:
+        lines.append(
+            fl.ds_logger(
+                t(step),
+                "timer.py",
+                215,
+                "stop",
+                fl.ds_throughput(0, step, step, 51.0, BATCH / STEP_SECONDS, 59.6, 63.3),
+            )
+        )
+        if step == 30:
+            lines.append(fl.ds_logger(t(step) + 0.2, "logging.py", 96, "log_dist", fl.ds_save("global_step30")))
+    write(tmp_path / "ds.log", lines)
+    source, tracker, checkpoints = build(
+        [{"path": str(tmp_path / "ds.log"), "job": "llm", "format": "deepspeed"}],
+        {"llm": {"params": PARAMS, "world_size": WORLD, "seq_len": SEQ, "global_batch": BATCH}},
+        clock,
+    )
+    view, _ = run_source(source, tracker)
+    reference = api_mfu({"llm": {"params": PARAMS}}, {t(s): s * NODE_TOKENS_PER_STEP for s in STEPS}, clock)
+    assert view.mfu == pytest.approx(reference, rel=0.01) and view.step == 60
+    assert checkpoints.overlap("llm", 60)["last_checkpoint"] == "step-30"
+    assert checkpoints.overlap("llm", 60)["last_duration_seconds"] == pytest.approx(t(40) - t(30) - 0.2)
+
+
+def test_regex_format(tmp_path):
+    clock = Clock(END + 1)
+    write(tmp_path / "custom.log", [f"{t(s):.3f} it={s} seen={s * BATCH * SEQ}" for s in STEPS])
+    files = [
+        {
+            "path": str(tmp_path / "custom.log"),
+            "job": "llm",
+            "format": "regex",
+            "pattern": r"^(?P<time>[\d.]+) it=(?P<step>\d+) seen=(?P<tokens_seen>\d+)",
+        }
+    ]
+    source, tracker, _ = build(files, {"llm": {"params": PARAMS, "world_size": WORLD}}, clock)
+    view, _ = run_source(source, tracker)
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+
+
+def test_interleaved_ranks_count_one_ranks_progress_once(tmp_path):
+    clock = Clock(END + 1)
+    lines = []
+    for step in STEPS:
+        for rank in (3, 0, 5, 1, 7, 2, 6, 4):  # every rank prints, in no fixed order
+            lines.append(
+                f"[rank{rank}]:"
+                + fl.titan_logger(
+                    t(step) + rank * 0.001, fl.titan_step(step, 2.4, 0.3, 61.2, 77.3, TPS_PER_GPU, 1.0, 10.0)
+                )
+            )
+    write(tmp_path / "all-ranks.log", lines)
+    source, tracker, _ = build(
+        [{"path": str(tmp_path / "all-ranks.log"), "job": "llm"}], {"llm": {"params": PARAMS}}, clock
+    )
+    view, snapshot = run_source(source, tracker)
+    assert view.tokens_total == pytest.approx((STEPS[-1] - STEPS[0]) * NODE_TOKENS_PER_STEP, rel=1e-3)
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+    assert snapshot.errors["other_writer_progress"] == 7 * len(STEPS)
+
+
+def test_torchtitan_integrated_total_goes_back_on_a_restart(tmp_path):
+    clock = Clock(t(100) + 1)
+    lines = [
+        fl.titan_logger(t(s), fl.titan_step(s, 2.0, 0.3, 1.0, 1.0, TPS_PER_GPU, 1.0, 1.0, color=False))
+        for s in (10, 20, 30, 40)
+    ]
+    lines += [
+        fl.titan_logger(t(s + 40), fl.titan_step(s, 2.0, 0.3, 1.0, 1.0, TPS_PER_GPU, 1.0, 1.0, color=False))
+        for s in (30, 40, 50, 60)
+    ]
+    write(tmp_path / "t.log", lines)
+    source, tracker, _ = build([{"path": str(tmp_path / "t.log"), "job": "llm"}], {"llm": {"params": PARAMS}}, clock)
+    view, _ = run_source(source, tracker)
+    assert view.restarts == 1
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+
+
+def test_a_writer_thread_with_buffering_feeds_the_job_live(tmp_path):
+    """The follower's own thread and inotify, a writer flushing mid-line, the job model on the real clock."""
+    path = tmp_path / "live.log"
+    path.write_text("")
+    config = validate(
+        {"sources": {"logs": {"files": [{"path": str(path), "job": "llm"}]}}, "jobs": {"llm": {"params": PARAMS}}}
+    )
+    tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory)
+    source = LogsSource(config["sources"]["logs"], config["jobs"])
+    source.attach(tracker, None)
+    source.sample()
+    start = time.time()
+
+    def writer():
+        with open(path, "a", buffering=1 << 16) as out:
+            for i, step in enumerate(range(10, 70, 10)):
+                line = (
+                    fl.titan_logger(start + i * 0.1, fl.titan_step(step, 2.0, 0.3, 1.0, 1.0, TPS_PER_GPU, 1.0, 1.0))
+                    + "\n"
+                )
+                out.write(line[:25])
+                out.flush()
+                time.sleep(0.02)
+                out.write(line[25:])
+                out.flush()
+                time.sleep(0.08)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    thread.join()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (tracker.views()[0].step != 60):
+            time.sleep(0.05)
+        (view,) = tracker.views()
+        assert view.step == 60
+        assert view.tokens_total == pytest.approx(TPS_PER_GPU * NODE_GPUS * 0.5, rel=0.01)
+    finally:
+        source.close()
+
+
+def test_an_unrecognised_log_is_reported_once_with_the_reason(tmp_path, caplog):
+    clock = Clock(T0)
+    write(tmp_path / "odd.log", [f"epoch {i}: ok" for i in range(6000)])
+    source, tracker, _ = build([{"path": str(tmp_path / "odd.log"), "job": "llm"}], {}, clock)
+    with caplog.at_level("WARNING"):
+        view, snapshot = run_source(source, tracker)
+    assert "no line of a known format" in snapshot.status["files"][0]["unrecognised"]
+    assert sum("no line of a known format" in r.getMessage() for r in caplog.records) == 1
+    assert view.mfu is None and view.reason == NO_PROGRESS
+
+
+def test_two_nodes_only_one_sees_progress_cluster_mfu_and_attribution_stay_right(tmp_path):
+    """Megatron: the iteration line on the last rank (node B), the argument dump and checkpoints on rank 0 (node A)."""
+    clock = Clock(END + 1)
+    rank0 = fl.megatron_args({"seq_length": SEQ, "world_size": WORLD}) + [
+        fl.megatron_save_begin(t(30), 30, "/ckpt"),
+        fl.megatron_save_end(t(30) + 4, 30, "/ckpt"),
+    ]
+    last = [fl.megatron_iteration(t(s), s, 1000, s * BATCH, STEP_SECONDS, 412.3, 1e-4, BATCH, 2.3) for s in STEPS]
+    write(tmp_path / "a" / "train.log", rank0)
+    write(tmp_path / "b" / "train.log", last)
+    jobs = {"llm": {"params": PARAMS, "world_size": WORLD, "seq_len": SEQ}}  # what node B's log cannot say
+    node_a = build([{"path": str(tmp_path / "a" / "train.log"), "job": "llm"}], jobs, clock)
+    node_b = build([{"path": str(tmp_path / "b" / "train.log"), "job": "llm"}], jobs, clock)
+    view_a, _ = run_source(node_a[0], node_a[1])
+    view_b, _ = run_source(node_b[0], node_b[1])
+
+    def series(view):
+        return {f.name: f.samples[0].value for f in job_families([view]) if f.samples}
+
+    a, b = series(view_a), series(view_b)
+    # Node A knows the job (its GPUs join its node signals in the cluster attribution) but measures no progress.
+    assert a["mfu_job_gpus"] == NODE_GPUS and a["mfu_job_peak_flops"] == NODE_GPUS * PEAK
+    assert "mfu_job_model_flops" not in a and "mfu_job_tokens" not in a and view_a.reason == NO_PROGRESS
+    assert node_a[2].overlap("llm", 60)["last_checkpoint"] == "step-30"  # checkpoints where rank 0 prints them
+    # The cluster rule sums FLOPs rate and peak over nodes exporting both halves: node B alone, the job's MFU.
+    flops_rate = view_b.flops_per_token * view_b.tokens_per_second
+    both = [s for s in (a, b) if "mfu_job_model_flops" in s and "mfu_job_peak_flops" in s]
+    cluster = flops_rate / sum(s["mfu_job_peak_flops"] for s in both)
+    assert cluster == pytest.approx(EXPECTED_MFU, rel=0.01) and view_b.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+    # Node B's tokens are its share: 8 of the job's 16 GPUs.
+    assert view_b.tokens_per_second == pytest.approx(BATCH * SEQ / STEP_SECONDS * NODE_GPUS / WORLD, rel=0.01)
+
+
+def test_discovered_pods_from_reads_the_discovery_snapshot():
+    class Pod:
+        def __init__(self, scheduler, namespace, pod):
+            self.scheduler, self.namespace, self.pod = scheduler, namespace, pod
+
+    class Job:
+        name = "llm"
+        pods = (Pod("kubernetes", "train", "llm-0"), Pod("slurm", "", ""))
+
+    class Snap:
+        data = {"jobs": {"llm": Job()}}
+
+    class State:
+        snapshot = Snap()
+
+    assert discovered_pods_from(lambda: {"discovery": State()})() == {"llm": [("train", "llm-0")]}
+    assert discovered_pods_from(lambda: {})() == {}
+
+
+def test_config_of_sources_logs():
+    config = validate({"sources": {"logs": {"files": [{"path": "/x/*.log", "job": "llm"}]}}})
+    assert config["sources"]["logs"]["files"][0]["format"] == "auto"
+    with pytest.raises(ConfigError, match=r"sources.logs.files\[0\].pattern"):
+        validate({"sources": {"logs": {"files": [{"path": "/x", "job": "j", "format": "regex"}]}}})
+    with pytest.raises(ConfigError, match=r"sources.logs.files\[0\].pattern.*group names"):
+        validate(
+            {"sources": {"logs": {"files": [{"path": "/x", "job": "j", "format": "regex", "pattern": "(?P<bogus>x)"}]}}}
+        )
+    with pytest.raises(ConfigError, match=r"sources.logs.files\[0\].colour.*unknown key"):
+        validate({"sources": {"logs": {"files": [{"path": "/x", "job": "j", "colour": 1}]}}})
+    with pytest.raises(ConfigError, match=r"sources.logs.files\[0\].format"):
+        validate({"sources": {"logs": {"files": [{"path": "/x", "job": "j", "format": "fairseq"}]}}})
+    assert LOG_FORMATS == FORMATS and LOG_REGEX_GROUPS == GROUPS
+
+
+def test_rotation_mid_run_loses_and_repeats_nothing(tmp_path):
+    clock = Clock(END + 1)
+    lines = megatron_log()
+    path = tmp_path / "train.log"
+    write(path, lines[:8])
+    source, tracker, _ = build([{"path": str(path), "job": "llm"}], {"llm": {"params": PARAMS}}, clock)
+    source.sample()
+    os.rename(path, tmp_path / "train.log.1")
+    write(path, lines[8:])
+    source.follower.poll()
+    source.close()
+    (view,) = tracker.views()
+    assert view.step == 60 and view.restarts == 0 and view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+
+
+def test_exporter_restart_resumes_from_the_head_and_a_bounded_tail(tmp_path):
+    """A long Megatron log at exporter start: the argument dump from its head, the latest lines from its tail."""
+    clock = Clock(t(1000) + 1)
+    path = tmp_path / "train.log"
+    with open(path, "w") as out:
+        out.write("".join(line + "\n" for line in fl.megatron_args({"seq_length": SEQ, "world_size": WORLD})))
+        for step in range(10, 1001, 10):
+            out.write(
+                fl.megatron_iteration(t(step), step, 10**6, step * BATCH, STEP_SECONDS, 412.3, 1e-4, BATCH, 2.3) + "\n"
+            )
+            out.write(("NCCL INFO noise " * 20 + "\n") * 60)  # ~19 KiB between iteration lines: 1.9 MB in all
+    assert path.stat().st_size > (1 << 20) + (256 << 10)
+    source, tracker, _ = build([{"path": str(path), "job": "llm"}], {"llm": {"params": PARAMS}}, clock)
+    view, snapshot = run_source(source, tracker)
+    assert view.facts["seq_len"] == SEQ and view.step == 1000  # facts from the head, progress from the tail
+    assert view.tokens_total == pytest.approx(1000 * NODE_TOKENS_PER_STEP)
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+    assert snapshot.status["files"][0]["lines"] < 20000  # the middle of the file was never read
+
+
+def test_a_restarted_container_writes_1_log_and_its_progress_takes_over(tmp_path):
+    clock = Clock(t(100) + 1)
+    pod = tmp_path / "pods" / "train_llm-0_6f1c" / "trainer"
+    first = [
+        fl.cri(t(s), fl.megatron_iteration(t(s), s, 1000, s * BATCH, STEP_SECONDS, None, 1e-4, BATCH, 2.3))
+        for s in (10, 20, 30)
+    ]
+    # The container died after step 30 and came back 2 minutes later from the checkpoint at step 10: kubelet's 1.log.
+    resumed = [
+        fl.cri(t(s) + 120, fl.megatron_iteration(t(s) + 120, s, 1000, s * BATCH, STEP_SECONDS, None, 1e-4, BATCH, 2.3))
+        for s in (20, 30, 40, 50, 60)
+    ]
+    write(pod / "0.log", first)
+    jobs = {"llm": {"params": PARAMS, "world_size": WORLD, "seq_len": SEQ}}
+    source, tracker, _ = build([], jobs, clock, pods_root=str(tmp_path / "pods"))
+    source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    try:
+        source.sample()
+        write(pod / "1.log", resumed)
+        source.sample()  # the next pass finds 1.log
+        source.follower.poll()
+    finally:
+        source.close()
+    (view,) = tracker.views()
+    assert view.step == 60 and view.restarts == 1  # 1.log's writer took over, and its step 20 is a new window
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
