@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import requests
+
+from exporter.model.discovery import DEFAULT_POD_NAME_PATTERN, compile_pod_name_pattern, sanitize_job_name
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +50,33 @@ class CheckpointSave:
     bytes: int | float | None = None
 
 
+JOB_ENV = "MFU_TRAINING_JOB"
+
+
+def job_name_from_env(environ: dict[str, str] | None = None) -> str | None:
+    """The job's name as the exporter's discovery names it, so a reporting job and a discovered one are one job.
+
+    In order: ``MFU_TRAINING_JOB`` (on Kubernetes, set it from the pod label discovery reads, through the downward
+    API: ``valueFrom: {fieldRef: {fieldPath: "metadata.labels['training.kubeflow.org/job-name']"}}``); on Slurm,
+    ``SLURM_JOB_ID`` (discovery names Slurm jobs by their ID); in a Kubernetes pod without either, the pod name
+    (``HOSTNAME``) through discovery's default pod-name pattern (``<job>-worker-<n>`` is ``<job>``).
+    """
+    env = os.environ if environ is None else environ
+    if env.get(JOB_ENV):
+        return sanitize_job_name(env[JOB_ENV])
+    if env.get("SLURM_JOB_ID"):
+        return sanitize_job_name(env["SLURM_JOB_ID"])
+    if env.get("KUBERNETES_SERVICE_HOST") and env.get("HOSTNAME"):
+        match = compile_pod_name_pattern(DEFAULT_POD_NAME_PATTERN).match(env["HOSTNAME"])
+        return sanitize_job_name(match.group("job") if match else env["HOSTNAME"])
+    return None
+
+
 class ProgressReporter:
     def __init__(
         self,
         url: str,
-        job: str,
+        job: str | None = None,
         *,
         model: dict[str, Any] | None = None,
         dtype: str | None = None,
@@ -67,6 +92,13 @@ class ProgressReporter:
         checkpoint_queue: int = 64,
     ):
         self._base = url.rstrip("/")
+        if job is None:
+            job = job_name_from_env()
+            if job is None:
+                raise ValueError(
+                    f"no job name: pass job=, or set {JOB_ENV} (on Kubernetes from the job's pod label through the "
+                    "downward API); on Slurm SLURM_JOB_ID names it"
+                )
         self.job = job
         # Model facts ride along with every report, so a restarted exporter has everything back after one report.
         self._facts = {

@@ -314,6 +314,98 @@ LOG_FILE_SECTION = Section(
     }
 )
 
+# Job discovery defaults (model/discovery.py explains them). Kubernetes label keys naming the job a pod belongs to,
+# first match wins; JobSet before batch Job, since a JobSet's pods also carry its child Job's label,
+# <jobset>-<replicated job>-<index>, which differs across nodes.
+DISCOVERY_LABEL_KEYS = (
+    "training.kubeflow.org/job-name",  # Kubeflow training-operator v1: PyTorchJob, MPIJob, TFJob...
+    "jobset.sigs.k8s.io/jobset-name",  # JobSet, and Kubeflow Trainer v2 TrainJob (a JobSet named after it)
+    "volcano.sh/job-name",  # Volcano vcjob
+    "leaderworkerset.sigs.k8s.io/name",  # LeaderWorkerSet
+    "kueue.x-k8s.io/pod-group-name",  # Kueue plain-pod groups
+    "batch.kubernetes.io/job-name",  # batch/v1 Job
+    "job-name",  # batch/v1 Job, the legacy unprefixed label
+)
+# Without labels: <job>-master-0, <job>-worker-3, <job>-launcher-0 (Kubeflow v1's and MPI's pod names) become <job>.
+DISCOVERY_POD_NAME_PATTERN = r"^(?P<job>.+)-(?:master|worker|launcher)-[0-9]+$"
+PODRESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def string_list(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise Invalid("a list of non-empty strings")
+    return value
+
+
+def command(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise Invalid('a command as a list of arguments, like ["squeue", "-h", "-o", "%j", "-j", "{job}"], or []')
+    if value and not any("{job}" in item for item in value):
+        raise Invalid('a command with a "{job}" argument, where the Slurm job ID goes')
+    return value
+
+
+def pod_name_pattern(value: Any) -> str:
+    form = "a regular expression with a group naming the job, like ^(?P<job>.+)-worker-[0-9]+$"
+    if not isinstance(value, str):
+        raise Invalid(form)
+    try:
+        compiled = re.compile(value)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise Invalid(f"{form} ({exc})") from None
+    if "job" not in compiled.groupindex and compiled.groups < 1:
+        raise Invalid(form)
+    return value
+
+
+DISCOVERY_SECTION = Section(
+    {
+        "interval": (duration, 5.0),
+        "timeout": (duration, 10.0),
+        "max_jobs": (positive_int, 64),
+        "kubernetes": (
+            Section(
+                {
+                    "enabled": (choice("auto", "true", "false"), "auto"),
+                    "socket": (string, PODRESOURCES_SOCKET),
+                    "timeout": (duration, 5.0),
+                    "max_message_bytes": (positive_int, 64 * 1024 * 1024),
+                    "api_server": (
+                        Section(
+                            {
+                                "enabled": (choice("auto", "true", "false"), "auto"),
+                                "url": (optional(string), None),
+                                "token_path": (string, f"{SERVICE_ACCOUNT_DIR}/token"),
+                                "ca_path": (optional(string), f"{SERVICE_ACCOUNT_DIR}/ca.crt"),
+                                "timeout": (duration, 2.0),
+                                "retry_after": (duration, 300.0),
+                            }
+                        ),
+                        None,
+                    ),
+                    "label_keys": (string_list, list(DISCOVERY_LABEL_KEYS)),
+                    "pod_name_pattern": (pod_name_pattern, DISCOVERY_POD_NAME_PATTERN),
+                }
+            ),
+            None,
+        ),
+        "slurm": (
+            Section(
+                {
+                    "enabled": (choice("auto", "true", "false"), "auto"),
+                    "job_mapping_dir": (optional(string), None),
+                    "processes": (boolean, True),
+                    "cgroup_root": (optional(string), None),
+                    "name_command": (command, []),
+                    "name_timeout": (duration, 5.0),
+                }
+            ),
+            None,
+        ),
+    }
+)
+
 SCHEMA = Section(
     {
         "web": (
@@ -403,6 +495,7 @@ SCHEMA = Section(
             None,
         ),
         "jobs": (MapOf(_job_name, JOB_NAME_FORM, JOB_SECTION), {}),
+        "discovery": (DISCOVERY_SECTION, None),
         "ingest": (
             Section(
                 {

@@ -69,6 +69,13 @@ class Service:
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
         )
 
+    def apply_discovery(self) -> None:
+        """Hand the job model what discovery found last. While the source is down its last good answer stands, so
+        a kubelet restart does not end every job; jobs end only when an answer no longer lists them."""
+        state = self.daemon.states.get("discovery")
+        if state is not None and state.snapshot is not None:
+            self.jobs.set_discovered(state.snapshot.data.get("jobs", {}))
+
     def status(self) -> dict[str, Any]:
         now = self.clock()
         views = self.jobs.views()
@@ -84,6 +91,7 @@ class Service:
     async def evaluate_jobs(self) -> None:
         """Once a second, attribute each job's MFU gap and keep the status page history (cancelled at shutdown)."""
         while True:
+            self.apply_discovery()
             now, views = self.clock(), self.jobs.views()
             self.attribution.evaluate(now, views, self.node_signals())
             self.history.record(now, views)
@@ -102,6 +110,18 @@ def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[
     return inventory
 
 
+def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, dict] | None]:
+    """The GPU source's latest readings by GPU index; None while it is down or absent."""
+
+    def readings() -> dict[int, dict] | None:
+        state = daemon.states.get(source_name)
+        if state is None or state.snapshot is None or not state.up:
+            return None
+        return state.snapshot.data.get("gpus")
+
+    return readings
+
+
 def build_service(
     config: dict, sources: list[Source], clock: Callable[[], float] = time.time, paths: Paths | None = None
 ) -> Service:
@@ -113,6 +133,7 @@ def build_service(
         job_ttl=config["ingest"]["job_ttl"],
         gpu_inventory=gpu_inventory_from(daemon),
         clock=clock,
+        gpu_readings=gpu_readings_from(daemon),
     )
     attribution = Attributor(Thresholds.from_config(config["attribution"]))
     registry = CollectorRegistry(auto_describe=False)

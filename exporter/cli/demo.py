@@ -10,7 +10,17 @@ from pathlib import Path
 
 from exporter.cli.flags import add_daemon_flags
 from exporter.client import ProgressReporter
-from exporter.sim.node import GPU_NAME, GPUS, INCIDENTS, JOB, MODEL, NODE_TARGET_TOKENS, build_demo
+from exporter.sim.node import (
+    DISCOVERED_GPUS,
+    DISCOVERED_JOB,
+    GPU_NAME,
+    INCIDENTS,
+    JOB,
+    JOB_GPUS,
+    MODEL,
+    NODE_TARGET_TOKENS,
+    build_demo,
+)
 from exporter.web.app import serve
 
 DEMO_HELP = "Run a simulated 8-GPU training node through the real exporter, with live MFU and incidents."
@@ -48,12 +58,17 @@ def run_demo(args: argparse.Namespace) -> int:
                     JOB,
                     model=dict(MODEL),
                     dtype="bf16",
-                    gpus=GPUS,
+                    gpus=list(JOB_GPUS),
                     target_tokens=NODE_TARGET_TOKENS,
                     clock=node.clock.time,
                 )
             simulation.start()
             print(f"mfu-exporter demo: a simulated 8 × {GPU_NAME} node training {JOB}", flush=True)
+            print(f"  reporting    {JOB} on GPUs {', '.join(map(str, JOB_GPUS))}", flush=True)
+            if node.kubelet is not None:
+                gpus = ", ".join(map(str, DISCOVERED_GPUS))
+                print(f"  discovered   {DISCOVERED_JOB} on GPUs {gpus}: reports nothing, found through", flush=True)
+                print(f"               the pod-resources API at {node.kubelet.socket}", flush=True)
             print(f"  status page  {url}", flush=True)
             print(f"  metrics      {url}metrics", flush=True)
             print(f"  jobs         {url}api/v1/jobs", flush=True)
@@ -65,6 +80,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
         asyncio.run(serve(runtime, on_started=started))
         simulation.stop()
+        if node.kubelet is not None:
+            node.kubelet.stop()
         if node.reporter is not None:
             node.reporter.close(timeout=1.0)
     finally:

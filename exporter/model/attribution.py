@@ -76,6 +76,7 @@ class Verdict:
     evidence: str
     baseline: float | None
     lost_fraction: float  # (baseline − MFU) ÷ baseline, 0 when healthy
+    signal: str = "mfu"  # what the baseline is of: the formula MFU, or a hardware figure for a job that reports none
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +84,7 @@ class Verdict:
             "evidence": self.evidence,
             "baseline_mfu": self.baseline,
             "lost_fraction": self.lost_fraction,
+            "signal": self.signal,
         }
 
 
@@ -214,6 +216,23 @@ class _JobAttribution:
     last_evaluated: float | None = None
     verdict: Verdict | None = None
     judged: bool = False  # had a verdict once: from then on its lost GPU-seconds are exported, verdict or not
+    signal: str | None = None
+
+
+def _signal(view: JobView) -> tuple[str, float | None]:
+    """The figure a job's gap is measured on: its formula MFU when it reports one, else the hardware figure over
+    its GPUs (GPM FLOPs estimate, else tensor activity, else GPU utilization), so a job that reports nothing still
+    gets a cause, against its own baseline of that figure."""
+    if view.mfu is not None:
+        return "mfu", view.mfu
+    hardware = getattr(view, "hardware", None)
+    if hardware is None or "reported" in getattr(view, "found_by", ()):
+        return "mfu", None  # a reporting job without MFU yet: wait for it, not for a figure it will leave
+    for name in ("hardware_flops_utilization", "tensor_active", "gpu_utilization"):
+        value = getattr(hardware, name)
+        if value is not None:
+            return name, value
+    return "mfu", None
 
 
 class Attributor:
@@ -225,7 +244,7 @@ class Attributor:
         self._lock = threading.Lock()
 
     def baseline(self, view: JobView, state: _JobAttribution) -> float | None:
-        if view.facts.get("expected_mfu"):
+        if view.facts.get("expected_mfu") and state.signal == "mfu":
             return view.facts["expected_mfu"]
         if len(state.history) < self.limits.baseline_min_samples:
             return None
@@ -249,24 +268,33 @@ class Attributor:
     def _evaluate(self, now: float, view: JobView, state: _JobAttribution, signals: NodeSignals) -> None:
         elapsed = 0.0 if state.last_evaluated is None else max(now - state.last_evaluated, 0.0)
         state.last_evaluated = now
-        if view.mfu is None:
-            state.verdict = None  # no MFU to explain (the job JSON says why), or the job ended: nothing to blame
+        signal, value = _signal(view)
+        if value is None or not view.running:
+            # No MFU and no hardware figure to explain (the job JSON says why), or the job ended: nothing to blame.
+            state.verdict = None
             return
+        if signal != state.signal:
+            # A job found by discovery that starts reporting: its MFU gets a baseline of its own, never one learnt
+            # from a hardware figure of another scale.
+            state.history.clear()
+            state.last_recorded = float("-inf")
+            state.signal = signal
+        shown = "MFU" if signal == "mfu" else signal.replace("_", " ")
         baseline = self.baseline(view, state)
-        if now - state.last_recorded >= self.limits.baseline_interval and view.mfu > 0:
-            state.history.append(view.mfu)
+        if now - state.last_recorded >= self.limits.baseline_interval and value > 0:
+            state.history.append(value)
             state.last_recorded = now
         if not baseline:
-            state.verdict = Verdict("none", "learning the healthy baseline from recent MFU", None, 0.0)
+            state.verdict = Verdict("none", f"learning the healthy baseline from recent {shown}", None, 0.0, signal)
             return
-        lost = max(baseline - view.mfu, 0.0) / baseline
+        lost = max(baseline - value, 0.0) / baseline
         if lost < self.limits.tolerance:
             state.verdict = Verdict(
-                "none", f"MFU within {100 * self.limits.tolerance:.0f}% of its baseline", baseline, lost
+                "none", f"{shown} within {100 * self.limits.tolerance:.0f}% of its baseline", baseline, lost, signal
             )
             return
         cause, evidence = classify(view, signals, self.limits)
-        state.verdict = Verdict(cause, evidence, baseline, lost)
+        state.verdict = Verdict(cause, evidence, baseline, lost, signal)
         state.lost_seconds[cause] += (view.gpus or 0) * min(lost, 1.0) * elapsed
 
     def verdict(self, job: str) -> Verdict | None:

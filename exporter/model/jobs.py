@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
 from exporter.model import flops as mfu_math
+from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,8 @@ class Job:
     framework_tflops_per_gpu: float | None = None
     feed_reason: str | None = None
     interval: float = 0.0  # the job's own time between its last two reports
+    touched: bool = False  # created by another API (checkpoints, a log): counts against ingest.max_jobs like a report
+    discovered: DiscoveredJob | None = None  # what discovery found of it on this node, while it finds it
 
     @property
     def tokens_processed(self) -> float:
@@ -218,6 +221,9 @@ class JobView:
     facts: dict[str, Any]
     restarts: int
     gpu_indices: list[int] | None = None
+    found_by: tuple[str, ...] = ()  # reported, config, kubernetes, slurm
+    discovered: DiscoveredJob | None = None
+    hardware: HardwareFigures | None = None
     replayed_tokens: float = 0.0
     state: str = RUNNING
     runs: int = 1
@@ -242,6 +248,9 @@ class JobView:
             "flops_per_token": self.flops_per_token,
             "gpus": self.gpus,
             "gpu_indices": self.gpu_indices,
+            "found_by": list(self.found_by),
+            "discovered": self.discovered.as_json() if self.discovered else None,
+            "hardware": self.hardware.as_json() if self.hardware else None,
             "peak_flops": self.peak_flops,
             "mfu": self.mfu,
             "eta_seconds": self.eta_seconds,
@@ -259,10 +268,15 @@ class JobView:
 
 
 class JobTracker:
-    """Thread-safe store of jobs reporting to this node.
+    """Thread-safe store of jobs reporting to this node, and of the jobs discovery finds on it.
 
     ``gpu_inventory`` returns this node's GPUs (from the GPU source) or None when unknown; it is how a job's
-    peak is found without this module knowing about NVML.
+    peak is found without this module knowing about NVML. ``gpu_readings`` returns the GPU source's latest
+    readings by index (or None): each job's hardware figures are their means over the job's GPUs.
+
+    A discovered job and a reporting job of one name are one job. Discovered jobs have their own cap (the
+    discovery source's ``max_jobs``), so they never take a reporting job's place under ``ingest.max_jobs``; one
+    that discovery stops finding ends, unless it reports too (then only its discovery facts go).
     """
 
     def __init__(
@@ -273,12 +287,14 @@ class JobTracker:
         job_ttl: float = 86400.0,
         gpu_inventory: Callable[[], list[GpuInfo] | None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        gpu_readings: Callable[[], dict[int, dict] | None] = lambda: None,
     ):
         self._configured = configured or {}
         self.window = window
         self.max_jobs = max_jobs
         self.job_ttl = job_ttl
         self._gpu_inventory = gpu_inventory
+        self._gpu_readings = gpu_readings
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
@@ -291,11 +307,13 @@ class JobTracker:
         with self._lock:
             self._expire(now)
             job = self._jobs.get(report.job)
-            if job is None:
+            if job is None or not (job.reported or job.touched):
+                # New to the ingest APIs (a job only discovered so far takes no slot until it reports).
                 if report.state == RUNNING:
                     self._admit()
-                job = Job(report.job, dict(self._configured.get(report.job, {})), created=now)
-                self._jobs[report.job] = job
+                if job is None:
+                    job = Job(report.job, dict(self._configured.get(report.job, {})), created=now)
+                    self._jobs[report.job] = job
             elif job.state != RUNNING and report.state == RUNNING:
                 self._admit()
                 self._new_run(job, now)
@@ -370,8 +388,9 @@ class JobTracker:
         return self._resolve_gpus(facts)[1]
 
     def _admit(self) -> None:
-        """Refuse one more running job past the cap; ended jobs keep their counters but take no slot."""
-        if sum(1 for j in self._jobs.values() if j.state == RUNNING) >= self.max_jobs:
+        """Refuse one more running job past the cap; ended jobs keep their counters but take no slot, and jobs only
+        discovered count against discovery.max_jobs instead."""
+        if sum(1 for j in self._jobs.values() if j.state == RUNNING and (j.reported or j.touched)) >= self.max_jobs:
             raise TooManyJobs(f"this exporter already tracks {self.max_jobs} running jobs (ingest.max_jobs)")
 
     def _new_run(self, job: Job, now: float) -> None:
@@ -435,9 +454,37 @@ class JobTracker:
         now = self._clock()
         with self._lock:
             self._expire(now)
-            if name not in self._jobs:
+            job = self._jobs.get(name)
+            if job is None or not (job.reported or job.touched):
                 self._admit()
-                self._jobs[name] = Job(name, dict(self._configured.get(name, {})), created=now)
+                if job is None:
+                    job = self._jobs[name] = Job(name, dict(self._configured.get(name, {})), created=now)
+                job.touched = True
+                self.generation += 1
+
+    def set_discovered(self, found: dict[str, DiscoveredJob]) -> None:
+        """What discovery finds now: new jobs begin, known ones get its facts, the ones it no longer finds end
+        (or, when they also report, keep only what they report)."""
+        now = self._clock()
+        with self._lock:
+            changed = False
+            for name, discovered in found.items():
+                job = self._jobs.get(name)
+                if job is None:
+                    job = self._jobs[name] = Job(name, dict(self._configured.get(name, {})), created=now)
+                    changed = True
+                if job.discovered != discovered:
+                    job.discovered = discovered
+                    changed = True
+            for name, job in list(self._jobs.items()):
+                if job.discovered is not None and name not in found:
+                    job.discovered = None
+                    changed = True
+                    self._expiry_bound = (float("inf"), 0.0)  # it may expire now: the next pass looks at every job
+                    if not (job.reported or job.touched):
+                        del self._jobs[name]
+                        self._warned = {key for key in self._warned if key[0] != name}
+            if changed:
                 self.generation += 1
 
     def names(self) -> list[str]:
@@ -448,7 +495,10 @@ class JobTracker:
         now = self._clock()
         with self._lock:
             self._expire(now)
-            return [self._view(job, now) for job in self._jobs.values()]
+            # Jobs that report first (their formula MFU is the headline), then those only discovered; each in the
+            # order they appeared.
+            ordered = sorted(self._jobs.values(), key=lambda job: not (job.reported or job.touched))
+            return [self._view(job, now) for job in ordered]
 
     def _expire(self, now: float) -> None:
         # Every report comes here: skip the pass over the jobs while even the oldest arrival seen at the last pass is
@@ -457,7 +507,12 @@ class JobTracker:
         scanned_at, oldest = self._expiry_bound
         if scanned_at <= now and now - oldest <= self.job_ttl:
             return
-        expired = [n for n, j in self._jobs.items() if now - max(j.last_arrival, j.created) > self.job_ttl]
+        # A job discovery still finds holds GPUs here: it does not expire for want of reports.
+        expired = [
+            n
+            for n, j in self._jobs.items()
+            if j.discovered is None and now - max(j.last_arrival, j.created) > self.job_ttl
+        ]
         for name in expired:
             del self._jobs[name]
             self.generation += 1
@@ -542,7 +597,10 @@ class JobTracker:
         fpt = self._flops_per_token(facts)
         if fpt is None:
             reason = "model params unknown: send model.params in a progress report or set jobs.<name>.params"
-        gpus, count, gpu_reason = self._resolve_gpus(facts)
+        gpu_facts = facts
+        if facts.get("gpus") is None and job.discovered is not None:
+            gpu_facts = {**facts, "gpus": list(job.discovered.gpus)}  # the GPUs discovery saw it hold
+        gpus, count, gpu_reason = self._resolve_gpus(gpu_facts)
         peak, peak_reason = self._peak(facts, gpus, count)
         reason = reason or gpu_reason or peak_reason
         if reason is None and peak is None:
@@ -564,8 +622,9 @@ class JobTracker:
                 implausible, utilization = utilization, None
         if not running:
             reason = f"the job {job.state}: MFU is measured while a job runs"
-        # Per job: two jobs without params each deserve a line, though the reason reads the same.
-        elif reason and (job.name, reason) not in self._warned:
+        # Per job: two jobs without params each deserve a line, though the reason reads the same. A job only
+        # discovered has no formula MFU by nature (its hardware figures stand in): nothing to warn about.
+        elif reason and (job.reported or job.touched) and (job.name, reason) not in self._warned:
             self._warned.add((job.name, reason))
             log.warning("job %s: no MFU: %s", job.name, reason)
         framework = job.framework_mfu
@@ -602,6 +661,13 @@ class JobTracker:
             framework_mfu=framework,
             framework_tflops_per_gpu=job.framework_tflops_per_gpu,
             reported=job.reported,
+            found_by=self._found_by(job),
+            discovered=job.discovered,
+            hardware=hardware_figures(
+                [g.index for g in gpus] if gpus is not None else None,
+                self._gpu_readings(),
+                job.discovered.shared_gpus if job.discovered else (),
+            ),
         )
 
     def _implausible(
@@ -631,6 +697,16 @@ class JobTracker:
         if gpus is None or count is None or len(gpus) < count:
             return None
         return self._peak({**facts, "peak_tflops": None}, gpus, count)[0]
+
+    def _found_by(self, job: Job) -> tuple[str, ...]:
+        found = []
+        if job.reported or job.touched:
+            found.append("reported")
+        if job.name in self._configured:
+            found.append("config")
+        if job.discovered is not None:
+            found += sorted({pod.scheduler for pod in job.discovered.pods})
+        return tuple(found)
 
 
 def job_families(views: list[JobView]) -> Iterable:
@@ -678,17 +754,55 @@ def job_families(views: list[JobView]) -> Iterable:
         "per-GPU peak; by the framework's FLOPs convention, beside ours.",
         labels=label,
     )
-    info = InfoMetricFamily("mfu_job", "Facts of the job that are not numbers.", labels=label)
+    info = InfoMetricFamily(
+        "mfu_job",
+        "Facts of the job that are not numbers, one series per pod (or Slurm job) discovery found it in: how it was "
+        "found, its scheduler, namespace, pod, Slurm job ID and user, for joins.",
+        labels=label,
+    )
+    hardware = GaugeMetricFamily(
+        "mfu_job_hardware_flops_utilization_ratio",
+        "Hardware estimate of the job's FLOPs utilization: mean over its GPUs here of GPM tensor activity × SM clock ÷ "
+        "the SKU's reference clock (0–1); beside the formula MFU, and the only figure for a job that reports nothing.",
+        labels=label,
+    )
+    gpu_util = GaugeMetricFamily(
+        "mfu_job_gpu_utilization_ratio", "Mean NVML GPU utilization over the job's GPUs here (0–1).", labels=label
+    )
+    tensor = GaugeMetricFamily(
+        "mfu_job_tensor_active_ratio", "Mean GPM tensor activity over the job's GPUs here (0–1).", labels=label
+    )
+    job_gpu = InfoMetricFamily(
+        "mfu_job_gpu",
+        "1 for each GPU of this node the job holds, as discovery or its gpus list says: one job-GPU series, never a "
+        "training_job label on every GPU series.",
+        labels=label,
+    )
     for view in views:
         key = [view.name]
         if view.reported:
             # A node of the job that sees no progress (its log has none: the framework prints on another rank)
-            # exports no token or FLOPs counters, so the cluster rules count only the nodes that measure.
+            # exports no token or FLOPs counters, so the cluster rules count only the nodes that measure. A job only
+            # discovered has none either: its hardware figures stand in.
             tokens.add_metric(key, view.tokens_processed)
-        last.add_metric(key, view.last_report_time)
-        info.add_metric(key, {"dtype": str(view.facts.get("dtype", "bf16"))})
+        if view.discovered is None or "reported" in view.found_by:
+            last.add_metric(key, view.last_report_time)
         for name in STATES:
             state.add_metric([view.name, name], 1.0 if name == view.state else 0.0)
+        base = {"dtype": str(view.facts.get("dtype", "bf16")), "found_by": ",".join(view.found_by)}
+        pods = view.discovered.pods if view.discovered else ()
+        for pod in pods or (None,):
+            info.add_metric(
+                key,
+                {
+                    **base,
+                    "scheduler": pod.scheduler if pod else "",
+                    "namespace": pod.namespace if pod else "",
+                    "pod": pod.pod if pod else "",
+                    "slurm_job_id": pod.slurm_job_id if pod else "",
+                    "user": pod.user if pod else "",
+                },
+            )
         if view.step is not None:
             step.add_metric(key, view.step)
         if view.flops_per_token is not None:
@@ -698,6 +812,17 @@ def job_families(views: list[JobView]) -> Iterable:
             flops.add_metric(key, view.model_flops)
         if not view.running:
             continue
+        # A job that ended holds no GPUs here any more, so neither the job-GPU series nor the GPUs' figures stay.
+        for index in view.gpu_indices or ():
+            job_gpu.add_metric(key, {"gpu": str(index)})
+        if view.hardware is not None:
+            for family, value in (
+                (hardware, view.hardware.hardware_flops_utilization),
+                (gpu_util, view.hardware.gpu_utilization),
+                (tensor, view.hardware.tensor_active),
+            ):
+                if value is not None:
+                    family.add_metric(key, value)
         if view.peak_flops is not None and view.implausible_mfu is None:
             peak.add_metric(key, view.peak_flops)
         if view.gpus is not None:
@@ -711,4 +836,22 @@ def job_families(views: list[JobView]) -> Iterable:
         # A framework dividing by a wrong peak prints impossible figures (torchtitan's A100 fallback: 563 %).
         if view.framework_mfu is not None and 0.0 <= view.framework_mfu <= 1.0:
             framework.add_metric(key, view.framework_mfu)
-    return (tokens, flops, peak, gpus, rate, utilization, step, last, per_token, eta, state, framework, info)
+    return (
+        tokens,
+        flops,
+        peak,
+        gpus,
+        rate,
+        utilization,
+        step,
+        last,
+        per_token,
+        eta,
+        state,
+        framework,
+        info,
+        hardware,
+        gpu_util,
+        tensor,
+        job_gpu,
+    )

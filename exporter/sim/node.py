@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from exporter.client import ProgressReporter
-from exporter.config import load_config, validate
+from exporter.config import load_config, read_yaml, validate
 from exporter.model import flops as mfu_math
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.node.ethtool import EthtoolTextReader
@@ -29,8 +29,11 @@ from exporter.quantities import format_duration, parse_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
+from exporter.sim.podresources import PodResourcesServer, SimPod
+from exporter.sources import discovery_enabled
 from exporter.sources.base import Paths
 from exporter.sources.checkpoint import CheckpointSource
+from exporter.sources.discovery import DiscoverySource
 from exporter.sources.ethtool import EthtoolSource
 from exporter.sources.gpu import GpuSource
 from exporter.sources.logs import LogsSource
@@ -40,13 +43,19 @@ from exporter.sources.rdma import RdmaSource
 log = logging.getLogger(__name__)
 
 JOB = "llama3-70b"
+JOB_GPUS = (0, 1, 2, 3)  # the reporting job's half of the node
+# The other half runs a job that reports nothing: the demo's kubelet (a real pod-resources gRPC server on a unix
+# socket) lists its two pods, and discovery names it by the pod-name pattern (<job>-worker-<n>).
+DISCOVERED_JOB = "bert-pretrain"
+DISCOVERED_GPUS = (4, 5, 6, 7)
+DISCOVERED_TENSOR_ACTIVE = 50.0  # percent, healthy
 MODEL = {"params": 70.6e9, "layers": 80, "heads": 64, "head_dim": 128, "seq_len": 8192}
 GPUS = 8
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 STEADY_MFU = 0.45
 WORLD_GPUS = 1024  # the simulated job's size; this node reports its share of the tokens
 TOKENS_PER_STEP = 16 * 8192  # this node's share of a global batch
-NODE_TARGET_TOKENS = 15e12 * GPUS / WORLD_GPUS  # Llama 3's 15T tokens, this node's share
+NODE_TARGET_TOKENS = 15e12 * len(JOB_GPUS) / WORLD_GPUS  # Llama 3's 15T tokens, this node's share
 INCIDENTS = ("pfc-storm", "checkpoint-stall", "thermal", "gpu-lost")
 WARMUP = 10.0  # healthy seconds before a forced incident
 HEALTHY_BETWEEN = 180.0  # scheduled mode: healthy time between incidents
@@ -62,7 +71,7 @@ INCIDENT_SECONDS = {
 CHECKPOINT_EVERY = 600.0
 FIRST_CHECKPOINT = 20.0
 STORM_NICS = (2, 5)
-HOT_GPU = 5
+HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3
 # How much of the healthy token rate each incident leaves (the job runs at its slowest rank's pace).
 ROTATION_SECONDS = sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in INCIDENTS)
@@ -121,10 +130,10 @@ class Schedule:
         )
 
 
-def healthy_tokens_per_second() -> float:
-    """The token rate that gives the steady MFU on 8 H100s, from the formula itself."""
+def healthy_tokens_per_second(gpus: int = len(JOB_GPUS)) -> float:
+    """The token rate that gives the steady MFU on ``gpus`` H100s (the reporting job's four), from the formula."""
     per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
-    return STEADY_MFU * GPUS * mfu_math.peak_flops(GPU_NAME, "bf16") / per_token
+    return STEADY_MFU * gpus * mfu_math.peak_flops(GPU_NAME, "bf16") / per_token
 
 
 def train_healthily(gpu: fake_nvml.FakeGpu) -> None:
@@ -235,7 +244,7 @@ class TrainingLog:
             return
         self._step = step
         if self._last is not None and now > self._last[0]:
-            tps = (tokens - self._last[1]) / ((now - self._last[0]) * GPUS)  # tokens/s per GPU, as torchtitan
+            tps = (tokens - self._last[1]) / ((now - self._last[0]) * len(JOB_GPUS))  # tokens/s per GPU, as torchtitan
             per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
             tflops = per_token * tps / 1e12
             mfu = 100 * per_token * tps / 989e12
@@ -269,6 +278,7 @@ class DemoNode:
         self.incident: str | None = None
         self.reporter: ProgressReporter | None = None
         self.training_log = TrainingLog(root / "train.log") if progress == "logs" else None
+        self.kubelet: PodResourcesServer | None = None  # the demo's pod-resources server, when discovery uses it
         self._origin: float | None = None
         self._last = 0.0
         self._next_checkpoint = FIRST_CHECKPOINT
@@ -358,6 +368,8 @@ class DemoNode:
         """Set GPU and NIC readings for the incident (or for healthy training)."""
         for gpu in self.nvml.gpus:
             train_healthily(gpu)
+        for index in DISCOVERED_GPUS:
+            self.nvml.gpus[index].set_activity(tensor=DISCOVERED_TENSOR_ACTIVE, sm=80.0, occupancy=35.0, dram=40.0)
         for nic in self.fabric.nics:
             nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
         if incident == "pfc-storm":
@@ -373,10 +385,11 @@ class DemoNode:
             hot = self.nvml.gpus[HOT_GPU]
             hot.temperature_c, hot.sm_clock_mhz, hot.power_mw = 91, 1155, 520_000
             hot.clocks_event_reasons = 0x40 | 0x20  # HW and SW thermal slowdown
-            for gpu in self.nvml.gpus:
-                gpu.set_activity(tensor=40.0, sm=60.0)
+            for index in JOB_GPUS:  # the reporting job runs at its hot rank's pace; the other job is unaffected
+                self.nvml.gpus[index].set_activity(tensor=40.0, sm=60.0)
         elif incident == "checkpoint-stall":
-            for gpu in self.nvml.gpus:
+            for index in JOB_GPUS:  # the reporting job's checkpoint; the other job does not wait on it
+                gpu = self.nvml.gpus[index]
                 gpu.set_activity(tensor=30.0, sm=45.0)
                 gpu.utilization = 55
         elif incident == "gpu-lost":
@@ -392,14 +405,37 @@ class DemoNode:
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
 
 
-def demo_config(config_path: str | None, window: float, progress: str = "api") -> dict:
+def demo_config(
+    config_path: str | None, window: float, progress: str = "api", kubelet_socket: str | None = None
+) -> dict:
+    """The demo's config: the file's, with the demo's job added. Without a ``discovery`` section in the file,
+    discovery reads the demo's own kubelet at ``kubelet_socket``; with one, the file's section applies as it is (a
+    real pod-resources socket or Slurm mapping directory, matched against the simulated GPUs)."""
     config = load_config(config_path)
     config["mfu"]["window"] = window
+    raw = read_yaml(config_path) if config_path else None
+    if kubelet_socket and not (isinstance(raw, dict) and "discovery" in raw):
+        config["discovery"] = validate(
+            {
+                "discovery": {
+                    "interval": "2s",
+                    "kubernetes": {"enabled": "true", "socket": kubelet_socket, "api_server": {"enabled": "false"}},
+                    "slurm": {"enabled": "false"},
+                }
+            }
+        )["discovery"]
+    if not (isinstance(raw, dict) and "attribution" in raw):
+        # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds
+        # rather than the default five minutes, so its cause shows soon after start.
+        config["attribution"]["baseline_interval"] = 1.0
+        config["attribution"]["baseline_min_samples"] = 10
     # From a log, the model is what the log prints (parameters, sequence length): nothing configured about it.
     model = MODEL if progress == "api" else {"target_tokens": NODE_TARGET_TOKENS}
     config["jobs"].setdefault(
         JOB,
-        validate({"jobs": {JOB: {**model, "dtype": "bf16", "gpus": GPUS, "expected_mfu": STEADY_MFU}}})["jobs"][JOB],
+        validate({"jobs": {JOB: {**model, "dtype": "bf16", "gpus": list(JOB_GPUS), "expected_mfu": STEADY_MFU}}})[
+            "jobs"
+        ][JOB],
     )
     return config
 
@@ -428,13 +464,34 @@ class Simulation:
         self._thread.join(5)
 
 
+def discovered_pods(nvml: fake_nvml.FakeNvml) -> list[SimPod]:
+    """The pods the demo's kubelet lists, with the NVIDIA device plugin's GPU UUIDs: the reporting job's, and the
+    uninstrumented job's two."""
+    uuids = [nvml.gpus[i].uuid for i in DISCOVERED_GPUS]
+    return [
+        # The reporting job's own pod too: discovery and its reports are one job (found_by lists both).
+        SimPod(f"{JOB}-master-0", "research", {"pytorch": [("nvidia.com/gpu", [nvml.gpus[i].uuid for i in JOB_GPUS])]}),
+        SimPod(f"{DISCOVERED_JOB}-worker-0", "research", {"trainer": [("nvidia.com/gpu", uuids[:2])]}),
+        SimPod(f"{DISCOVERED_JOB}-worker-1", "research", {"trainer": [("nvidia.com/gpu", uuids[2:])]}),
+    ]
+
+
 def build_demo(args: argparse.Namespace, root: Path) -> tuple[Service, DemoNode, Simulation]:
     clock = SimClock(args.speed)
     progress = getattr(args, "progress", "api")
     node = DemoNode(root, clock, Schedule(args.incident), seed=args.seed, progress=progress)
-    config = demo_config(args.config, parse_duration(args.mfu_window), progress)
+    socket = str(root / "kubelet.sock")
+    config = demo_config(args.config, parse_duration(args.mfu_window), progress, kubelet_socket=socket)
     if args.listen_address:
         config["web"]["listen_address"] = args.listen_address
-    runtime = build_service(config, node.sources(), clock=clock.time, paths=Paths(node.fabric.sysfs_root))
+    sources = node.sources()
+    if config["discovery"]["kubernetes"]["socket"] == socket:
+        node.kubelet = PodResourcesServer(socket, discovered_pods(node.nvml)).start()
+    if discovery_enabled(config):
+        paths = Paths(node.fabric.sysfs_root)
+        sources.append(
+            DiscoverySource(config["discovery"], paths.procfs, paths.sysfs, node.nvml, clock=clock.monotonic)
+        )
+    runtime = build_service(config, sources, clock=clock.time, paths=Paths(node.fabric.sysfs_root))
     # At high speed, tick often enough that a warm-up still carries several progress reports.
     return runtime, node, Simulation(node, period=min(1.0, 2.5 / args.speed))

@@ -85,6 +85,8 @@ class FakeGpu:
     persistence_mode: bool = True  # on, as on a tuned training node
     fail: dict[str, int] = field(default_factory=dict)  # NVML function name -> NVML_ERROR_* raised for this GPU
     lost: bool = False
+    minor: int | None = None  # /dev/nvidia<minor>; None: NVML answers NOT_SUPPORTED
+    processes: list[int] = field(default_factory=list)  # host PIDs with a CUDA context on this GPU
 
     def set_activity(
         self, tensor: float, sm: float | None = None, occupancy: float | None = None, dram: float | None = None
@@ -336,6 +338,23 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
         return self._enter("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
+        gpu = self._enter("nvmlDeviceGetMinorNumber", handle)
+        if gpu.minor is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.minor
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list:
+        """The GPU's compute processes as pynvml returns them (``c_nvmlProcessInfo_t``, host PIDs)."""
+        gpu = self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
+        found = []
+        for pid in gpu.processes:
+            info = pynvml.c_nvmlProcessInfo_t()
+            info.pid = pid
+            info.usedGpuMemory = 0
+            found.append(info)
+        return found
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
         return self._enter("nvmlDeviceGetName", handle).name

@@ -15,6 +15,7 @@ import pynvml
 from exporter.config import ConfigError
 from exporter.sources.base import Paths, Source, SourceUnavailable
 from exporter.sources.checkpoint import checkpoint_source
+from exporter.sources.discovery import DiscoverySource
 from exporter.sources.ethtool import build_ethtool_source
 from exporter.sources.gpu import GpuSource
 from exporter.sources.logs import logs_source
@@ -36,7 +37,25 @@ def build_sources(config: dict, paths: Paths) -> list[Source]:
             sources.append(factory(section, paths, jobs=config["jobs"]))
         else:
             sources.append(factory(section, paths))
+    if discovery_enabled(config):
+        sources.append(DiscoverySource(config["discovery"], paths.procfs, paths.sysfs, pynvml))
     return sources
+
+
+def discovery_enabled(config: dict) -> bool:
+    """Discovery runs unless both of its halves are off (``discovery.kubernetes`` and ``discovery.slurm``)."""
+    section = config["discovery"]
+    return section["kubernetes"]["enabled"] != "false" or section["slurm"]["enabled"] != "false"
+
+
+def _enabled_key(config: dict, source: Source) -> tuple[str, str]:
+    """The config key whose ``true`` makes this source required, and its value."""
+    if source.name == "discovery":
+        for half in ("kubernetes", "slurm"):
+            if config["discovery"][half]["enabled"] == "true":
+                return f"discovery.{half}.enabled", "true"
+        return "discovery.kubernetes.enabled", "auto"
+    return f"sources.{source.name}.enabled", config["sources"][source.name]["enabled"]
 
 
 def require_sources(config: dict, sources: list[Source], file: str | None) -> None:
@@ -48,7 +67,7 @@ def require_sources(config: dict, sources: list[Source], file: str | None) -> No
     down like any other, since stopping the exporter then would hide everything else it shows. The samples run
     together, each in its own thread bounded by the source's timeout, as the daemon would run them.
     """
-    required = [s for s in sources if config["sources"][s.name]["enabled"] == "true"]
+    required = [s for s in sources if _enabled_key(config, s)[1] == "true"]
     outcomes: dict[str, Exception | None] = {}
 
     def probe(source: Source) -> None:
@@ -74,7 +93,7 @@ def require_sources(config: dict, sources: list[Source], file: str | None) -> No
             why = str(error) if isinstance(error, SourceUnavailable) else f"{type(error).__name__}: {error}"
         raise ConfigError(
             file or "<config>",
-            f"sources.{source.name}.enabled",
+            _enabled_key(config, source)[0],
             "a node where it works, or auto to serve without it",
             problem=f"true requires this source, but it cannot start here ({why}); ",
         )

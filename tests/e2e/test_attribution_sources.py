@@ -91,7 +91,7 @@ class Node:
                 self.runtime.daemon.states[source.name].snapshot = source.sample()  # what a successful cycle keeps
             for name, gpus in self.jobs.items():
                 if self.reporting:
-                    self.tokens[name] += speed * demo.healthy_tokens_per_second() * len(gpus) / demo.GPUS * step
+                    self.tokens[name] += speed * demo.healthy_tokens_per_second(len(gpus)) * step
                     self.runtime.jobs.report(parse_progress({"job": name, "tokens_total": self.tokens[name]}, self.now))
             self.runtime.attribution.evaluate(self.now, self.runtime.jobs.views(), self.runtime.node_signals())
 

@@ -126,3 +126,20 @@ def test_the_readme_ships_what_the_bench_counts():
     from bench.run import REMOTE_WRITE_KEEP
 
     assert f'regex: "{REMOTE_WRITE_KEEP}"' in (REPOSITORY / "README.md").read_text()
+
+
+def test_discovery_bench_runs_and_emits_its_figures(tmp_path):
+    # Only that it works (three samples); the figure in docs/benchmarks.md comes from a longer run.
+    out = tmp_path / "discovery.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.discovery", "--samples", "3", "--json", str(out)],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    figures = json.loads(out.read_text())
+    assert (figures["gpus"], figures["pods"]) == (8, 16)
+    assert figures["jobs_found"] == 12  # 4 Kubernetes jobs of 2 pods, 8 Slurm jobs of 2 processes
+    assert math.isfinite(figures["cpu_ms_per_second"]) and figures["cpu_ms_per_second"] > 0

@@ -40,7 +40,7 @@ def mfu(base):
 
 def test_steady_rate_is_chosen_from_the_formula():
     per_token = 6 * 70.6e9 + 12 * 80 * 64 * 128 * 8192
-    assert demo.healthy_tokens_per_second() * per_token / (8 * 989.4e12) == pytest.approx(0.45)
+    assert demo.healthy_tokens_per_second() * per_token / (4 * 989.4e12) == pytest.approx(0.45)  # on GPUs 0–3
 
 
 def test_healthy_node_has_every_family_and_steady_mfu(full_node_families):
@@ -72,6 +72,29 @@ def test_healthy_node_has_every_family_and_steady_mfu(full_node_families):
         assert not failing, failing  # the simulated node is set up as the guide wants
 
 
+def test_a_second_job_found_by_discovery_with_its_hardware_figure():
+    with running_demo(speed=20) as base:
+        wait_until(
+            lambda: {j["job"] for j in get_json(base + "api/v1/jobs")["jobs"]} == {"llama3-70b", "bert-pretrain"},
+            30,
+            "the discovered job",
+        )
+        jobs = {j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]}
+        assert jobs["bert-pretrain"]["found_by"] == ["kubernetes"]
+        assert jobs["bert-pretrain"]["gpu_indices"] == [4, 5, 6, 7]
+        assert jobs["llama3-70b"]["found_by"] == ["reported", "config", "kubernetes"]  # one job, not two
+        assert jobs["llama3-70b"]["gpu_indices"] == [0, 1, 2, 3]
+        bert = (("training_job", "bert-pretrain"),)
+        wait_until(lambda: ("mfu_job_hardware_flops_utilization_ratio", bert) in metric_samples(base), 30, "its figure")
+        values = metric_samples(base)
+        assert values[("mfu_job_tensor_active_ratio", bert)] == pytest.approx(demo.DISCOVERED_TENSOR_ACTIVE / 100)
+        assert values[("mfu_exporter_source_up", (("source", "discovery"),))] == 1
+        assert ("mfu_model_flops_utilization_ratio", bert) not in values  # it reports nothing: no formula MFU
+        wait_until(
+            lambda: get_json(base + "api/v1/jobs")["jobs"][1]["bottleneck"] is not None, 30, "its cause, from hardware"
+        )
+
+
 def pause_frames(values, interface):
     return values.get(
         ("mfu_nic_pfc_pause_frames_total", (("direction", "rx"), ("interface", interface), ("priority", "3"))), 0
@@ -97,17 +120,17 @@ def test_pfc_storm_pauses_two_nics_and_drops_mfu_below_25_percent():
         }
         assert nics["ens3np0"]["pause_ratio"]["rx/3"] > 0.3
         wait_until(lambda: cause(base) == "network", 10, "the loss attributed to the network")
-        (job,) = get_json(base + "api/v1/jobs")["jobs"]
+        (job,) = [j for j in get_json(base + "api/v1/jobs")["jobs"] if j["job"] == "llama3-70b"]
         assert "ens3np0" in job["bottleneck"]["evidence"] or "ens6np0" in job["bottleneck"]["evidence"]
 
 
-def test_thermal_throttles_gpu_5_and_slows_the_job():
+def test_thermal_throttles_gpu_1_and_slows_the_job():
     with running_demo("--incident", "thermal", speed=20) as base:
-        throttled = ("mfu_gpu_throttle_active", (("gpu", "5"), ("reason", "hw_thermal_slowdown")))
-        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 5 throttled")
+        throttled = ("mfu_gpu_throttle_active", (("gpu", "1"), ("reason", "hw_thermal_slowdown")))
+        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 1 throttled")
         wait_until(lambda: 0.25 <= (mfu(base) or 0) <= 0.35, 30, "MFU near 30%")
         values = metric_samples(base)
-        assert values[("mfu_gpu_sm_clock_hertz", (("gpu", "5"),))] < values[("mfu_gpu_sm_clock_hertz", (("gpu", "0"),))]
+        assert values[("mfu_gpu_sm_clock_hertz", (("gpu", "1"),))] < values[("mfu_gpu_sm_clock_hertz", (("gpu", "0"),))]
         assert values[("mfu_gpu_throttle_active", (("gpu", "0"), ("reason", "hw_thermal_slowdown")))] == 0
         wait_until(lambda: cause(base) == "thermal", 10, "the loss attributed to heat")
 
@@ -132,12 +155,16 @@ def test_checkpoint_stall_keeps_a_write_open_and_dips_mfu():
         jobs = get_json(base + "api/v1/jobs")["jobs"]
         status = get_json(base + "api/v1/status")
         (job,) = [j for j in status["jobs"] if j["job"] == "llama3-70b"]
+
+        def llama(status):
+            return next(j for j in status["jobs"] if j["job"] == "llama3-70b")
+
         wait_until(
-            lambda: get_json(base + "api/v1/status")["jobs"][0]["checkpoint"]["elapsed_seconds"] > 60,
+            lambda: llama(get_json(base + "api/v1/status"))["checkpoint"]["elapsed_seconds"] > 60,
             30,
             "the write to outlast a healthy one",
         )
-        assert jobs[0]["job"] == "llama3-70b"
+        assert [j["job"] for j in jobs] == ["llama3-70b", "bert-pretrain"]
         wait_until(lambda: cause(base) == "checkpoint", 10, "the loss attributed to the checkpoint")
         assert job["checkpoint"]["in_progress"].startswith("step-")
         assert get(base).startswith(b"<!doctype html>")

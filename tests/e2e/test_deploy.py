@@ -148,6 +148,8 @@ def test_core_objects_validate_against_the_kubernetes_schemas(objects, kustomiza
         "Service",
         "ServiceMonitor",
         "PrometheusRule",
+        "ClusterRole",
+        "ClusterRoleBinding",
     }
     for kind, document in objects.items():
         if document["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -237,6 +239,27 @@ def test_pod_sees_gpus_and_host_nics_without_privileges(pod, container):
     security = container["securityContext"]
     assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
     assert security["capabilities"]["drop"] == ["ALL"] and "privileged" not in security
+
+
+def test_discovery_mounts_the_socket_directory_and_may_only_get_pods(objects, pod, container):
+    defaults = load_config(None)["discovery"]
+    volume, mount = volume_mount(pod, container, "pod-resources")
+    socket_dir = defaults["kubernetes"]["socket"].rsplit("/", 1)[0]
+    # The directory, not the socket: a kubelet restart replaces the socket file inside it.
+    assert volume["hostPath"]["path"] == socket_dir and volume["hostPath"]["type"] != "Socket"
+    assert mount["mountPath"] == socket_dir and mount["readOnly"] is True
+    token, token_mount = volume_mount(pod, container, "api-token")
+    api = defaults["kubernetes"]["api_server"]
+    assert token_mount["mountPath"] == api["token_path"].rsplit("/", 1)[0] == api["ca_path"].rsplit("/", 1)[0]
+    assert token_mount["readOnly"] is True
+    paths = {item.get("serviceAccountToken", {}).get("path") for item in token["projected"]["sources"]}
+    assert "token" in paths
+    role, binding = objects["ClusterRole"], objects["ClusterRoleBinding"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (subject,) = binding["subjects"]
+    assert subject["name"] == pod["serviceAccountName"]
+    assert subject["namespace"] == objects["Namespace"]["metadata"]["name"]
 
 
 def test_resources_cover_the_benchmark_targets(container):

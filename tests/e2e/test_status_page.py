@@ -36,8 +36,8 @@ def chromium(tmp_path, url, *args):
 def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
     # A long window keeps MFU steady between the browser's read and ours.
     with running_demo("--incident", "thermal", "--mfu.window", "60s", speed=20) as base:
-        throttled = ("mfu_gpu_throttle_active", (("gpu", "5"), ("reason", "hw_thermal_slowdown")))
-        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 5 throttled")
+        throttled = ("mfu_gpu_throttle_active", (("gpu", "1"), ("reason", "hw_thermal_slowdown")))
+        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 1 throttled")
         readings = []
 
         def settled():
@@ -54,12 +54,13 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         assert (
             abs(float(shown_ratio) - api_mfu) < 0.01
         )  # and it is the API's (the job moves a little between the two reads)
-        gpu5 = re.search(r"<tr><td[^>]*>5</td>.*?</tr>", dom).group(0)
-        assert "hw_thermal_slowdown" in gpu5 and "91 °C" in gpu5
+        gpu1 = re.search(r"<tr><td[^>]*>1</td>.*?</tr>", dom).group(0)
+        assert "hw_thermal_slowdown" in gpu1 and "91 °C" in gpu1
         assert "ens3np0" in dom and "mlx5_2/1" in dom
         cause = re.search(r'<div class="cause" data-cause="([a-z_]+)">(.*?)</div>', dom)
         assert cause, "the page does not say why MFU is low"
-        assert cause.group(1) == "thermal" and "GPU 5 throttled: hw_thermal_slowdown" in cause.group(2)
+        assert cause.group(1) == "thermal" and "GPU 1 throttled: hw_thermal_slowdown" in cause.group(2)
+        assert 'data-job="bert-pretrain"' in dom and "kubernetes" in dom  # the discovered job, and how it was found
 
         screenshot = tmp_path / "status-page.png"
         chromium(tmp_path, base, f"--screenshot={screenshot}")

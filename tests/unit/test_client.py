@@ -132,3 +132,25 @@ def test_a_reporter_that_never_reported_sends_nothing_on_close_and_a_bad_state_i
     reporter.update(tokens_total=1)
     reporter.close(state="exploded")
     assert b'"state": "finished"' in responses.calls[-1].request.body
+
+
+def test_job_name_from_the_environment_matches_discovery():
+    from exporter.client import ProgressReporter, job_name_from_env
+
+    assert job_name_from_env({"MFU_TRAINING_JOB": "team/llama 70b", "SLURM_JOB_ID": "1"}) == "team_llama_70b"
+    assert job_name_from_env({"SLURM_JOB_ID": "4242"}) == "4242"
+    assert job_name_from_env({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "llama-worker-3"}) == "llama"
+    assert job_name_from_env({"HOSTNAME": "llama-worker-3"}) is None  # not in a pod: no guess from a host name
+    assert job_name_from_env({}) is None
+    import os
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"SLURM_JOB_ID": "77"}, clear=True):
+        reporter = ProgressReporter("http://127.0.0.1:9", session=None)
+        assert reporter.job == "77"
+        reporter.close(timeout=0.1)
+    with mock.patch.dict(os.environ, {}, clear=True):
+        import pytest
+
+        with pytest.raises(ValueError, match="MFU_TRAINING_JOB"):
+            ProgressReporter("http://127.0.0.1:9")

@@ -44,10 +44,14 @@ function jobCard(job, history) {
     ["GPUs here", num(job.gpus)],
     ["peak", si(job.peak_flops, "FLOP/s")],
     ["ETA", duration(job.eta_seconds)],
+    ["found by", esc((job.found_by || []).join(", ") || "—")],
+    ["GPU indices", esc((job.gpu_indices || []).join(", ") || "—")],
+    ["hardware FLOPs", job.hardware ? pct(job.hardware.hardware_flops_utilization) : "—"],
+    ["tensor active", job.hardware ? pct(job.hardware.tensor_active) : "—"],
   ];
   if (job.checkpoint) facts.push(["checkpoint", esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
   const cause = job.bottleneck && job.bottleneck.cause && job.bottleneck.cause !== "none"
-    ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why MFU is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";
+    ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why ${job.bottleneck.signal && job.bottleneck.signal !== "mfu" ? "utilization" : "MFU"} is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";
   return `<div class="card" data-job="${esc(job.job)}">
     <h3>${esc(job.job)}</h3>
     <div class="mfu ${mfuClass(job.mfu)}" data-mfu="${job.mfu ?? ""}">${pct(job.mfu)}</div>

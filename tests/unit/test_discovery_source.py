@@ -1,0 +1,247 @@
+"""The discovery source over a real pod-resources gRPC server, a loopback API server and Slurm fixtures."""
+
+import os
+import time
+
+import pytest
+
+from exporter.config import ConfigError, validate
+from exporter.sim.nvml import FakeNvml, h100
+from exporter.sim.podresources import PodResourcesServer, SimPod
+from exporter.sim.procfs import V1, V2, add_process, host_procfs
+from exporter.sources.base import SourceUnavailable
+from exporter.sources.discovery import DiscoverySource
+from tests.unit.node.test_kubeapi import Api
+
+
+@pytest.fixture
+def sock():
+    path = f"/tmp/disc-{os.getpid()}-{time.monotonic_ns()}.sock"
+    yield path
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+@pytest.fixture
+def nvml():
+    return FakeNvml([h100(i) for i in range(8)])
+
+
+def section(**discovery):
+    return validate({"discovery": discovery})["discovery"]
+
+
+def k8s_only(sock, **kubernetes):
+    return section(
+        kubernetes={"enabled": "true", "socket": sock, "api_server": {"enabled": "false"}, **kubernetes},
+        slurm={"enabled": "false"},
+    )
+
+
+def training_pods(nvml):
+    uuids = [g.uuid for g in nvml.gpus]
+    return [
+        SimPod("llama-master-0", "team-a", {"pytorch": [("nvidia.com/gpu", uuids[0:2])]}),
+        SimPod("llama-worker-0", "team-a", {"pytorch": [("nvidia.com/gpu", uuids[2:4])]}),
+        SimPod(
+            "bert-worker-3", "team-b", {"pytorch": [("nvidia.com/gpu", uuids[4:8])], "net": [("rdma/hca", ["mlx5_0"])]}
+        ),
+        SimPod(
+            "mig-job-worker-0",
+            "team-c",
+            {"main": [("nvidia.com/mig-1g.10gb", ["MIG-5f6a2a4e-8b9c-4d1e-a2b3-c4d5e6f7a8b9"])]},
+        ),
+        SimPod("web", "default", {"app": [("cpu", [])]}),
+    ]
+
+
+def test_jobs_from_pod_resources_by_pod_name_pattern(sock, nvml):
+    with PodResourcesServer(sock, training_pods(nvml)):
+        source = DiscoverySource(k8s_only(sock), nvml=nvml)
+        snapshot = source.sample()
+        jobs = snapshot.data["jobs"]
+        assert sorted(jobs) == ["bert", "llama"]
+        assert jobs["llama"].gpus == (0, 1, 2, 3) and jobs["bert"].gpus == (4, 5, 6, 7)
+        assert [(p.namespace, p.pod) for p in jobs["llama"].pods] == [
+            ("team-a", "llama-master-0"),
+            ("team-a", "llama-worker-0"),
+        ]
+        assert snapshot.errors["kubernetes_device_unmatched"] == 1  # the MIG instance: reported, not attributed
+        unsupported = snapshot.status["kubernetes"]["unsupported_devices"]
+        assert any("MIG" in why for why in unsupported.values())
+        source.close()
+
+
+def test_allocatable_devices_are_summarised_where_the_kubelet_has_the_call(sock, nvml):
+    uuids = [g.uuid for g in nvml.gpus]
+    with PodResourcesServer(sock, training_pods(nvml), allocatable=[("nvidia.com/gpu", uuids + ["GPU-bogus"])]):
+        status = DiscoverySource(k8s_only(sock), nvml=nvml).sample().status["kubernetes"]
+        assert status["allocatable_gpus"] == {"devices": 9, "matched": 8}
+    with PodResourcesServer(sock, training_pods(nvml)):  # an old kubelet: UNIMPLEMENTED, never asked again
+        source = DiscoverySource(k8s_only(sock), nvml=nvml)
+        assert source.sample().status["kubernetes"]["allocatable_gpus"] is None
+        assert source.client.allocatable_supported is False
+
+
+def test_time_sliced_gpu_is_marked_shared(sock, nvml):
+    u = nvml.gpus[0].uuid
+    pods = [
+        SimPod("a-worker-0", containers={"c": [("nvidia.com/gpu.shared", [f"{u}::0"])]}),
+        SimPod("b-worker-0", containers={"c": [("nvidia.com/gpu.shared", [f"{u}::1"])]}),
+    ]
+    with PodResourcesServer(sock, pods):
+        jobs = DiscoverySource(k8s_only(sock), nvml=nvml).sample().data["jobs"]
+        assert jobs["a"].gpus == (0,) and jobs["a"].shared_gpus == (0,) and jobs["b"].shared_gpus == (0,)
+
+
+def test_labels_from_the_api_server_and_degrading_to_the_pattern(sock, nvml, tmp_path):
+    api = Api(tmp_path)
+    uuids = [g.uuid for g in nvml.gpus]
+    pods = [
+        SimPod("llama-worker-0", "train", {"c": [("nvidia.com/gpu", uuids[:4])]}),
+        SimPod("other-worker-1", "locked", {"c": [("nvidia.com/gpu", uuids[4:6])]}),  # 403
+        SimPod("gone", "train", {"c": [("nvidia.com/gpu", uuids[6:7])]}),  # 404
+        SimPod("slow", "train", {"c": [("nvidia.com/gpu", uuids[7:8])]}),
+    ]  # never answers in time
+    cfg = section(
+        kubernetes={
+            "enabled": "true",
+            "socket": sock,
+            "api_server": {
+                "enabled": "true",
+                "url": api.url,
+                "token_path": str(api.token_path),
+                "ca_path": str(api.ca_path),
+                "timeout": "300ms",
+            },
+        },
+        slurm={"enabled": "false"},
+    )
+    try:
+        with PodResourcesServer(sock, pods):
+            source = DiscoverySource(cfg, nvml=nvml)
+            started = time.monotonic()
+            first = source.sample()
+            assert time.monotonic() - started < 1.0  # lookups run off the sampling thread
+            assert first.data["jobs"] == {}  # every pod held back while its labels are on their way
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                jobs = source.sample().data["jobs"]
+                if len(jobs) == 4:
+                    break
+                time.sleep(0.1)
+            # The label names llama's job (Kubeflow's label: it is "llama" from the fixture API); 403 and 404 and
+            # the slow one fall back to the pod-name pattern, and the sample never failed.
+            assert sorted(jobs) == ["gone", "llama", "other", "slow"]
+            assert jobs["llama"].pods[0].name_by == "label:training.kubeflow.org/job-name"
+            assert jobs["other"].pods[0].name_by == "pod_name_pattern"
+            source.close()
+    finally:
+        api.close()
+
+
+def test_missing_socket_auto_is_down_with_a_reason(sock, nvml):
+    cfg = section(kubernetes={"enabled": "auto", "socket": sock}, slurm={"enabled": "false"})
+    with pytest.raises(SourceUnavailable) as caught:
+        DiscoverySource(cfg, nvml=nvml).sample()
+    assert caught.value.reason == "nothing_to_discover" and sock in caught.value.detail
+
+
+def test_hanging_kubelet_fails_only_the_sample_within_its_timeout(sock, nvml):
+    with PodResourcesServer(sock, training_pods(nvml)) as server:
+        server.hang.set()
+        source = DiscoverySource(k8s_only(sock, timeout="300ms"), nvml=nvml)
+        started = time.monotonic()
+        with pytest.raises(SourceUnavailable) as caught:
+            source.sample()
+        assert caught.value.reason == "kubernetes_timeout"
+        assert time.monotonic() - started < 2
+
+
+def test_slurm_processes_and_mapping_dir(tmp_path, nvml):
+    procfs = host_procfs(tmp_path)
+    add_process(procfs, 5000, V2)  # job 3385
+    add_process(procfs, 5001, V1)  # job 31
+    nvml.gpus[0].processes = [5000]
+    nvml.gpus[1].processes = [5000, 5001]
+    mapping = tmp_path / "map"
+    mapping.mkdir()
+    for gpu in (4, 5, 6, 7):
+        (mapping / str(gpu)).write_text("777\n")
+    cfg = section(
+        kubernetes={"enabled": "false"},
+        slurm={"enabled": "true", "job_mapping_dir": str(mapping), "cgroup_root": str(tmp_path / "cg")},
+    )
+    snapshot = DiscoverySource(cfg, procfs=str(procfs), nvml=nvml).sample()
+    jobs = snapshot.data["jobs"]
+    assert {n: j.gpus for n, j in jobs.items()} == {"3385": (0, 1), "31": (1,), "777": (4, 5, 6, 7)}
+    assert jobs["3385"].shared_gpus == (1,)
+    assert jobs["31"].pods[0].user == "1000"
+
+
+def test_slurm_processes_off_without_the_host_pid_namespace(tmp_path, nvml):
+    procfs = tmp_path / "proc"
+    add_process(procfs, 1, "0::/\n", comm="tini")
+    add_process(procfs, 5000, V2)
+    nvml.gpus[0].processes = [5000]
+    cfg = section(kubernetes={"enabled": "false"}, slurm={"enabled": "true"})
+    snapshot = DiscoverySource(cfg, procfs=str(procfs), nvml=nvml).sample()
+    assert snapshot.data["jobs"] == {}
+    assert "hostPID" in snapshot.status["slurm"]["processes"]["why"]
+
+
+def test_cap_on_discovered_jobs(sock, nvml):
+    uuids = [g.uuid for g in nvml.gpus]
+    pods = [SimPod(f"j{i}-worker-0", containers={"c": [("nvidia.com/gpu", [uuids[i]])]}) for i in range(8)]
+    with PodResourcesServer(sock, pods):
+        cfg = section(
+            max_jobs=3,
+            kubernetes={"enabled": "true", "socket": sock, "api_server": {"enabled": "false"}},
+            slurm={"enabled": "false"},
+        )
+        snapshot = DiscoverySource(cfg, nvml=nvml).sample()
+        assert sorted(snapshot.data["jobs"]) == ["j0", "j1", "j2"]
+        assert snapshot.errors["jobs_over_cap"] == 5
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError) as caught:
+        validate({"discovery": {"kubernetes": {"sockett": "/x"}}}, "c.yaml")
+    assert "discovery.kubernetes.sockett" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        validate({"discovery": {"kubernetes": {"pod_name_pattern": "^abc$"}}}, "c.yaml")
+    assert "discovery.kubernetes.pod_name_pattern" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        validate({"discovery": {"slurm": {"name_command": "squeue"}}}, "c.yaml")
+    assert "discovery.slurm.name_command" in str(caught.value)
+
+
+def test_ten_thousand_pods_degrade_nothing_and_the_cap_holds(sock, nvml):
+    uuids = [g.uuid for g in nvml.gpus]
+    pods = [
+        SimPod(
+            f"job{i:05d}-worker-{i % 4}",
+            f"team-{i % 40}",
+            {"c": [("nvidia.com/gpu", [uuids[i % 8]])], "n": [("rdma/hca", [f"mlx5_{i % 8}"])]},
+        )
+        for i in range(10_000)
+    ]
+    with PodResourcesServer(sock, pods):
+        snapshot = DiscoverySource(k8s_only(sock, timeout="20s"), nvml=nvml).sample()
+        assert len(snapshot.data["jobs"]) == 64  # discovery.max_jobs
+        assert snapshot.errors["jobs_over_cap"] == 10_000 - 64
+        assert snapshot.status["kubernetes"]["pods_with_gpus"] == 10_000
+
+
+def test_demo_config_applies_the_files_discovery_section(tmp_path):
+    from exporter.sim.node import demo_config
+
+    mapping = tmp_path / "map"
+    mapping.mkdir()
+    file = tmp_path / "demo.yaml"
+    file.write_text(f"discovery:\n  kubernetes: {{enabled: false}}\n  slurm: {{job_mapping_dir: {mapping}}}\n")
+    config = demo_config(str(file), 15.0, kubelet_socket="/tmp/demo-kubelet.sock")
+    assert config["discovery"]["kubernetes"]["enabled"] == "false"
+    assert config["discovery"]["slurm"]["job_mapping_dir"] == str(mapping)
+    default = demo_config(None, 15.0, kubelet_socket="/tmp/demo-kubelet.sock")
+    assert default["discovery"]["kubernetes"]["socket"] == "/tmp/demo-kubelet.sock"
