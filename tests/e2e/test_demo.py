@@ -188,16 +188,21 @@ def test_the_scheduled_rotation_brings_every_incident_and_a_fifteen_minute_check
     assert stall_writing >= stall_ticks - 1  # the stalled write spans the incident, ending with it
 
 
+def log_job(base: str) -> dict:
+    """The demo's training job as /api/v1/jobs shows it ({} until it appears); the discovered job sits beside it."""
+    return next((j for j in get_json(base + "api/v1/jobs")["jobs"] if j["job"] == demo.JOB), {})
+
+
 def test_log_only_demo_gets_mfu_from_the_training_log_alone():
     """--progress logs: no reporter; the job prints torchtitan's lines, the logs source reads MFU from them."""
     with running_demo("--progress", "logs", speed=20) as base:
-        wait_until(lambda: ((get_json(base + "api/v1/jobs")["jobs"] or [{}])[0].get("step") or 0) >= 4, 30, "4 steps")
+        wait_until(lambda: (log_job(base).get("step") or 0) >= 4, 30, "4 steps")
         wait_until(lambda: mfu(base) is not None, 30, "MFU from the log")
         values = metric_samples(base)
         # The log gives the parameter count and sequence length, not the attention shape: 6·P alone, which is
         # 4.24e11 of the 4.88e11 FLOPs per token the API mode counts; torchtitan's own MFU counts attention.
         assert mfu(base) == pytest.approx(0.45 * 6 * 70.6e9 / (6 * 70.6e9 + 12 * 80 * 64 * 128 * 8192), rel=0.1)
         assert values[("mfu_job_framework_mfu_ratio", JOB)] == pytest.approx(0.45, rel=0.1)
-        (job,) = get_json(base + "api/v1/jobs")["jobs"]
+        job = log_job(base)
         assert job["step"] > 0 and job["framework_mfu"] is not None
         assert values[("mfu_exporter_source_up", (("source", "logs"),))] == 1

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from exporter.sim.node import JOB
+from exporter.sim.node import DISCOVERED_JOB, JOB
 from tests.support.dashboards import LABEL_VALUES, dashboards, queries
 from tests.support.demo_harness import get_json, running_demo
 from tests.support.prom_harness import RULE_FILES, SCRAPE_JOB, Prometheus, derived_rules, listening_addresses
@@ -168,7 +168,7 @@ def test_recorded_mfu_matches_the_demos_own(cluster):
     (recorded,) = cluster.prometheus.query(
         f'training_job:mfu_model_flops_utilization:ratio_rate1m{{training_job="{JOB}"}}'
     )
-    (job,) = get_json(cluster.healthy + "api/v1/jobs")["jobs"]
+    (job,) = [j for j in get_json(cluster.healthy + "api/v1/jobs")["jobs"] if j["job"] == JOB]
     assert 0.40 <= job["mfu"] <= 0.47  # 45%, or 5% less while the demo writes a checkpoint
     assert recorded["value"] == pytest.approx(job["mfu"], abs=0.02)
 
@@ -233,7 +233,8 @@ def test_each_incident_is_attributed_to_its_cause_on_the_node_and_across_the_job
     )
 
     def verdict() -> dict | None:
-        (state,) = get_json(cluster.incidents[incident] + "api/v1/jobs")["jobs"]
+        # The demo calls its job JOB; only the scrape relabels it per incident.
+        (state,) = [j for j in get_json(cluster.incidents[incident] + "api/v1/jobs")["jobs"] if j["job"] == JOB]
         return state["bottleneck"] if state["bottleneck"] and state["bottleneck"]["cause"] == cause else None
 
     assert cluster.wait(verdict, f"the job JSON to show {cause}")["evidence"]
@@ -283,10 +284,11 @@ def label_values(cluster: Cluster, query: str, chosen: dict[str, str]) -> set[st
 
 def test_every_dashboard_variable_query_runs_against_prometheus(cluster):
     """Each dashboard's query variables, in their order (instance uses $job, training_job both), as Grafana runs them:
-    with All selected (the allValue regex) every demo and every job shows; with one node selected, only its job."""
+    with All selected (the allValue regex) every demo and every job shows; with one node selected, only its jobs."""
     cluster.wait(lambda: cluster.ever(f'mfu_job_info{{training_job="{JOB}"}}'), "the healthy job's info")
     nodes = {address(base) for base in cluster.bases}
-    jobs = {JOB} | {incident_job(incident) for incident in cluster.incidents}
+    # Every demo node also holds the job that discovery finds on its GPUs 4-7, under one name on every node.
+    jobs = {JOB, DISCOVERED_JOB} | {incident_job(incident) for incident in cluster.incidents}
     wanted = {"job": {SCRAPE_JOB}, "instance": nodes, "training_job": jobs}
     for name, dashboard in dashboards():
         variables = [v for v in dashboard["templating"]["list"] if v["type"] == "query"]
@@ -297,7 +299,7 @@ def test_every_dashboard_variable_query_runs_against_prometheus(cluster):
             assert found == wanted[variable["name"]], f"{name}: ${variable['name']} offers {sorted(found)}"
             chosen[variable["name"]] = variable["allValue"]
         one_node = {"job": promql_regex(SCRAPE_JOB), "instance": promql_regex(address(cluster.healthy))}
-        assert label_values(cluster, variables[-1]["query"], one_node) == {JOB}, name
+        assert label_values(cluster, variables[-1]["query"], one_node) == {JOB, DISCOVERED_JOB}, name
 
 
 def test_every_rule_evaluates_and_nothing_listens_off_loopback(cluster):
