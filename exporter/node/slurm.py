@@ -9,12 +9,12 @@ the slurmstepd cgroup the process runs in. Layouts (SchedMD doc/html/cgroup_v2.s
   ``CgroupSlice``; ``<node>_slurmstepd.scope`` with --enable-multiple-slurmd).
 - cgroup v2, Slurm 26.05 and later: the job directory is the job's SLUID (``.../slurmstepd.scope/s5K1KKYAYG5D00/
   step_0/...``) unless cgroup.conf sets ``CgroupJobIdPaths=yes``. No local file maps a SLUID to the job ID, so the
-  ID is found, in order, (1) in the process's own environment (``SLURM_JOB_ID`` in ``<procfs>/<pid>/environ``: needs
-  the same user or CAP_SYS_PTRACE, which the exporter has as root), (2) in the process title of the step's
-  slurmstepd, ``slurmstepd: [<job>.<step>]`` (the doc's ``systemctl status slurmstepd.scope`` shows it), found
-  through ``<cgroup root>/<job dir>/step_<step>/slurm/cgroup.procs``. When both fail the job is named by its SLUID:
-  what is lost is the numeric ID, so a job whose client names itself by ``SLURM_JOB_ID`` is then a second job,
-  and a name lookup (scontrol) cannot run for it.
+  ID is read from the process title of the step's slurmstepd, ``slurmstepd: [<job>.<step>]`` (the doc's
+  ``systemctl status slurmstepd.scope`` shows it), found through ``<cgroup root>/<job dir>/step_<step>/slurm/
+  cgroup.procs``. The process's own ``SLURM_JOB_ID`` is never read: ``/proc/<pid>/environ`` holds the job's
+  whole environment, tokens and keys included, and the exporter reads no credentials. When the title is not
+  readable the job is named by its SLUID: what is lost is the numeric ID, so a job whose client names itself by
+  ``SLURM_JOB_ID`` is then a second job, and a name lookup (scontrol) cannot run for it.
 - cgroup v1 (deprecated in Slurm): one line per controller, ``<n>:memory:/slurm/uid_<uid>/job_<id>/step_<step>/
   task_<n>`` (``/slurm_<node>`` with --enable-multiple-slurmd).
 
@@ -122,7 +122,7 @@ def _start_time(procfs: str, pid: int) -> str | None:
 class PidJob:
     pid: int
     job: str | None  # the Slurm job ID, or the SLUID when no ID could be found (see module docs)
-    by: str  # "cgroup", "environ", "slurmstepd", "sluid"; or the skip reason when job is None
+    by: str  # "cgroup", "slurmstepd", "sluid"; or the skip reason when job is None
     step: str | None = None
     uid: int | None = None
     sluid: str | None = None
@@ -173,24 +173,10 @@ class ProcessJobs:
             return PidJob(pid, None, "not_slurm")
         if step.job_id is not None:
             return PidJob(pid, step.job_id, "cgroup", step.step, step.uid)
-        job = self._job_id_from_environ(pid)
-        if job is not None:
-            return PidJob(pid, job, "environ", step.step, step.uid, step.sluid)
         job = self._job_id_from_stepd(step)
         if job is not None:
             return PidJob(pid, job, "slurmstepd", step.step, step.uid, step.sluid)
         return PidJob(pid, step.sluid, "sluid", step.step, step.uid, step.sluid)
-
-    def _job_id_from_environ(self, pid: int) -> str | None:
-        try:
-            environ = _read(os.path.join(self.procfs, str(pid), "environ"), 1 << 20)
-        except OSError:
-            return None
-        for entry in environ.split(b"\0"):
-            if entry.startswith(b"SLURM_JOB_ID="):
-                value = entry[len(b"SLURM_JOB_ID=") :].decode("ascii", "replace")
-                return value if value.isdigit() else None
-        return None
 
     def _job_id_from_stepd(self, step: StepCgroup) -> str | None:
         procs = os.path.join(self.cgroup_root, step.job_dir.lstrip("/"), f"step_{step.step}", "slurm", "cgroup.procs")

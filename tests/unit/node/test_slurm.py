@@ -57,9 +57,10 @@ def test_processes_to_jobs_v1_v2_sluid_own_and_vanished(tmp_path):
     cgroot = tmp_path / "cgroup"
     add_process(procfs, 113635, V2)  # GPU 0: job 3385 from its path
     add_process(procfs, 2001, V1)  # GPU 1: job 31, cgroup v1
-    add_process(procfs, 3001, V2_SLUID, environ={"HOME": "/h", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"})  # GPU 2
+    # GPU 2: SLURM_JOB_ID is in its environment, which the exporter never reads (credentials live there).
+    add_process(procfs, 3001, V2_SLUID, environ={"API_TOKEN": "secret", "SLURM_JOB_ID": "4242"})
     sluid2 = "0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_1/user/task_0\n"
-    add_process(procfs, 4001, sluid2)  # GPU 3: no environ; found via slurmstepd
+    add_process(procfs, 4001, sluid2)  # GPU 3: found via slurmstepd
     stepd = cgroot / "system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_1/slurm"
     stepd.mkdir(parents=True)
     (stepd / "cgroup.procs").write_text("4000\n5000\n")  # 4000 is no slurmstepd: the title decides
@@ -78,9 +79,9 @@ def test_processes_to_jobs_v1_v2_sluid_own_and_vanished(tmp_path):
     found = jobs_of_processes(
         {0: [113635], 1: [2001], 2: [3001], 3: [4001], 4: [6001], 5: [7001, 7002], 6: [99999]}, resolver
     )
-    assert found.gpus == {0: {"3385"}, 1: {"31"}, 2: {"4242"}, 3: {"5151"}, 4: {"s0000000000ZZZ"}}
+    assert found.gpus == {0: {"3385"}, 1: {"31"}, 2: {"s5K1KKYAYG5D00"}, 3: {"5151"}, 4: {"s0000000000ZZZ"}}
     assert found.jobs["31"]["uid"] == 1000
-    assert found.jobs["4242"]["by"] == "environ" and found.jobs["5151"]["by"] == "slurmstepd"
+    assert found.jobs["s5K1KKYAYG5D00"]["by"] == "sluid" and found.jobs["5151"]["by"] == "slurmstepd"
     assert found.jobs["s0000000000ZZZ"]["by"] == "sluid"
     assert found.skipped == Counter({"own_container": 1, "not_slurm": 1, "pid_gone": 1})
 
