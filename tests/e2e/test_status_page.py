@@ -2,6 +2,7 @@
 
 import re
 import subprocess
+import threading
 
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.tools import require_tool
@@ -45,15 +46,27 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
             return len(readings) >= 3 and 0.27 < readings[-1] < 0.33 and max(readings[-3:]) - min(readings[-3:]) < 0.003
 
         wait_until(settled, 40, "MFU to settle near 30%", interval=0.5)
-        dom = chromium(tmp_path, base, "--dump-dom")
-        api_mfu = get_json(base + "api/v1/jobs")["jobs"][0]["mfu"]
+        # The page reads the API while the browser runs; what the API said all that time is polled beside it, so
+        # the comparison holds however far a loaded machine lets the simulated job move meanwhile.
+        during, browsing = [readings[-1]], threading.Event()
+
+        def poll():
+            while not browsing.wait(0.05):
+                during.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            dom = chromium(tmp_path, base, "--dump-dom")
+        finally:
+            browsing.set()
+            poller.join()
+        during.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0)
 
         assert int(re.search(r'data-updates="(\d+)"', dom).group(1)) >= 1, "the page never updated itself"
         shown_ratio, shown_text = re.search(r'data-mfu="([0-9.]+)">([0-9.]+)%<', dom).groups()
         assert shown_text == f"{100 * float(shown_ratio):.1f}"  # the figure printed is the one the page received
-        assert (
-            abs(float(shown_ratio) - api_mfu) < 0.01
-        )  # and it is the API's (the job moves a little between the two reads)
+        assert min(during) - 0.005 < float(shown_ratio) < max(during) + 0.005  # and it is one the API gave
         gpu1 = re.search(r"<tr><td[^>]*>1</td>.*?</tr>", dom).group(0)
         assert "hw_thermal_slowdown" in gpu1 and "91 °C" in gpu1
         assert "ens3np0" in dom and "mlx5_2/1" in dom
