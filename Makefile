@@ -22,8 +22,11 @@ run: $(STAMP)
 	$(PY) -m exporter run
 
 # The whole suite CI runs: code checks, then every test (unit and end-to-end), Debian tools installed when root.
+# Test files run in TEST_WORKERS parallel workers (a file stays on one worker: its servers are started once); most of
+# an end-to-end test's time is waiting, so three workers fit two cores. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 3
 test: $(STAMP) system-deps lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Unit tests only: no root, no Debian tools, about a minute.
 test-unit: $(STAMP) lint
