@@ -263,7 +263,7 @@ JOB_SECTION = Section(
 )
 
 LOG_FORMATS = ("auto", "torchtitan", "megatron", "hf", "nemo", "deepspeed", "regex")  # = exporter.logs.FORMATS
-# The groups a regex pattern may name: exporter.logs.regex.GROUPS (a test keeps the two equal).
+# The groups a regex pattern may name (exporter.logs.regex reads this list).
 LOG_REGEX_GROUPS = (
     "step",
     "time",

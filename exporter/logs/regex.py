@@ -11,24 +11,15 @@ from __future__ import annotations
 
 import re
 
+from exporter.config import LOG_PROGRESS_GROUPS, LOG_REGEX_GROUPS
 from exporter.logs.base import Parser, integer, local_time, number
 from exporter.logs.records import Line, Progress, Record
 from exporter.logs.transport import parse_rfc3339
 
-GROUPS = (
-    "step",
-    "time",
-    "tokens_seen",
-    "samples_seen",
-    "tokens_per_second_per_gpu",
-    "samples_per_second",
-    "global_batch",
-    "step_seconds",
-    "tflops_per_gpu",
-    "mfu",
-)
+# The groups a pattern may name are the ones the config accepts: one list, checked when the file is read.
+GROUPS = LOG_REGEX_GROUPS
 # One of these makes a match progress: a step alone gives no tokens, but it can carry tokens from jobs.<job>.
-PROGRESS_GROUPS = ("step", "tokens_seen", "samples_seen", "tokens_per_second_per_gpu", "samples_per_second")
+PROGRESS_GROUPS = LOG_PROGRESS_GROUPS
 
 
 def check_pattern(pattern: str) -> str | None:
