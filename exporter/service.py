@@ -89,13 +89,18 @@ class Service:
         }
 
     async def evaluate_jobs(self) -> None:
-        """Once a second, attribute each job's MFU gap and keep the status page history (cancelled at shutdown)."""
+        """Once a second, the job model's tick (expiry, its log lines), then each job's MFU gap attributed and the
+        status page history kept (cancelled at shutdown). The only writer besides ingest: reads change nothing."""
         while True:
-            self.apply_discovery()
-            now, views = self.clock(), self.jobs.views()
-            self.attribution.evaluate(now, views, self.node_signals())
-            self.history.record(now, views)
+            self.evaluate_once()
             await asyncio.sleep(1.0)
+
+    def evaluate_once(self) -> None:
+        """One tick of ``evaluate_jobs``."""
+        self.apply_discovery()
+        now, views = self.clock(), self.jobs.tick()
+        self.attribution.evaluate(now, views, self.node_signals())
+        self.history.record(now, views)
 
 
 def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
