@@ -15,6 +15,7 @@ from exporter.model.attribution import Attributor, NodeSignals, Thresholds
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
 from exporter.model.jobs import GpuInfo, JobTracker, JobView
+from exporter.model.readings import GpuReading
 from exporter.node.pci import nearest_devices
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
@@ -57,14 +58,10 @@ class Service:
             state = self.daemon.states.get(name)
             return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
 
-        gpu = self.daemon.states.get("gpu")
-        # The GPU readings carry no PCI address; the GPU source's status lists each GPU's, to find its nearest NICs.
-        gpu_status = gpu.snapshot.status.get("gpus", []) if gpu is not None and gpu.snapshot is not None else []
         return NodeSignals(
-            gpus=data("gpu", "gpus"),
+            gpus=data("gpu", "gpus"),  # GpuReadings, with the PCI bus ID that places each GPU near its NICs
             interfaces=data("ethtool", "interfaces"),
             ports=data("rdma", "ports"),
-            gpu_pci_bus_ids={g["index"]: g["pci_bus_id"] for g in gpu_status},
             checkpoint=self.checkpoint_overlap,
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
         )
@@ -115,10 +112,10 @@ def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[
     return inventory
 
 
-def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, dict] | None]:
+def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, GpuReading] | None]:
     """The GPU source's latest readings by GPU index; None while it is down or absent."""
 
-    def readings() -> dict[int, dict] | None:
+    def readings() -> dict[int, GpuReading] | None:
         state = daemon.states.get(source_name)
         if state is None or state.snapshot is None or not state.up:
             return None

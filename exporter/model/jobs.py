@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
 from exporter.model import flops as mfu_math
 from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
+from exporter.model.readings import GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,7 @@ class JobTracker:
         job_ttl: float = 86400.0,
         gpu_inventory: Callable[[], list[GpuInfo] | None] = lambda: None,
         clock: Callable[[], float] = time.time,
-        gpu_readings: Callable[[], dict[int, dict] | None] = lambda: None,
+        gpu_readings: Callable[[], dict[int, GpuReading] | None] = lambda: None,
     ):
         self._configured = configured or {}
         self.window = window

@@ -23,7 +23,7 @@ from exporter.sources.discovery import DiscoverySource
 from exporter.sources.ethtool import EthtoolSource
 from exporter.sources.gpu import THROTTLE_REASONS, GpuSource
 from exporter.sources.rdma import RdmaSource
-from tests.support.helpers import samples as parse_exposition
+from tests.support.expo import samples as parse_exposition
 
 
 class Node:
