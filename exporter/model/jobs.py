@@ -3,7 +3,7 @@
 Progress is cumulative (totals, not deltas), so a lost or repeated report loses nothing and double-counts
 nothing. MFU over the window = FLOPs/token × Δtokens/Δt ÷ (job GPUs here × dense peak), with Δ taken between the
 oldest and newest report inside the window, at least ``REPORT_RESOLUTION_SECONDS`` apart. Nothing here knows about
-HTTP; the server maps ``ValidationError`` to 400 and ``TooManyJobs`` to 429.
+HTTP; its refusals are ``exporter.model.errors.IngestError`` (``ValidationError`` 400, ``TooManyJobs`` 429).
 
 Every number a job's facts and reports lead to is finite: the facts are bounded (``exporter.config``, MAX_*), tokens
 too, and a rate needs a time step of a second or more. An MFU above 1 is more FLOP/s than the GPUs' peak, so one
@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
 from exporter.model import flops as mfu_math
 from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
+from exporter.model.errors import TooManyJobs, ValidationError
 from exporter.model.readings import GpuReading
 
 log = logging.getLogger(__name__)
@@ -43,19 +44,6 @@ RUNNING = "running"
 FACT_KEYS = ("dtype", "gpus", "target_tokens", "peak_tflops", "expected_mfu")
 MODEL_KEYS = ("params", "layers", "heads", "head_dim", "seq_len", "causal_attention")
 FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
-
-
-class ValidationError(Exception):
-    """A bad request body; ``field`` names the offending key (dotted for nested keys)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
-class TooManyJobs(Exception):
-    pass
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from typing import Any, Callable
 from aiohttp import web
 
 from exporter import __version__
-from exporter.model.checkpoints import CheckpointConflict, parse_checkpoint_event
-from exporter.model.jobs import TooManyJobs, ValidationError, parse_progress
+from exporter.model.checkpoints import parse_checkpoint_event
+from exporter.model.errors import IngestError, ValidationError
+from exporter.model.jobs import parse_progress
 from exporter.service import Service
 from exporter.web.security import HTTP_LIMITS, WEB_SECURITY, WebSecurity
 
@@ -69,15 +70,11 @@ async def read_json(request: web.Request) -> Any:
 
 @web.middleware
 async def api_errors(request: web.Request, handler):
-    """Map domain errors to JSON 4xx answers so every API error names its field."""
+    """Map the job model's refusals to JSON 4xx answers, each naming its field; and a body over the limit to 413."""
     try:
         return await handler(request)
-    except ValidationError as exc:
-        return _error(400, exc.message, exc.field)
-    except CheckpointConflict as exc:
-        return _error(409, exc.message, exc.field)
-    except TooManyJobs as exc:
-        return _error(429, str(exc), "job")
+    except IngestError as exc:
+        return _error(exc.status, exc.message, exc.field)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[RUNTIME].config["ingest"]["max_body_bytes"]
         return _error(413, f"the body is larger than the limit of {limit} bytes (ingest.max_body_bytes)")

@@ -75,7 +75,10 @@ async def test_job_cap_gets_429(make_client):
         assert (await client.post("/api/v1/progress", json={"job": name, "tokens_total": 1})).status == 200
     response = await client.post("/api/v1/progress", json={"job": "c", "tokens_total": 1})
     assert response.status == 429
-    assert (await response.json())["field"] == "job"
+    assert (await response.json()) == {
+        "error": "this exporter already tracks 2 running jobs (ingest.max_jobs)",
+        "field": "job",
+    }
 
 
 async def test_openmetrics_and_gzip_are_negotiated(make_client):
