@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -37,6 +38,31 @@ class Service:
     checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
     attribution: Attributor = field(default_factory=Attributor)
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
+    _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
+
+    async def start(self) -> None:
+        """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop."""
+        await self.daemon.start()
+        self._ticking = asyncio.create_task(self.evaluate_jobs(), name="evaluate-jobs")
+
+    async def stop(self) -> None:
+        """Stop the tick, then the sources (each closed in its own worker thread)."""
+        if self._ticking is not None:
+            self._ticking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticking
+            self._ticking = None
+        await self.daemon.stop()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Service]:
+        """``start`` on entry and ``stop`` on exit: the service's lifespan, whoever hosts it (the web app's
+        ``cleanup_ctx``, a test, a benchmark)."""
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.stop()
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
         return self.checkpoints.overlap(job, self.config["mfu"]["window"]) if self.checkpoints else None
