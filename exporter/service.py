@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -15,6 +16,7 @@ from exporter.model.attribution import Attributor, NodeSignals, Thresholds
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
 from exporter.model.jobs import GpuInfo, JobTracker, JobView
+from exporter.model.readings import GpuReading
 from exporter.node.pci import nearest_devices
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
@@ -36,6 +38,31 @@ class Service:
     checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
     attribution: Attributor = field(default_factory=Attributor)
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
+    _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
+
+    async def start(self) -> None:
+        """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop."""
+        await self.daemon.start()
+        self._ticking = asyncio.create_task(self.evaluate_jobs(), name="evaluate-jobs")
+
+    async def stop(self) -> None:
+        """Stop the tick, then the sources (each closed in its own worker thread)."""
+        if self._ticking is not None:
+            self._ticking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticking
+            self._ticking = None
+        await self.daemon.stop()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Service]:
+        """``start`` on entry and ``stop`` on exit: the service's lifespan, whoever hosts it (the web app's
+        ``cleanup_ctx``, a test, a benchmark)."""
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.stop()
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
         return self.checkpoints.overlap(job, self.config["mfu"]["window"]) if self.checkpoints else None
@@ -57,14 +84,10 @@ class Service:
             state = self.daemon.states.get(name)
             return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
 
-        gpu = self.daemon.states.get("gpu")
-        # The GPU readings carry no PCI address; the GPU source's status lists each GPU's, to find its nearest NICs.
-        gpu_status = gpu.snapshot.status.get("gpus", []) if gpu is not None and gpu.snapshot is not None else []
         return NodeSignals(
-            gpus=data("gpu", "gpus"),
+            gpus=data("gpu", "gpus"),  # GpuReadings, with the PCI bus ID that places each GPU near its NICs
             interfaces=data("ethtool", "interfaces"),
             ports=data("rdma", "ports"),
-            gpu_pci_bus_ids={g["index"]: g["pci_bus_id"] for g in gpu_status},
             checkpoint=self.checkpoint_overlap,
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
         )
@@ -89,13 +112,18 @@ class Service:
         }
 
     async def evaluate_jobs(self) -> None:
-        """Once a second, attribute each job's MFU gap and keep the status page history (cancelled at shutdown)."""
+        """Once a second, the job model's tick (expiry, its log lines), then each job's MFU gap attributed and the
+        status page history kept (cancelled at shutdown). The only writer besides ingest: reads change nothing."""
         while True:
-            self.apply_discovery()
-            now, views = self.clock(), self.jobs.views()
-            self.attribution.evaluate(now, views, self.node_signals())
-            self.history.record(now, views)
+            self.evaluate_once()
             await asyncio.sleep(1.0)
+
+    def evaluate_once(self) -> None:
+        """One tick of ``evaluate_jobs``."""
+        self.apply_discovery()
+        now, views = self.clock(), self.jobs.tick()
+        self.attribution.evaluate(now, views, self.node_signals())
+        self.history.record(now, views)
 
 
 def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
@@ -110,10 +138,10 @@ def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[
     return inventory
 
 
-def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, dict] | None]:
+def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, GpuReading] | None]:
     """The GPU source's latest readings by GPU index; None while it is down or absent."""
 
-    def readings() -> dict[int, dict] | None:
+    def readings() -> dict[int, GpuReading] | None:
         state = daemon.states.get(source_name)
         if state is None or state.snapshot is None or not state.up:
             return None

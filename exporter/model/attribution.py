@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.model.jobs import JobView
+from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
@@ -92,10 +93,9 @@ class Verdict:
 class NodeSignals:
     """What this node's sources last saw, in the shapes their snapshots carry (``Snapshot.data``)."""
 
-    gpus: dict[int, dict] = field(default_factory=dict)  # GPU source: index -> readings
-    interfaces: dict[str, Any] = field(default_factory=dict)  # ethtool source: name -> InterfaceReading
-    ports: dict[str, Any] = field(default_factory=dict)  # rdma source: key -> PortReading
-    gpu_pci_bus_ids: dict[int, str] = field(default_factory=dict)  # GPU source: index -> NVML bus ID, to find its NICs
+    gpus: dict[int, GpuReading] = field(default_factory=dict)  # GPU source: index -> reading (with its PCI bus ID)
+    interfaces: dict[str, InterfaceSignal] = field(default_factory=dict)  # ethtool source: name -> InterfaceReading
+    ports: dict[str, PortSignal] = field(default_factory=dict)  # rdma source: "mlx5_0/1" -> PortReading
     checkpoint: Callable[[str], dict | None] = lambda job: None  # the tracker's view of a job's writes
     # (GPU's NVML bus ID, ((RDMA device, PCI address), ...)) -> the devices on the shortest PCIe path from the GPU.
     # The service binds it to the node's sysfs (``exporter.node.pci.nearest_devices``); the default places nothing.
@@ -128,7 +128,8 @@ def job_nics(job_gpus: list[int], signals: NodeSignals) -> JobNics:
     nearest_to: dict[str, list[int]] = {}
     unplaced = []
     for index in job_gpus:
-        bus_id = signals.gpu_pci_bus_ids.get(index)
+        gpu = signals.gpus.get(index)
+        bus_id = gpu.pci_bus_id if gpu is not None else None
         devices = signals.nearest_nics(bus_id, nics) if bus_id and nics else ()
         if not devices:
             unplaced.append(index)
@@ -179,9 +180,9 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[s
     """The cause of a degraded job's gap and the evidence for it, by precedence."""
     indices = view.gpu_indices or sorted(signals.gpus)
     gpus = [signals.gpus[i] for i in indices if i in signals.gpus]
-    lost = [g for g in gpus if g.get("up") is False]
+    lost = [g for g in gpus if not g.up]
     if lost:
-        return "gpu_lost", ", ".join(f"GPU {g.get('index')} ({g.get('uuid', '?')}) is off the bus" for g in lost)
+        return "gpu_lost", ", ".join(f"GPU {g.index} ({g.uuid or '?'}) is off the bus" for g in lost)
     writes = signals.checkpoint(view.name)
     if writes and writes.get("in_progress"):
         return "checkpoint", f"checkpoint {writes['in_progress']} writing for {writes.get('elapsed_seconds') or 0:.0f}s"
@@ -189,17 +190,17 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[s
     if network:
         return "network", network
     for cause, reasons in (("thermal", THERMAL_REASONS), ("power", POWER_REASONS)):
-        hit = [(g, sorted(reasons.intersection(g.get("throttle_reasons") or ()))) for g in gpus]
+        hit = [(g, sorted(reasons.intersection(g.throttle_reasons))) for g in gpus]
         hit = [(g, r) for g, r in hit if r]
         if hit:
             return cause, "; ".join(
-                f"GPU {g.get('index')} throttled: {', '.join(r)}"
-                + (f" at {g['temperature']:.0f} °C" if g.get("temperature") is not None else "")
+                f"GPU {g.index} throttled: {', '.join(r)}"
+                + (f" at {g.temperature:.0f} °C" if g.temperature is not None else "")
                 for g, r in hit
             )
     if view.tokens_per_second == 0:
         return "stalled", "no token progress over the MFU window"
-    utilizations = [g["utilization"] for g in gpus if g.get("utilization") is not None]
+    utilizations = [g.utilization for g in gpus if g.utilization is not None]
     if utilizations and sum(utilizations) / len(utilizations) < limits.idle_utilization:
         return (
             "input",

@@ -4,7 +4,8 @@ Two feeds fill one ``CheckpointTracker``. The ingest API (``POST /api/v1/checkpo
 ``parse_checkpoint_event``) carries the job's own started, finished or failed events with its own times. The
 checkpoint source's directory watches (``exporter.sources.checkpoint``) see writes appear on disk.
 
-Nothing here knows about HTTP or files: bad events raise ``ValidationError`` like progress reports do.
+Nothing here knows about HTTP or files: bad events raise ``ValidationError`` like progress reports do, the late end
+of a write already counted raises ``CheckpointConflict`` (both ``exporter.model.errors.IngestError``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any, Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from exporter.model.jobs import ValidationError, reject_unknown, require_object, validate_job_name, validate_time
+from exporter.model.errors import CheckpointConflict, ValidationError
+from exporter.model.jobs import reject_unknown, require_object, validate_job_name, validate_time
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +55,6 @@ EVENT_FIELDS = ("job", "checkpoint", "phase", "time", "bytes", "duration_seconds
 
 
 API = "api"
-
-
-class CheckpointConflict(Exception):
-    """An event for a write that already ended here (the server answers 409); ``field`` names the key at fault."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from exporter.model.readings import GpuReading
+
 FOUND_BY = ("reported", "config", "kubernetes", "slurm")
 
 
@@ -101,7 +103,7 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def hardware_figures(
-    gpus: Iterable[int] | None, readings: Mapping[int, Mapping[str, Any]] | None, shared: Iterable[int] = ()
+    gpus: Iterable[int] | None, readings: Mapping[int, GpuReading] | None, shared: Iterable[int] = ()
 ) -> HardwareFigures:
     """The job's figures over its GPUs that are up and not shared with another job; with the reason when none is."""
     if readings is None:
@@ -115,13 +117,13 @@ def hardware_figures(
             reason="every GPU of the job is shared with another job (time-slicing or MPS): "
             "device figures cannot be split between them"
         )
-    rows = [readings[i] for i in own if i in readings and readings[i].get("up") is not False]
+    rows = [readings[i] for i in own if i in readings and readings[i].up]
     if not rows:
         return HardwareFigures(reason="none of the job's GPUs is answering NVML")
     figures = HardwareFigures(
-        _mean([r.get("utilization") for r in rows]),
-        _mean([r.get("tensor_active") for r in rows]),
-        _mean([r.get("hardware_flops_utilization") for r in rows]),
+        _mean([r.utilization for r in rows]),
+        _mean([r.tensor_active for r in rows]),
+        _mean([r.hardware_flops_utilization for r in rows]),
         len(rows),
     )
     if figures.headline() is None:

@@ -3,7 +3,7 @@
 Progress is cumulative (totals, not deltas), so a lost or repeated report loses nothing and double-counts
 nothing. MFU over the window = FLOPs/token × Δtokens/Δt ÷ (job GPUs here × dense peak), with Δ taken between the
 oldest and newest report inside the window, at least ``REPORT_RESOLUTION_SECONDS`` apart. Nothing here knows about
-HTTP; the server maps ``ValidationError`` to 400 and ``TooManyJobs`` to 429.
+HTTP; its refusals are ``exporter.model.errors.IngestError`` (``ValidationError`` 400, ``TooManyJobs`` 429).
 
 Every number a job's facts and reports lead to is finite: the facts are bounded (``exporter.config``, MAX_*), tokens
 too, and a rate needs a time step of a second or more. An MFU above 1 is more FLOP/s than the GPUs' peak, so one
@@ -29,6 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
 from exporter.model import flops as mfu_math
 from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
+from exporter.model.errors import TooManyJobs, ValidationError
+from exporter.model.readings import GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +44,6 @@ RUNNING = "running"
 FACT_KEYS = ("dtype", "gpus", "target_tokens", "peak_tflops", "expected_mfu")
 MODEL_KEYS = ("params", "layers", "heads", "head_dim", "seq_len", "causal_attention")
 FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
-
-
-class ValidationError(Exception):
-    """A bad request body; ``field`` names the offending key (dotted for nested keys)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
-class TooManyJobs(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -287,7 +276,7 @@ class JobTracker:
         job_ttl: float = 86400.0,
         gpu_inventory: Callable[[], list[GpuInfo] | None] = lambda: None,
         clock: Callable[[], float] = time.time,
-        gpu_readings: Callable[[], dict[int, dict] | None] = lambda: None,
+        gpu_readings: Callable[[], dict[int, GpuReading] | None] = lambda: None,
     ):
         self._configured = configured or {}
         self.window = window
@@ -347,8 +336,13 @@ class JobTracker:
             if report.state != job.state:
                 self._end(job, report.state, now)
             self.generation += 1
-            # A log source feeds many lines at once and needs no view of each (a view looks the peak up).
-            return self._view(job, now) if view else None
+            # A log source feeds many lines at once and needs no view of each (a view looks the peak up); the
+            # 1 s tick logs its reason then.
+            if not view:
+                return None
+            answer = self._view(job, now)
+            self._warn(answer)
+            return answer
 
     def observe(
         self,
@@ -492,13 +486,47 @@ class JobTracker:
             return list(self._jobs)
 
     def views(self) -> list[JobView]:
+        """Every job as it stands now; a read that changes nothing (scrapes and the status API call it, from the
+        encoder's threads too). A job past ``job_ttl`` is left out, though the tick or the next report forgets it."""
+        now = self._clock()
+        with self._lock:
+            return self._views(now)
+
+    def tick(self) -> list[JobView]:
+        """The 1 s evaluation: forget the jobs past ``job_ttl``, log once each job's new reason for having no MFU,
+        and return the views (``views()`` then). Reads never do this, so a scrape leaves the model as it found it."""
         now = self._clock()
         with self._lock:
             self._expire(now)
-            # Jobs that report first (their formula MFU is the headline), then those only discovered; each in the
-            # order they appeared.
-            ordered = sorted(self._jobs.values(), key=lambda job: not (job.reported or job.touched))
-            return [self._view(job, now) for job in ordered]
+            views = self._views(now)
+            for view in views:
+                self._warn(view)
+            return views
+
+    def _views(self, now: float) -> list[JobView]:
+        # Jobs that report first (their formula MFU is the headline), then those only discovered; each in the order
+        # they appeared.
+        ordered = sorted(
+            (job for job in self._jobs.values() if not self._expired(job, now)),
+            key=lambda job: not (job.reported or job.touched),
+        )
+        return [self._view(job, now) for job in ordered]
+
+    def _expired(self, job: Job, now: float) -> bool:
+        # A job discovery still finds holds GPUs here: it does not expire for want of reports.
+        return job.discovered is None and now - max(job.last_arrival, job.created) > self.job_ttl
+
+    def _warn(self, view: JobView) -> None:
+        """Log a running job's reason for having no MFU, once per job and reason. Per job: two jobs without params
+        each deserve a line, though the reason reads the same. A job only discovered has no formula MFU by nature
+        (its hardware figures stand in): nothing to warn about."""
+        if (
+            not (view.reason and view.running and "reported" in view.found_by)
+            or (view.name, view.reason) in self._warned
+        ):
+            return
+        self._warned.add((view.name, view.reason))
+        log.warning("job %s: no MFU: %s", view.name, view.reason)
 
     def _expire(self, now: float) -> None:
         # Every report comes here: skip the pass over the jobs while even the oldest arrival seen at the last pass is
@@ -507,12 +535,7 @@ class JobTracker:
         scanned_at, oldest = self._expiry_bound
         if scanned_at <= now and now - oldest <= self.job_ttl:
             return
-        # A job discovery still finds holds GPUs here: it does not expire for want of reports.
-        expired = [
-            n
-            for n, j in self._jobs.items()
-            if j.discovered is None and now - max(j.last_arrival, j.created) > self.job_ttl
-        ]
+        expired = [name for name, job in self._jobs.items() if self._expired(job, now)]
         for name in expired:
             del self._jobs[name]
             self.generation += 1
@@ -622,11 +645,6 @@ class JobTracker:
                 implausible, utilization = utilization, None
         if not running:
             reason = f"the job {job.state}: MFU is measured while a job runs"
-        # Per job: two jobs without params each deserve a line, though the reason reads the same. A job only
-        # discovered has no formula MFU by nature (its hardware figures stand in): nothing to warn about.
-        elif reason and (job.reported or job.touched) and (job.name, reason) not in self._warned:
-            self._warned.add((job.name, reason))
-            log.warning("job %s: no MFU: %s", job.name, reason)
         framework = job.framework_mfu
         if framework is None and job.framework_tflops_per_gpu is not None and peak and count:
             # Megatron and NeMo print their FLOPs count as TFLOP/s per GPU, not an MFU: over our per-GPU peak.

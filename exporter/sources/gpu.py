@@ -17,7 +17,9 @@ re-initialisations.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import operator
 import re
 import time
 from collections import Counter
@@ -29,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.model.flops import gpu_model
 from exporter.model.jobs import GpuInfo
+from exporter.model.readings import GpuReading
 from exporter.sources.base import Snapshot, SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -118,11 +121,9 @@ COUNTERS = (
     ("mfu_gpu_pcie_receive_bytes", "PCIe bytes received by the GPU.", "pcie_receive_bytes"),
 )
 
-READING_KEYS = tuple(key for _, _, key in GAUGES + COUNTERS) + (
-    "ecc_corrected",
-    "ecc_uncorrected",
-    "clocks_event_reasons",
-)
+# A reading's figures (every GAUGES and COUNTERS key among them): the GpuReading fields that are None until NVML
+# gives them. A sample fills a dict of them, then builds the reading.
+READING_KEYS = tuple(f.name for f in dataclasses.fields(GpuReading) if f.default is None)
 
 GPM_NOT_SUPPORTED = "not supported by this GPU (NVML GPM needs Hopper or newer)"
 GPM_MIG = "not read in MIG mode (GPM is per GPU instance there; per-instance metrics are not implemented)"
@@ -297,7 +298,7 @@ class GpuSource:
             data={"inventory": self._inventory, "gpus": {gpu.index: reading for gpu, reading, _ in rows}},
         )
 
-    def _sample_gpu(self, gpu: _Gpu, now: float) -> dict[str, Any]:
+    def _sample_gpu(self, gpu: _Gpu, now: float) -> GpuReading:
         nvml, handle, call = self._nvml, gpu.handle, self._call
         mig = call(gpu, "mig_mode", nvml.nvmlDeviceGetMigMode, handle)
         if mig is not None and bool(mig[0]) != gpu.mig:
@@ -305,16 +306,7 @@ class GpuSource:
         if not gpu.planned:
             self._plan(gpu)
         reading = self._blank.copy()
-        reading.update(
-            index=gpu.index,
-            uuid=gpu.uuid,
-            name=gpu.name,
-            up=True,
-            mig=gpu.mig,
-            throttle_reasons=[],
-            xid_count=gpu.xid_total,
-            sm_clock_max_hz=gpu.sm_clock_max_hz,
-        )
+        reading["sm_clock_max_hz"] = gpu.sm_clock_max_hz
         utilization = call(gpu, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
         if utilization is not None:
             reading["utilization"] = utilization.gpu / 100
@@ -341,7 +333,9 @@ class GpuSource:
         mask = call(gpu, "clocks_event_reasons", self._clock_event_reasons, handle)
         if mask is not None:
             reading["clocks_event_reasons"] = mask
-            reading["throttle_reasons"] = decode_throttle_reasons(mask)
+            throttle_reasons = tuple(decode_throttle_reasons(mask))
+        else:
+            throttle_reasons = ()
         for key, error_type in (
             ("ecc_corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
             ("ecc_uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
@@ -355,20 +349,20 @@ class GpuSource:
         tensor, sm_clock = reading["tensor_active"], reading["sm_clock_hz"]
         if tensor is not None and sm_clock is not None and gpu.peak_clock_hz:
             reading["hardware_flops_utilization"] = tensor * sm_clock / gpu.peak_clock_hz
-        return reading
-
-    def _down_reading(self, gpu: _Gpu) -> dict[str, Any]:
-        reading = self._blank.copy()
-        reading.update(
-            index=gpu.index,
-            uuid=gpu.uuid,
-            name=gpu.name,
-            up=False,
+        return GpuReading(
+            gpu.index,
+            gpu.uuid,
+            gpu.name,
+            gpu.pci_bus_id,
+            up=True,
             mig=gpu.mig,
-            throttle_reasons=[],
+            throttle_reasons=throttle_reasons,
             xid_count=gpu.xid_total,
+            **reading,
         )
-        return reading
+
+    def _down_reading(self, gpu: _Gpu) -> GpuReading:
+        return GpuReading(gpu.index, gpu.uuid, gpu.name, gpu.pci_bus_id, up=False, mig=gpu.mig, xid_count=gpu.xid_total)
 
     # --- NVML calls -----------------------------------------------------------------------------------------
 
@@ -730,23 +724,23 @@ class GpuSource:
                     "uuid": gpu.uuid,
                     "name": gpu.name,
                     "pci_bus_id": gpu.pci_bus_id,
-                    "up": reading["up"],
+                    "up": reading.up,
                     "lost_reason": gpu.lost_reason,
                     "mig": gpu.mig,
                     "gpm": gpu.gpm_note,
                     "unsupported": dict(gpu.unsupported),
                     "xid_errors": gpu.xid_total,
                     # the readings the status page shows
-                    "utilization": reading["utilization"],
-                    "tensor_active": reading["tensor_active"],
-                    "hardware_flops_utilization": reading["hardware_flops_utilization"],
-                    "sm_clock_hz": reading["sm_clock_hz"],
-                    "temperature_celsius": reading["temperature"],
-                    "power_watts": reading["power_watts"],
-                    "throttle": reading["throttle_reasons"],
+                    "utilization": reading.utilization,
+                    "tensor_active": reading.tensor_active,
+                    "hardware_flops_utilization": reading.hardware_flops_utilization,
+                    "sm_clock_hz": reading.sm_clock_hz,
+                    "temperature_celsius": reading.temperature,
+                    "power_watts": reading.power_watts,
+                    "throttle": list(reading.throttle_reasons),
                 }
             )
-            if not reading["up"]:
+            if not reading.up:
                 notes.setdefault(
                     f"lost ({gpu.lost_reason}); NVML is re-initialised every {self.retry_interval:g}s to find it", []
                 ).append(gpu.index)
@@ -786,13 +780,16 @@ def _field_number(value: Any) -> float:
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
+_FIGURE = {key: operator.attrgetter(key) for key in READING_KEYS}
+
+
 def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
     """Metric families of one snapshot; a lost GPU keeps only its identity, ``mfu_gpu_up`` 0 and its Xid counts."""
     gpu_label = ["gpu"]
     info = InfoMetricFamily("mfu_gpu", "Identity of each GPU NVML has shown this exporter.", labels=gpu_label)
     up = GaugeMetricFamily("mfu_gpu_up", "1 while the GPU answers NVML, 0 once it is lost.", labels=gpu_label)
-    gauges = [(GaugeMetricFamily(name, text, labels=gpu_label), key) for name, text, key in GAUGES]
-    counters = [(CounterMetricFamily(name, text, labels=gpu_label), key) for name, text, key in COUNTERS]
+    gauges = [(GaugeMetricFamily(name, text, labels=gpu_label), _FIGURE[key]) for name, text, key in GAUGES]
+    counters = [(CounterMetricFamily(name, text, labels=gpu_label), _FIGURE[key]) for name, text, key in COUNTERS]
     throttle = GaugeMetricFamily(
         "mfu_gpu_throttle_active", "1 while this clock-event reason holds the SM clock down.", labels=["gpu", "reason"]
     )
@@ -809,26 +806,26 @@ def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
     )
     for gpu, reading, xid_rows in rows:
         info.add_metric(gpu.labels, gpu.identity)
-        up.add_metric(gpu.labels, 1.0 if reading["up"] else 0.0)
+        up.add_metric(gpu.labels, 1.0 if reading.up else 0.0)
         for labels, count in xid_rows:
             xid.add_metric(labels, count)
-        if not reading["up"]:
+        if not reading.up:
             continue
-        for family, key in gauges:
-            value = reading[key]
+        for family, figure in gauges:
+            value = figure(reading)
             if value is not None:
                 family.add_metric(gpu.labels, value)
-        for family, key in counters:
-            value = reading[key]
+        for family, figure in counters:
+            value = figure(reading)
             if value is not None:
                 family.add_metric(gpu.labels, value)
-        mask = reading["clocks_event_reasons"]
+        mask = reading.clocks_event_reasons
         if mask is not None:
             for labels, (_, bit) in zip(gpu.throttle_labels, THROTTLE_REASONS):
                 throttle.add_metric(labels, 1.0 if mask & bit else 0.0)
-        for labels, key in zip(gpu.ecc_labels, ("ecc_corrected", "ecc_uncorrected")):
-            if reading[key] is not None:
-                ecc.add_metric(labels, reading[key])
+        for labels, value in zip(gpu.ecc_labels, (reading.ecc_corrected, reading.ecc_uncorrected)):
+            if value is not None:
+                ecc.add_metric(labels, value)
         for labels, flops in gpu.peak_rows:
             peak.add_metric(labels, flops)
     yield info

@@ -9,20 +9,20 @@ import math
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
 from exporter import __version__
-from exporter.model.checkpoints import CheckpointConflict, parse_checkpoint_event
-from exporter.model.jobs import TooManyJobs, ValidationError, parse_progress
+from exporter.model.checkpoints import parse_checkpoint_event
+from exporter.model.errors import IngestError, ValidationError
+from exporter.model.jobs import parse_progress
 from exporter.service import Service
 from exporter.web.security import HTTP_LIMITS, WEB_SECURITY, WebSecurity
 
 log = logging.getLogger(__name__)
 
 RUNTIME = web.AppKey("runtime", Service)
-JOBS_TASK = web.AppKey("jobs_task", asyncio.Task)
 
 
 def _error(status: int, message: str, field: str | None = None) -> web.Response:
@@ -69,15 +69,11 @@ async def read_json(request: web.Request) -> Any:
 
 @web.middleware
 async def api_errors(request: web.Request, handler):
-    """Map domain errors to JSON 4xx answers so every API error names its field."""
+    """Map the job model's refusals to JSON 4xx answers, each naming its field; and a body over the limit to 413."""
     try:
         return await handler(request)
-    except ValidationError as exc:
-        return _error(400, exc.message, exc.field)
-    except CheckpointConflict as exc:
-        return _error(409, exc.message, exc.field)
-    except TooManyJobs as exc:
-        return _error(429, str(exc), "job")
+    except IngestError as exc:
+        return _error(exc.status, exc.message, exc.field)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[RUNTIME].config["ingest"]["max_body_bytes"]
         return _error(413, f"the body is larger than the limit of {limit} bytes (ingest.max_body_bytes)")
@@ -133,7 +129,21 @@ async def status_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html")
 
 
+async def service_lifespan(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: the service samples and ticks from the app's startup to its cleanup."""
+    async with app[RUNTIME].running():
+        yield
+
+
+async def security_lifespan(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: the password checker's threads end with the app."""
+    yield
+    await app[WEB_SECURITY].close()
+
+
 def create_app(runtime: Service, security: WebSecurity | None = None) -> web.Application:
+    """The routes and middlewares over ``runtime``; its resources start and stop with the app through
+    ``cleanup_ctx`` (aiohttp's lifespan), so nothing runs until the app starts."""
     # From the config unless a test injects one; a bad web config raises ConfigError here, so exit 2 at start.
     security = security or WebSecurity.from_config(runtime.config)
     app = web.Application(
@@ -141,8 +151,8 @@ def create_app(runtime: Service, security: WebSecurity | None = None) -> web.App
     )
     app[RUNTIME] = runtime
     app[WEB_SECURITY] = security
+    app.cleanup_ctx.extend((security_lifespan, service_lifespan))
     app.on_response_prepare.append(security.add_headers)
-    app.on_cleanup.append(security.close)
     app.router.add_get("/", status_page)
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/metrics", metrics)
@@ -152,17 +162,6 @@ def create_app(runtime: Service, security: WebSecurity | None = None) -> web.App
     app.router.add_post("/api/v1/checkpoints", post_checkpoint)
     app.router.add_get("/api/v1/jobs", get_jobs)
     app.router.add_get("/api/v1/status", get_status)
-
-    async def start_daemon(app: web.Application) -> None:
-        await runtime.daemon.start()
-        app[JOBS_TASK] = asyncio.create_task(runtime.evaluate_jobs())
-
-    async def stop_daemon(app: web.Application) -> None:
-        app[JOBS_TASK].cancel()
-        await runtime.daemon.stop()
-
-    app.on_startup.append(start_daemon)
-    app.on_cleanup.append(stop_daemon)
     return app
 
 

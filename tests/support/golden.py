@@ -98,9 +98,7 @@ async def full_node(root: Path) -> Service:
         for index, job in enumerate(fixture.JOBS):
             body = fixture.progress_report(index, job, step * fixture.TOKENS_PER_REPORT, step)
             service.jobs.report(parse_progress({**body, "time": clock.now}, clock.now))
-    tick = asyncio.create_task(service.evaluate_jobs())
-    await asyncio.sleep(0)  # the tick's first pass runs up to its one-second sleep
-    tick.cancel()
+    service.evaluate_once()  # one pass of the 1 s tick
     return service
 
 

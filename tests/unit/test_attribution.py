@@ -8,6 +8,7 @@ import pytest
 
 from exporter.model.attribution import CAUSES, Attributor, NodeSignals, Thresholds
 from exporter.model.jobs import JobView
+from exporter.model.readings import GpuReading
 from exporter.node.counters import Changes
 from exporter.node.pci import nearest_devices
 from exporter.node.rdma import RdmaPort, discover_ports
@@ -37,15 +38,10 @@ def job(mfu=0.2, rate=1000.0, expected=0.45, gpus=8, indices=tuple(range(8)), na
 
 
 def gpu(index, **readings):
-    return {
-        "index": index,
-        "uuid": f"GPU-{index}",
-        "up": True,
-        "utilization": 0.95,
-        "throttle_reasons": [],
-        "temperature": 65.0,
-        **readings,
-    }
+    """A GPU source reading: busy, cool, not throttled, at the bus ID of the fake NVML's H100 of that index."""
+    figures = {"utilization": 0.95, "temperature": 65.0, **readings}
+    figures["throttle_reasons"] = tuple(figures.get("throttle_reasons", ()))
+    return GpuReading(index, f"GPU-{index}", h100(index).name, h100(index).pci_bus_id, **figures)
 
 
 def healthy_gpus(**overrides):
@@ -168,7 +164,7 @@ def test_overlapping_causes_resolve_by_precedence():
         checkpoint=lambda job: {"in_progress": "step-1", "elapsed_seconds": 1},
     )
     assert verdict(job(), everything)[1].cause == "gpu_lost"
-    everything.gpus[3]["up"] = True
+    everything.gpus[3] = gpu(3)
     assert verdict(job(), everything)[1].cause == "checkpoint"
     everything.checkpoint = lambda job: None
     assert verdict(job(), everything)[1].cause == "network"
@@ -191,7 +187,6 @@ def test_a_job_watches_the_nics_on_its_gpus_pcie_switches(tmp_path):
     signals = NodeSignals(
         gpus=healthy_gpus(),
         ports=ports,
-        gpu_pci_bus_ids={i: h100(i).pci_bus_id for i in range(8)},
         nearest_nics=functools.partial(nearest_devices, str(node.sys)),
         interfaces={"eth2": nic("eth2", rdma_ports=("mlx5_2/1",), rx_prio3_pause_duration=450_000)},
     )

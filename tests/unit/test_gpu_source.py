@@ -150,12 +150,13 @@ def test_eight_healthy_h100s_export_every_series_in_base_units():
     assert snapshot.status["notes"] == []
     assert snapshot.data["inventory"] == [GpuInfo(i, fake.h100(i).uuid, "NVIDIA H100 80GB HBM3") for i in range(8)]
     reading = snapshot.data["gpus"][0]
-    assert reading["up"] is True and reading["xid_count"] == 0 and reading["throttle_reasons"] == ["sw_power_cap"]
+    assert reading.up is True and reading.xid_count == 0 and reading.throttle_reasons == ("sw_power_cap",)
+    assert reading.pci_bus_id == info.pci_bus_id  # what places the GPU near its NICs, for the attribution
     assert (
-        reading["utilization"],
-        reading["tensor_active"],
-        reading["sm_clock_hz"],
-        reading["temperature"],
+        reading.utilization,
+        reading.tensor_active,
+        reading.sm_clock_hz,
+        reading.temperature,
     ) == pytest.approx((0.97, 0.55, 1830e6, 71))
     shown = snapshot.status["gpus"][0]  # what the status page draws
     assert (shown["up"], shown["gpm"], shown["throttle"]) == (True, "active", ["sw_power_cap"])
@@ -239,7 +240,7 @@ def test_mixed_node_series_peaks_and_notes():
         "GPUs 2, 3: no tensor/SM/DRAM activity series: GPM not supported by this GPU (NVML GPM needs Hopper or newer)"
         in snapshot.status["notes"]
     )
-    assert snapshot.data["gpus"][3]["tensor_active"] is None
+    assert snapshot.data["gpus"][3].tensor_active is None
     assert snapshot.errors == {}
 
 
@@ -375,7 +376,7 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(lose):
     ) in values
     assert snapshot.errors["gpu_lost"] == 1
     assert len(snapshot.data["inventory"]) == 4
-    assert snapshot.data["gpus"][2]["up"] is False
+    assert snapshot.data["gpus"][2].up is False
     assert any(note.startswith("GPU 2: lost") for note in snapshot.status["notes"])
 
     assert node.tick(10).errors == {}  # counted once per loss, not every cycle
@@ -388,14 +389,14 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(lose):
     _, values = exposition(snapshot)
     assert values[("mfu_gpu_up", gpu(2))] == 0
     # NVML now numbers the GPU that was 3 as 2; the label follows the UUID, not NVML's index
-    assert snapshot.data["gpus"][3]["uuid"] == fake.h100(3).uuid and snapshot.data["gpus"][3]["up"] is True
+    assert snapshot.data["gpus"][3].uuid == fake.h100(3).uuid and snapshot.data["gpus"][3].up is True
 
     node.nvml.gpus[2].lost = False  # back on the bus
     node.tick(10)
     snapshot = node.tick(25)
     _, values = exposition(snapshot)
     assert {values[("mfu_gpu_up", gpu(i))] for i in range(4)} == {1}
-    assert snapshot.data["gpus"][2]["uuid"] == fake.h100(2).uuid
+    assert snapshot.data["gpus"][2].uuid == fake.h100(2).uuid
     assert node.nvml.live_gpm_samples == 8  # the samples of the old session were freed
     assert node.tick(100).status["notes"] == []
     assert node.nvml.calls["nvmlInit"] == inits + 2  # nothing missing: no more re-initialisation
@@ -422,7 +423,7 @@ def test_xid_events_are_counted_once_each_including_the_one_a_lost_gpu_leaves():
     snapshot = node.tick()
     _, values = exposition(snapshot)
     assert series_of(values, "mfu_gpu_xid_errors_total") == {gpu(1, xid="13"): 2, gpu(1, xid="31"): 1}
-    assert snapshot.data["gpus"][1]["xid_count"] == 3
+    assert snapshot.data["gpus"][1].xid_count == 3
     _, values = exposition(node.tick())
     assert series_of(values, "mfu_gpu_xid_errors_total") == {gpu(1, xid="13"): 2, gpu(1, xid="31"): 1}
     node.nvml.lose(3)
@@ -488,7 +489,7 @@ def test_throttle_bitmask_decoding():
     throttle = series_of(exposition(snapshot)[1], "mfu_gpu_throttle_active")
     assert {dict(k)["reason"] for k, v in throttle.items() if v == 1} == {"hw_slowdown", "hw_power_brake"}
     assert len(throttle) == 7
-    assert snapshot.data["gpus"][0]["throttle_reasons"] == ["hw_slowdown", "hw_power_brake"]
+    assert snapshot.data["gpus"][0].throttle_reasons == ("hw_slowdown", "hw_power_brake")
 
 
 def test_old_driver_without_clocks_event_reasons_falls_back_to_throttle_reasons():
@@ -496,7 +497,7 @@ def test_old_driver_without_clocks_event_reasons_falls_back_to_throttle_reasons(
     node.nvml.gpus[0].fail["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     node.nvml.gpus[0].clocks_event_reasons = 0x20
     node.tick()
-    assert node.tick().data["gpus"][0]["throttle_reasons"] == ["sw_thermal_slowdown"]
+    assert node.tick().data["gpus"][0].throttle_reasons == ("sw_thermal_slowdown",)
     assert node.nvml.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
 
 
@@ -527,12 +528,12 @@ def test_gpm_samples_stay_at_least_100ms_apart():
     assert node.nvml.calls["nvmlGpmMetricsGet"] == 0
     node.nvml.gpus[0].set_activity(40)
     snapshot = node.tick(0.5)
-    assert snapshot.data["gpus"][0]["tensor_active"] == pytest.approx(0.40)
+    assert snapshot.data["gpus"][0].tensor_active == pytest.approx(0.40)
     node.nvml.gpus[0].set_activity(80)
     snapshot = node.tick(0.05)  # too soon for a new GPM sample: the last values stand
     assert node.nvml.calls["nvmlGpmMetricsGet"] == 1
-    assert snapshot.data["gpus"][0]["tensor_active"] == pytest.approx(0.40)
-    assert node.tick(0.06).data["gpus"][0]["tensor_active"] == pytest.approx(0.80)
+    assert snapshot.data["gpus"][0].tensor_active == pytest.approx(0.40)
+    assert node.tick(0.06).data["gpus"][0].tensor_active == pytest.approx(0.80)
 
 
 def test_gpm_metric_a_gpu_lacks_is_absent_and_dropped_from_the_request():
@@ -575,15 +576,15 @@ def test_mig_gpu_reports_identity_and_what_works_and_says_why():
     ):
         assert gpu(1) in series_of(values, name), name
     assert values[("mfu_gpu_up", gpu(1))] == 1
-    assert snapshot.data["gpus"][1]["mig"] is True and snapshot.data["gpus"][1]["utilization"] is None
+    assert snapshot.data["gpus"][1].mig is True and snapshot.data["gpus"][1].utilization is None
     assert any(note.startswith("GPU 1: in MIG mode") for note in snapshot.status["notes"])
     assert snapshot.errors == {}
 
     nvml.gpus[1].mig_mode = 0  # MIG disabled: utilization and GPM come back
     node.tick()
     snapshot = node.tick()
-    assert snapshot.data["gpus"][1]["utilization"] == 0.0
-    assert snapshot.data["gpus"][1]["tensor_active"] is not None
+    assert snapshot.data["gpus"][1].utilization == 0.0
+    assert snapshot.data["gpus"][1].tensor_active is not None
     assert snapshot.status["notes"] == []
 
 

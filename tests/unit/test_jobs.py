@@ -182,7 +182,7 @@ class EveryPass(JobTracker):
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["report", "touch", "views", "names"]),
+            st.sampled_from(["report", "touch", "views", "tick", "names"]),
             st.sampled_from(["a", "b", "c"]),
             st.sampled_from([0.0, 0.5, 3.0, 10.0, 10.5, 25.0, -4.0, -30.0]),  # clock steps, backwards too
         ),
@@ -202,8 +202,38 @@ def test_jobs_expire_when_they_did_when_every_report_looked_at_every_job(operati
                 jobs.touch(job)
             elif operation == "views":
                 outcomes.append([view.name for view in jobs.views()])
+            elif operation == "tick":
+                outcomes.append([view.name for view in jobs.tick()])
             outcomes.append((jobs.names(), jobs.generation))
         assert outcomes[: len(outcomes) // 2] == outcomes[len(outcomes) // 2 :]
+
+
+def test_views_change_nothing_and_the_tick_forgets_expired_jobs(caplog):
+    clock = Clock()
+    jobs = JobTracker(gpu_inventory=eight_h100, job_ttl=100, clock=clock)
+    jobs.report(report(job="a"), view=False)  # as a log source feeds it: no view, so no line yet
+    jobs.report(report(job="b", model={"params": "7B"}))
+    clock.now += 50
+    jobs.report(report(job="b", model={"params": "7B"}, tokens=1000))
+    clock.now += 51  # a is past job_ttl, b is not
+    generation = jobs.generation
+    with caplog.at_level("WARNING", logger="exporter.model.jobs"):
+        caplog.clear()
+        for _ in range(3):
+            assert [view.name for view in jobs.views()] == ["b"]  # a is left out of every read...
+        assert (jobs.names(), jobs.generation, caplog.records) == (["a", "b"], generation, [])  # ...and stays
+        assert [view.name for view in jobs.tick()] == ["b"]
+    assert jobs.names() == ["b"] and jobs.generation == generation + 1
+    jobs.report(report(job="c"), view=False)
+    with caplog.at_level("WARNING", logger="exporter.model.jobs"):
+        caplog.clear()
+        jobs.views()
+        assert caplog.records == []  # a read logs nothing, the tick does, once
+        jobs.tick()
+        jobs.tick()
+    assert [r.getMessage() for r in caplog.records] == [
+        "job c: no MFU: model params unknown: send model.params in a progress report or set jobs.<name>.params"
+    ]
 
 
 @pytest.mark.parametrize(

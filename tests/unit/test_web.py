@@ -6,7 +6,10 @@ import time
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
+from exporter.config import validate
+from exporter.service import build_service
 from exporter.sources.base import SourceUnavailable
+from exporter.web.app import create_app
 from tests.support.expo import samples
 from tests.support.tools import require_tool
 from tests.support.wait import wait_for
@@ -75,7 +78,10 @@ async def test_job_cap_gets_429(make_client):
         assert (await client.post("/api/v1/progress", json={"job": name, "tokens_total": 1})).status == 200
     response = await client.post("/api/v1/progress", json={"job": "c", "tokens_total": 1})
     assert response.status == 429
-    assert (await response.json())["field"] == "job"
+    assert (await response.json()) == {
+        "error": "this exporter already tracks 2 running jobs (ingest.max_jobs)",
+        "field": "job",
+    }
 
 
 async def test_openmetrics_and_gzip_are_negotiated(make_client):
@@ -178,3 +184,19 @@ async def test_exposition_passes_promtool_check_metrics(make_client):
     body = await (await client.get("/metrics")).read()
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+async def test_the_service_starts_with_the_app_and_stops_with_it(aiohttp_client, scripted_source):
+    """create_app only composes: the sampler and the 1 s tick start with the app (its cleanup_ctx) and end with it."""
+
+    def ticking():
+        return [task for task in asyncio.all_tasks() if task.get_name() == "evaluate-jobs" and not task.done()]
+
+    runtime = build_service(validate({}), [scripted_source])
+    app = create_app(runtime)
+    assert (runtime.daemon.first_cycle_done, ticking(), scripted_source.calls) == (None, [], 0)
+    client = await aiohttp_client(app)
+    assert len(ticking()) == 1
+    await wait_for(lambda: scripted_source.calls >= 1, 5, "a sample once the app started")
+    await client.close()
+    assert ticking() == [] and scripted_source.closed  # the tick cancelled, the sources closed
