@@ -200,3 +200,17 @@ async def test_the_service_starts_with_the_app_and_stops_with_it(aiohttp_client,
     await wait_for(lambda: scripted_source.calls >= 1, 5, "a sample once the app started")
     await client.close()
     assert ticking() == [] and scripted_source.closed  # the tick cancelled, the sources closed
+
+
+async def test_process_metrics_are_the_daemons_only_and_served_once():
+    """build_service renders no process_* (the golden rendering stays deterministic); the daemon adds them once."""
+    runtime = build_service(validate({}), [])
+    body, _ = await runtime.cache.render(None, None)
+    assert b"process_" not in body
+    runtime.export_process_metrics()
+    runtime.export_process_metrics()  # serve() on the same service again adds nothing twice
+    runtime.jobs.generation += 1  # a new body, not the one cached above
+    body, _ = await runtime.cache.render(None, None)
+    lines = body.decode().splitlines()
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes"):
+        assert sum(line.startswith(name + " ") for line in lines) == 1, name
