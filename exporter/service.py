@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -24,6 +25,8 @@ from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
 from exporter.sources.logs import LogsSource, discovered_pods_from
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,7 +129,11 @@ class Service:
         """Once a second, the job model's tick (expiry, its log lines), then each job's MFU gap attributed and the
         status page history kept (cancelled at shutdown). The only writer besides ingest: reads change nothing."""
         while True:
-            self.evaluate_once()
+            try:
+                self.evaluate_once()
+            except Exception:
+                # Jobs expire here only: one bad pass (a bug in a figure) must not end expiry for good.
+                log.exception("the 1 s job evaluation failed; trying again in a second")
             await asyncio.sleep(1.0)
 
     def evaluate_once(self) -> None:
