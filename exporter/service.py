@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
 from exporter.model.attribution import Attributor, NodeSignals, Thresholds
@@ -25,6 +26,8 @@ from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
 from exporter.sources.logs import LogsSource, discovered_pods_from
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Service:
@@ -38,7 +41,9 @@ class Service:
     checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
     attribution: Attributor = field(default_factory=Attributor)
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
+    collector: ExporterCollector | None = None  # the registry's one collector, for parts added later
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
+    _process_metrics: bool = field(default=False, init=False, repr=False)
 
     async def start(self) -> None:
         """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop."""
@@ -63,6 +68,15 @@ class Service:
             yield self
         finally:
             await self.stop()
+
+    def export_process_metrics(self) -> None:
+        """Add client_python's ProcessCollector to /metrics: the daemon's own CPU seconds, resident and virtual
+        memory, open and maximum file descriptors and start time, under its standard ``process_`` names. The daemon
+        calls this (``web.app.serve``); build_service does not, so the golden rendering of the fixture node stays
+        the same from run to run. It reads this process's own /proc/self, never ``--path.procfs`` (the host's)."""
+        if self.collector is not None and not self._process_metrics:
+            self.collector.add(ProcessCollector(registry=None).collect)
+            self._process_metrics = True
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
         return self.checkpoints.overlap(job, self.config["mfu"]["window"]) if self.checkpoints else None
@@ -115,7 +129,11 @@ class Service:
         """Once a second, the job model's tick (expiry, its log lines), then each job's MFU gap attributed and the
         status page history kept (cancelled at shutdown). The only writer besides ingest: reads change nothing."""
         while True:
-            self.evaluate_once()
+            try:
+                self.evaluate_once()
+            except Exception:
+                # Jobs expire here only: one bad pass (a bug in a figure) must not end expiry for good.
+                log.exception("the 1 s job evaluation failed; trying again in a second")
             await asyncio.sleep(1.0)
 
     def evaluate_once(self) -> None:
@@ -183,4 +201,5 @@ def build_service(
         checkpoints=checkpoints,
         attribution=attribution,
         paths=paths or Paths(),
+        collector=collector,
     )

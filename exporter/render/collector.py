@@ -28,6 +28,10 @@ class ExporterCollector(Collector):
         self._extra = list(extra)
         self._clock = clock
 
+    def add(self, part: Callable[[], Iterable[Metric]]) -> None:
+        """Families to yield after the others, from a call that may give new ones each time."""
+        self._extra.append(part)
+
     def describe(self) -> list:
         # Registration must not touch any source (NVML could hang); an empty description skips the collision check.
         return []

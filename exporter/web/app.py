@@ -179,6 +179,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    runtime.export_process_metrics()  # the daemon's own CPU and memory, beside what it measures
     app = create_app(runtime)
     security = app[WEB_SECURITY]
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None, **HTTP_LIMITS)

@@ -323,7 +323,7 @@ def metric_names(expr: str) -> set[str]:
     }
 
 
-DOC_ROW = re.compile(r"^\|\s*`(mfu_[a-z0-9_]+)`\s*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|")
+DOC_ROW = re.compile(r"^\|\s*`((?:mfu|process)_[a-z0-9_]+)`\s*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 

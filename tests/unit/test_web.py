@@ -200,3 +200,33 @@ async def test_the_service_starts_with_the_app_and_stops_with_it(aiohttp_client,
     await wait_for(lambda: scripted_source.calls >= 1, 5, "a sample once the app started")
     await client.close()
     assert ticking() == [] and scripted_source.closed  # the tick cancelled, the sources closed
+
+
+async def test_process_metrics_are_the_daemons_only_and_served_once():
+    """build_service renders no process_* (the golden rendering stays deterministic); the daemon adds them once."""
+    runtime = build_service(validate({}), [])
+    body, _ = await runtime.cache.render(None, None)
+    assert b"process_" not in body
+    runtime.export_process_metrics()
+    runtime.export_process_metrics()  # serve() on the same service again adds nothing twice
+    runtime.jobs.generation += 1  # a new body, not the one cached above
+    body, _ = await runtime.cache.render(None, None)
+    lines = body.decode().splitlines()
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes"):
+        assert sum(line.startswith(name + " ") for line in lines) == 1, name
+
+
+async def test_a_failing_evaluation_pass_does_not_end_the_tick(caplog, monkeypatch):
+    """Jobs expire only in the 1 s tick: a pass that raises is logged and the next one runs."""
+    runtime = build_service(validate({}), [])
+    passes = []
+
+    def evaluate_once():
+        passes.append(len(passes))
+        if len(passes) == 1:
+            raise RuntimeError("a bug in one pass")
+
+    monkeypatch.setattr(runtime, "evaluate_once", evaluate_once)
+    async with runtime.running():
+        await wait_for(lambda: len(passes) >= 2, 5, "a second pass after the failed one")
+    assert "the 1 s job evaluation failed" in caplog.text and "a bug in one pass" in caplog.text
