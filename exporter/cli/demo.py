@@ -60,7 +60,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     dtype="bf16",
                     gpus=list(JOB_GPUS),
                     target_tokens=NODE_TARGET_TOKENS,
-                    clock=node.clock.time,
+                    clock=lambda: node.stamp,  # the time of the tick's token count, not of the send
                 )
             simulation.start()
             print(f"mfu-exporter demo: a simulated 8 × {GPU_NAME} node training {JOB}", flush=True)

@@ -93,7 +93,11 @@ class SimClock:
         return (self._monotonic() - self._mono0) * self.speed
 
     def time(self) -> float:
-        return self._wall0 + self.elapsed()
+        return self.wall_at(self.elapsed())
+
+    def wall_at(self, elapsed: float) -> float:
+        """The simulated Unix time at an ``elapsed()`` reading."""
+        return self._wall0 + elapsed
 
     def monotonic(self) -> float:
         return self._mono0 + self.elapsed()
@@ -281,6 +285,7 @@ class DemoNode:
         self.kubelet: PodResourcesServer | None = None  # the demo's pod-resources server, when discovery uses it
         self._origin: float | None = None
         self._last = 0.0
+        self.stamp = clock.time()  # the simulated time the token count is of (see tick)
         self._next_checkpoint = FIRST_CHECKPOINT
         self._lost = False
         self._stall_pending = False
@@ -324,8 +329,11 @@ class DemoNode:
             self._origin = self.clock.elapsed()  # the schedule starts with the first tick, not with process start-up
             if self.training_log is not None:
                 self.training_log.start(self.clock.time())
-        now = self.clock.elapsed() - self._origin
-        stamp = self.clock.time()  # the tick's time: the clock moves on (× speed) while the tick writes files
+        # One reading of the clock for the tokens and the time they are reported with: the clock moves on (× speed)
+        # while the tick writes files, and a loaded machine can hold the thread for seconds of simulated time.
+        elapsed = self.clock.elapsed()
+        now = elapsed - self._origin
+        stamp = self.stamp = self.clock.wall_at(elapsed)
         dt = max(now - self._last, 0.0)
         self._last = now
         incident = self.schedule.incident(now)
