@@ -31,7 +31,7 @@ from inotify_simple import flags as IN
 
 from exporter.model.checkpoints import MAX_OPEN_PER_JOB, CheckpointTracker, checkpoint_families
 from exporter.node.fswatch import Tree, filesystem_type, is_network_filesystem, measure
-from exporter.sources.base import Paths, Snapshot
+from exporter.sources.base import Snapshot, SourceContext
 
 log = logging.getLogger(__name__)
 
@@ -534,10 +534,15 @@ class CheckpointSource:
             route.watch.on_event(route, event, at, self._errors)
 
 
-def checkpoint_source(section: dict, paths: Paths) -> CheckpointSource:
+def checkpoint_source(section: dict, ctx: SourceContext) -> CheckpointSource:
+    """The ``exporter.sources.SOURCES`` factory: ``sources.checkpoint`` with its own tracker on ``ctx``'s wall clock
+    (the service hands the tracker to the checkpoint API), and the mount table under ``ctx``'s procfs."""
     tracker = CheckpointTracker(
         started_timeout=section["started_timeout"],
         forget_after=section["forget_after"],
         pinned=[spec["job"] for spec in section["watch"]],
+        clock=ctx.wall,
     )
-    return CheckpointSource(section, tracker, mounts_file=os.path.join(paths.procfs, "self", "mounts"))
+    return CheckpointSource(
+        section, tracker, mounts_file=os.path.join(ctx.paths.procfs, "self", "mounts"), clock=ctx.wall
+    )

@@ -36,7 +36,7 @@ from exporter.model.discovery import (
 from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod, merge_found
 from exporter.node import kubeapi, slurm
 from exporter.node.podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesError
-from exporter.sources.base import Snapshot, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,13 @@ class DiscoverySource:
         self.cgroup_root = sl["cgroup_root"] or os.path.join(sysfs, "fs", "cgroup")
         self.resolver = slurm.ProcessJobs(procfs, self.cgroup_root)
         self.names = slurm.JobNames(sl["name_command"], timeout=sl["name_timeout"]) if sl["name_command"] else None
+
+    @classmethod
+    def from_config(cls, section: dict, ctx: SourceContext) -> DiscoverySource:
+        """The ``exporter.sources.SOURCES`` factory: the top-level ``discovery`` section over ``ctx``'s procfs (the
+        processes holding GPUs), sysfs (the cgroup tree) and NVML module (the GPUs to match)."""
+        environ = dict(ctx.environ) if ctx.environ is not None else None
+        return cls(section, ctx.paths.procfs, ctx.paths.sysfs, ctx.nvml, environ=environ, clock=ctx.monotonic)
 
     # --- GPUs -------------------------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from prometheus_client.metrics_core import Metric
 from exporter.model.flops import gpu_model
 from exporter.model.jobs import GpuInfo
 from exporter.model.readings import GpuReading
-from exporter.sources.base import Snapshot, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -259,13 +259,14 @@ class GpuSource:
         self._blank = dict.fromkeys(READING_KEYS)
 
     @classmethod
-    def from_config(cls, section: dict, nvml: Any) -> GpuSource:
+    def from_config(cls, section: dict, ctx: SourceContext) -> GpuSource:
         return cls(
-            nvml,
+            ctx.nvml,
             interval=section["interval"],
             timeout=section["timeout"],
             retry_interval=section["retry_interval"],
             gpm=section["gpm"],
+            monotonic=ctx.monotonic,
         )
 
     # --- the cycle ------------------------------------------------------------------------------------------

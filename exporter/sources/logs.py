@@ -44,7 +44,7 @@ from exporter.model.jobs import (
     ValidationError,
 )
 from exporter.node.tail import HEAD, Follower, Lines
-from exporter.sources.base import Paths, Snapshot
+from exporter.sources.base import Snapshot, SourceContext
 
 log = logging.getLogger(__name__)
 
@@ -347,5 +347,7 @@ def discovered_pods_from(states: Callable[[], dict], source_name: str = "discove
     return pods
 
 
-def logs_source(section: dict, paths: Paths, jobs: dict | None = None) -> LogsSource:
-    return LogsSource(section, jobs)
+def logs_source(section: dict, ctx: SourceContext) -> LogsSource:
+    """The ``exporter.sources.SOURCES`` factory: ``sources.logs``, with ``jobs:`` for what a log cannot say (world
+    size, sequence length), on ``ctx``'s wall clock."""
+    return LogsSource(section, ctx.config["jobs"], clock=ctx.wall)

@@ -23,7 +23,7 @@ from exporter.preflight.checks import (
     results_json,
     run_checks,
 )
-from exporter.sources.base import Snapshot
+from exporter.sources.base import Snapshot, SourceContext
 
 
 def check_families(results: list[CheckResult]) -> Iterable[Metric]:
@@ -70,12 +70,13 @@ class PreflightSource:
         self.timeout = timeout
 
     @classmethod
-    def from_config(cls, section: dict, sysfs: str, procfs: str, nvml: Any) -> PreflightSource:
+    def from_config(cls, section: dict, ctx: SourceContext) -> PreflightSource:
         return cls(
             PreflightSettings.from_config(section),
-            sysfs,
-            procfs,
-            nvml,
+            ctx.paths.sysfs,
+            ctx.paths.procfs,
+            ctx.nvml,
+            qos=ctx.nic_qos,
             nccl_env_file=section["nccl_env_file"],
             interval=section["interval"],
             timeout=section["timeout"],
