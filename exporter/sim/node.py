@@ -24,7 +24,7 @@ from exporter.model import flops as mfu_math
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.nic_qos import GlobalPause
 from exporter.preflight.checks import PreflightSettings
-from exporter.quantities import format_duration, parse_duration
+from exporter.quantities import format_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
@@ -468,16 +468,17 @@ def discovered_pods(nvml: fake_nvml.FakeNvml) -> list[SimPod]:
     ]
 
 
-def build_demo(args: argparse.Namespace, root: Path) -> tuple[Service, DemoNode, Simulation]:
+def build_demo(
+    args: argparse.Namespace, root: Path, flags: Callable[[dict], Any] | None = None
+) -> tuple[Service, DemoNode, Simulation]:
+    """The demo's service, node and simulation; ``flags`` applies the command line over the config (flags win)."""
     clock = SimClock(args.speed)
     progress = getattr(args, "progress", "api")
     node = DemoNode(root, clock, Schedule(args.incident), seed=args.seed, progress=progress)
     socket = str(root / "kubelet.sock")
     config = demo_config(args.config, node, kubelet_socket=socket)
-    if args.mfu_window is not None:
-        config["mfu"]["window"] = parse_duration(args.mfu_window)
-    if args.listen_address:
-        config["web"]["listen_address"] = args.listen_address
+    if flags is not None:
+        flags(config)
     if config["discovery"]["kubernetes"]["socket"] == socket:
         node.kubelet = PodResourcesServer(socket, discovered_pods(node.nvml)).start()
     if node.training_log is not None:
