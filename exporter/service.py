@@ -12,7 +12,8 @@ from typing import Any, AsyncIterator, Callable
 from prometheus_client import CollectorRegistry
 
 from exporter import __version__
-from exporter.model.attribution import Attributor, NodeSignals, Thresholds
+from exporter.config import typed_config
+from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
 from exporter.model.jobs import GpuInfo, JobTracker, JobView
@@ -153,17 +154,18 @@ def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[
 def build_service(
     config: dict, sources: list[Source], clock: Callable[[], float] = time.time, paths: Paths | None = None
 ) -> Service:
+    typed = typed_config(config)
     daemon = Scheduler(sources, clock=clock)
     jobs = JobTracker(
-        configured=config["jobs"],
-        window=config["mfu"]["window"],
-        max_jobs=config["ingest"]["max_jobs"],
-        job_ttl=config["ingest"]["job_ttl"],
+        configured=config["jobs"],  # the facts stay dicts: the progress API's reports merge into them
+        window=typed.mfu.window,
+        max_jobs=typed.ingest.max_jobs,
+        job_ttl=typed.ingest.job_ttl,
         gpu_inventory=gpu_inventory_from(daemon),
         clock=clock,
         gpu_readings=gpu_readings_from(daemon),
     )
-    attribution = Attributor(Thresholds.from_config(config["attribution"]))
+    attribution = Attributor(typed.attribution)
     registry = CollectorRegistry(auto_describe=False)
     collector = ExporterCollector(daemon, jobs, extra=[attribution.families], clock=clock)
     registry.register(collector)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
-from exporter.config import ConfigError
+from exporter.config import Config, ConfigError, Enabled, typed_config
 from exporter.sources.base import Paths, Source, SourceContext, SourceUnavailable
 from exporter.sources.checkpoint import checkpoint_source
 from exporter.sources.discovery import DiscoverySource
@@ -24,7 +24,7 @@ from exporter.sources.rdma import rdma_source
 
 __all__ = ["SOURCES", "Paths", "SourceContext", "build_sources", "enabled", "require_sources", "section_of"]
 
-Factory = Callable[[dict, SourceContext], Source]
+Factory = Callable[[Any, SourceContext], Source]  # (the source's section of exporter.config.Config, ctx)
 
 # In this order the scheduler lists them (status page, /api/v1/status, the per-source families).
 SOURCES: dict[str, Factory] = {
@@ -38,33 +38,35 @@ SOURCES: dict[str, Factory] = {
 }
 
 
-def section_of(config: dict, name: str) -> dict:
+def section_of(config: Config, name: str) -> Any:
     """The source's config section: ``sources.<name>``, except discovery's, the top-level ``discovery`` (it finds
     jobs rather than sampling a plane, and each of its halves has its own ``enabled``)."""
-    return config["discovery"] if name == "discovery" else config["sources"][name]
+    return config.discovery if name == "discovery" else getattr(config.sources, name)
 
 
-def _enabled_keys(config: dict, name: str) -> list[tuple[str, str]]:
+def _enabled_keys(config: Config, name: str) -> list[tuple[str, Enabled]]:
     """The config keys that turn the source on or off, with their values."""
     if name == "discovery":
-        return [(f"discovery.{half}.enabled", config["discovery"][half]["enabled"]) for half in ("kubernetes", "slurm")]
-    return [(f"sources.{name}.enabled", config["sources"][name]["enabled"])]
+        halves = {"kubernetes": config.discovery.kubernetes, "slurm": config.discovery.slurm}
+        return [(f"discovery.{half}.enabled", section.enabled) for half, section in halves.items()]
+    return [(f"sources.{name}.enabled", getattr(config.sources, name).enabled)]
 
 
-def enabled(config: dict, name: str) -> bool:
+def enabled(config: Config, name: str) -> bool:
     """Whether the source runs: not ``false``. Discovery runs unless both of its halves are off."""
-    return any(value != "false" for _, value in _enabled_keys(config, name))
+    return any(value is not Enabled.FALSE for _, value in _enabled_keys(config, name))
 
 
 def build_sources(config: dict, ctx: SourceContext) -> list[Source]:
     """Every source not disabled in the config. ``auto`` and ``true`` both build it; ``require_sources`` is what
     makes ``true`` stop the start when the source cannot work here."""
-    return [factory(section_of(config, name), ctx) for name, factory in SOURCES.items() if enabled(config, name)]
+    typed = ctx.settings if ctx.config is config else typed_config(config)
+    return [factory(section_of(typed, name), ctx) for name, factory in SOURCES.items() if enabled(typed, name)]
 
 
-def _required_key(config: dict, source: Source) -> str | None:
+def _required_key(config: Config, source: Source) -> str | None:
     """The config key whose ``true`` makes this source required, or None when nothing requires it."""
-    return next((key for key, value in _enabled_keys(config, source.name) if value == "true"), None)
+    return next((key for key, value in _enabled_keys(config, source.name) if value is Enabled.TRUE), None)
 
 
 def require_sources(config: dict, sources: list[Source], file: str | None) -> None:
@@ -76,7 +78,8 @@ def require_sources(config: dict, sources: list[Source], file: str | None) -> No
     down like any other, since stopping the exporter then would hide everything else it shows. The samples run
     together, each in its own thread bounded by the source's timeout, as the daemon would run them.
     """
-    required = [s for s in sources if _required_key(config, s) is not None]
+    typed = typed_config(config)
+    required = [s for s in sources if _required_key(typed, s) is not None]
     outcomes: dict[str, Exception | None] = {}
 
     def probe(source: Source) -> None:
@@ -102,7 +105,7 @@ def require_sources(config: dict, sources: list[Source], file: str | None) -> No
             why = str(error) if isinstance(error, SourceUnavailable) else f"{type(error).__name__}: {error}"
         raise ConfigError(
             file or "<config>",
-            _required_key(config, source) or f"sources.{source.name}.enabled",
+            _required_key(typed, source) or f"sources.{source.name}.enabled",
             "a node where it works, or auto to serve without it",
             problem=f"true requires this source, but it cannot start here ({why}); ",
         )

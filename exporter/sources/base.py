@@ -6,6 +6,7 @@ A source is sampled in its own worker thread by the scheduler (``exporter.schedu
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 import pynvml
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import Config, typed_config
 from exporter.node.ethtool import StatsReader
 from exporter.node.nic_qos import NicQos
 
@@ -73,7 +75,8 @@ class SourceContext:
     build their sources through the same ``exporter.sources.build_sources`` and differ only in the context: where
     the kernel's trees are, which NVML module, ethtool reader and NIC QoS reader stand behind the hardware, and
     which clocks the sources keep time with. ``config`` is the whole validated config, for what one section needs
-    of another (the ethtool source reads the RDMA device lists, the logs source the ``jobs`` facts).
+    of another (the ethtool source reads the RDMA device lists, the logs source the ``jobs`` facts); ``settings``
+    is the same config typed (``exporter.config.Config``).
     """
 
     config: dict
@@ -84,3 +87,7 @@ class SourceContext:
     wall: Callable[[], float] = time.time  # timestamps: checkpoint writes, log lines
     monotonic: Callable[[], float] = time.monotonic  # rates and retry timers
     environ: Mapping[str, str] | None = None  # where discovery looks for the in-cluster API server; None: os.environ
+
+    @functools.cached_property
+    def settings(self) -> Config:
+        return typed_config(self.config)

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import EthtoolConfig
 from exporter.node.counters import Changes, CounterHistory
 from exporter.node.ethtool import EthtoolIoctlReader, StatsReader
 from exporter.node.rdma import NameFilter, discover_ports, is_representor, natural_key
@@ -451,19 +452,19 @@ def _render(
         yield stat
 
 
-def ethtool_source(section: dict, ctx: SourceContext) -> EthtoolSource:
+def ethtool_source(section: EthtoolConfig, ctx: SourceContext) -> EthtoolSource:
     """The ``exporter.sources.SOURCES`` factory: ``sources.ethtool`` over ``ctx``'s sysfs tree and ethtool reader.
     The device lists of ``sources.rdma`` also choose the RDMA netdevs read here, so both sources see one fabric."""
-    rdma = ctx.config["sources"]["rdma"]
+    rdma = ctx.settings.sources.rdma
     return EthtoolSource(
         sysfs_root=ctx.paths.sysfs,
-        interfaces_include=section["interfaces_include"],
-        interfaces_exclude=section["interfaces_exclude"],
-        stats_include=section["stats_include"],
+        interfaces_include=section.interfaces_include,
+        interfaces_exclude=section.interfaces_exclude,
+        stats_include=section.stats_include,
         reader=ctx.ethtool_reader,
-        interval=section["interval"],
-        timeout=section["timeout"],
+        interval=section.interval,
+        timeout=section.timeout,
         clock=ctx.monotonic,
-        rdma_devices_include=rdma["devices_include"],
-        rdma_devices_exclude=rdma["devices_exclude"],
+        rdma_devices_include=rdma.devices_include,
+        rdma_devices_exclude=rdma.devices_exclude,
     )

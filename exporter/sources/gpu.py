@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import GpuConfig
 from exporter.model.flops import gpu_model
 from exporter.model.jobs import GpuInfo
 from exporter.model.readings import GpuReading
@@ -259,13 +260,13 @@ class GpuSource:
         self._blank = dict.fromkeys(READING_KEYS)
 
     @classmethod
-    def from_config(cls, section: dict, ctx: SourceContext) -> GpuSource:
+    def from_config(cls, section: GpuConfig, ctx: SourceContext) -> GpuSource:
         return cls(
             ctx.nvml,
-            interval=section["interval"],
-            timeout=section["timeout"],
-            retry_interval=section["retry_interval"],
-            gpm=section["gpm"],
+            interval=section.interval,
+            timeout=section.timeout,
+            retry_interval=section.retry_interval,
+            gpm=section.gpm,
             monotonic=ctx.monotonic,
         )
 

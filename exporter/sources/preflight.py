@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import PreflightConfig
 from exporter.node.nic_qos import KernelNicQos, NicQos
 from exporter.preflight.checks import (
     CheckResult,
@@ -70,16 +71,16 @@ class PreflightSource:
         self.timeout = timeout
 
     @classmethod
-    def from_config(cls, section: dict, ctx: SourceContext) -> PreflightSource:
+    def from_config(cls, section: PreflightConfig, ctx: SourceContext) -> PreflightSource:
         return cls(
             PreflightSettings.from_config(section),
             ctx.paths.sysfs,
             ctx.paths.procfs,
             ctx.nvml,
             qos=ctx.nic_qos,
-            nccl_env_file=section["nccl_env_file"],
-            interval=section["interval"],
-            timeout=section["timeout"],
+            nccl_env_file=section.nccl_env_file,
+            interval=section.interval,
+            timeout=section.timeout,
         )
 
     def sample(self) -> Snapshot:

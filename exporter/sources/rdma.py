@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import RdmaConfig
 from exporter.node.counters import Changes, CounterHistory
 from exporter.node.rdma import (
     RdmaPort,
@@ -519,14 +520,14 @@ def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, 
             yield family
 
 
-def rdma_source(section: dict, ctx: SourceContext) -> RdmaSource:
+def rdma_source(section: RdmaConfig, ctx: SourceContext) -> RdmaSource:
     """The ``exporter.sources.SOURCES`` factory: ``sources.rdma`` over ``ctx``'s sysfs tree."""
     return RdmaSource(
         sysfs_root=ctx.paths.sysfs,
-        devices_include=section["devices_include"],
-        devices_exclude=section["devices_exclude"],
-        virtual_functions=section["virtual_functions"],
-        interval=section["interval"],
-        timeout=section["timeout"],
+        devices_include=section.devices_include,
+        devices_exclude=section.devices_exclude,
+        virtual_functions=section.virtual_functions,
+        interval=section.interval,
+        timeout=section.timeout,
         clock=ctx.monotonic,
     )

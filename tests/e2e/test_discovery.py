@@ -10,7 +10,7 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from exporter.config import validate
+from exporter.config import typed_config, validate
 from exporter.model.jobs import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.service import build_service
@@ -60,7 +60,7 @@ class Node:
                 reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
                 clock=self.clock,
             ),
-            DiscoverySource(config["discovery"], nvml=self.nvml),
+            DiscoverySource(typed_config(config).discovery, nvml=self.nvml),
         ]
         self.service = build_service(config, self.sources, clock=self.clock, paths=Paths(self.fabric.sysfs_root))
         self.tokens = 0.0

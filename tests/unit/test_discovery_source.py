@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from exporter.config import ConfigError, validate
+from exporter.config import ConfigError, typed_config, validate
 from exporter.sim.nvml import FakeNvml, h100
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sim.procfs import V1, V2, add_process, host_procfs
@@ -28,7 +28,7 @@ def nvml():
 
 
 def section(**discovery):
-    return validate({"discovery": discovery})["discovery"]
+    return typed_config(validate({"discovery": discovery})).discovery
 
 
 def k8s_only(sock, **kubernetes):

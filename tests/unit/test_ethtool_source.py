@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from exporter.config import validate
+from exporter.config import typed_config, validate
 from exporter.node.ethtool import EthtoolTextReader, parse_ethtool_statistics
 from exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names, format_ethtool_statistics
 from exporter.sim.sysfs import FakeSysfs
@@ -294,7 +294,7 @@ def test_factory_takes_the_rdma_device_lists_from_the_rdma_section(sysfs, monkey
     # The factory builds the ioctl reader; these interfaces exist only in the fake sysfs.
     monkeypatch.setattr(ethtool, "EthtoolIoctlReader", lambda: EthtoolTextReader(texts))
     config = validate({"sources": {"rdma": {"devices_exclude": [r"^mlx5_1$"]}}})
-    source = ethtool_source(config["sources"]["ethtool"], SourceContext(config, Paths(sysfs=str(sysfs.root))))
+    source = ethtool_source(typed_config(config).sources.ethtool, SourceContext(config, Paths(sysfs=str(sysfs.root))))
     assert list(source.sample().data["interfaces"]) == ["ens1np0"]
     assert texts.reads == ["ens1np0"]
 
