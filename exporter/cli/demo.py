@@ -15,7 +15,7 @@ import urllib3
 
 from exporter.cli.flags import add_daemon_flags, apply_web_flags
 from exporter.client import ProgressReporter
-from exporter.config import ConfigError, Invalid, duration
+from exporter.config import ConfigError, Invalid, duration, typed_config
 from exporter.sim.node import (
     DISCOVERED_GPUS,
     DISCOVERED_JOB,
@@ -137,7 +137,7 @@ def reporter_access(config: dict, url: str) -> dict[str, Any]:
     the server are one process on loopback, and the certificate names whatever host the operator's file was made
     for; the scrapers and browsers the demo serves verify it as usual. Basic auth governs reads, not reports."""
     access: dict[str, Any] = {}
-    token_file = config["ingest"]["token_file"]
+    token_file = typed_config(config).ingest.token_file
     if token_file:
         try:
             with open(token_file, encoding="utf-8") as handle:

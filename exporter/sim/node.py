@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from exporter.client import ProgressReporter
-from exporter.config import read_yaml, validate
+from exporter.config import read_yaml, typed_config, validate
 from exporter.model import flops as mfu_math
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.nic_qos import GlobalPause
@@ -479,7 +479,7 @@ def build_demo(
     config = demo_config(args.config, node, kubelet_socket=socket)
     if flags is not None:
         flags(config)
-    if config["discovery"]["kubernetes"]["socket"] == socket:
+    if typed_config(config).discovery.kubernetes.socket == socket:
         node.kubelet = PodResourcesServer(socket, discovered_pods(node.nvml)).start()
     if node.training_log is not None:
         node.training_log.path.touch()  # the logs source follows it from the start

@@ -1,9 +1,10 @@
 """The sources: one per plane, each sampled in its own worker thread (``exporter.scheduler``).
 
 ``SOURCES`` is the registry: source name -> factory, every factory of one signature ``(section, ctx)``, where
-``section`` is the source's own config section and ``ctx`` a ``SourceContext`` (the whole config, the paths, the
-NVML module, the ethtool reader, the clocks). ``build_sources`` builds every source the config does not disable;
-production, the demo, the benchmarks and the tests all build through it and differ only in the context.
+``section`` is the source's own config section, typed (``exporter.config``), and ``ctx`` a ``SourceContext`` (the
+whole config, the paths, the NVML module, the ethtool reader, the clocks). ``build_sources`` builds every source the
+config does not disable; production, the demo, the benchmarks and the tests all build through it and differ only in
+the context.
 """
 
 from __future__ import annotations
