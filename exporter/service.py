@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Callable
 from prometheus_client import CollectorRegistry
 
 from exporter import __version__
-from exporter.config import typed_config
+from exporter.config import Config, typed_config
 from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
@@ -39,6 +39,7 @@ class Service:
     checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
     attribution: Attributor = field(default_factory=Attributor)
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
+    settings: Config = field(default_factory=Config)  # ``config`` typed (exporter.config.typed_config)
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> None:
@@ -66,7 +67,7 @@ class Service:
             await self.stop()
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
-        return self.checkpoints.overlap(job, self.config["mfu"]["window"]) if self.checkpoints else None
+        return self.checkpoints.overlap(job, self.settings.mfu.window) if self.checkpoints else None
 
     def job_json(self, view: JobView) -> dict[str, Any]:
         """A job's JSON with what explains a dip in its MFU: checkpoint writes overlapping the window, and the
@@ -185,4 +186,5 @@ def build_service(
         checkpoints=checkpoints,
         attribution=attribution,
         paths=paths or Paths(),
+        settings=typed,
     )
