@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
 
-    from exporter.config import validate
+    from exporter.config import typed_config, validate
     from exporter.sim.nvml import FakeNvml, h100
     from exporter.sim.procfs import add_process, host_procfs, v2_job
     from exporter.sources.discovery import DiscoverySource
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                     "slurm": {"enabled": "true", "cgroup_root": str(tmp / "cgroup")},
                 }
             }
-        )["discovery"]
-        source = DiscoverySource(section, procfs=str(procfs), nvml=nvml)
+        )
+        source = DiscoverySource(typed_config(section).discovery, procfs=str(procfs), nvml=nvml)
         for _ in range(5):  # warm-up: channel dial, NVML inventory, PID cache
             snapshot = source.sample()
         jobs = len(snapshot.data["jobs"])

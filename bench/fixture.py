@@ -20,14 +20,12 @@ from typing import Any
 
 from exporter.config import validate
 from exporter.node.ethtool import EthtoolTextReader
+from exporter.node.nic_qos import NicQos
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names
 from exporter.sim.node import train_healthily
-from exporter.sources import SOURCE_FACTORIES
-from exporter.sources.base import Paths, Source
-from exporter.sources.ethtool import EthtoolSource
-from exporter.sources.gpu import GpuSource
-from exporter.sources.preflight import PreflightSource
+from exporter.sources import Paths, SourceContext, build_sources
+from exporter.sources.base import Source
 
 GPUS = 8
 NICS = 8
@@ -64,36 +62,29 @@ def build_gpus() -> fake_nvml.FakeNvml:
 
 
 def node_config(listen_address: str = "127.0.0.1:9495") -> dict:
-    """Every default, as a node runs with an empty config file, on a loopback address."""
-    return validate({"web": {"listen_address": listen_address}})
+    """Every default, as a node runs with an empty config file, on a loopback address, except job discovery: the
+    fixture has no kubelet and no Slurm, and discovery would read this machine's (its socket, its processes)."""
+    off = {"enabled": False}
+    return validate({"web": {"listen_address": listen_address}, "discovery": {"kubernetes": off, "slurm": off}})
+
+
+def node_context(
+    config: dict, fixture_root: Path, nvml: Any, procfs: str = "/proc", qos: NicQos | None = None
+) -> SourceContext:
+    """The fixture as the sources see it: the sysfs tree under ``fixture_root``, NVML is ``nvml``, and the ethtool
+    source reads the fixture's ``ethtool -S`` texts instead of the ioctl; ``procfs`` and ``qos`` for preflight."""
+    return SourceContext(
+        config,
+        Paths(sysfs=str(fixture_root / "sys"), procfs=procfs),
+        nvml=nvml,
+        ethtool_reader=EthtoolTextReader.from_directory(str(fixture_root / "ethtool")),
+        nic_qos=qos,
+    )
 
 
 def node_sources(config: dict, fixture_root: Path, nvml: Any) -> list[Source]:
-    """Every source the runtime registers, built as ``build_sources`` builds them except where a fake stands in:
-    NVML is ``nvml``, and the ethtool source reads the fixture's ``ethtool -S`` texts instead of the ioctl."""
-    paths = Paths(sysfs=str(fixture_root / "sys"))
-    ethtool = config["sources"]["ethtool"]
-    substitutes = {
-        "gpu": lambda section: GpuSource.from_config(section, nvml),
-        "preflight": lambda section: PreflightSource.from_config(section, paths.sysfs, paths.procfs, nvml),
-        "ethtool": lambda section: EthtoolSource(
-            paths.sysfs,
-            interfaces_include=ethtool["interfaces_include"],
-            interfaces_exclude=ethtool["interfaces_exclude"],
-            stats_include=ethtool["stats_include"],
-            interval=ethtool["interval"],
-            timeout=ethtool["timeout"],
-            reader=EthtoolTextReader.from_directory(str(fixture_root / "ethtool")),
-        ),
-    }
-    sources = []
-    for name, factory in SOURCE_FACTORIES.items():
-        section = config["sources"][name]
-        if section["enabled"] == "false":
-            continue
-        substitute = substitutes.get(name)
-        sources.append(substitute(section) if substitute else factory(section, paths))
-    return sources
+    """Every source the config enables, built by ``build_sources`` as a node's daemon builds them, on the fixture."""
+    return build_sources(config, node_context(config, fixture_root, nvml))
 
 
 def progress_report(job_index: int, job: str, tokens_total: int, step: int) -> dict[str, Any]:

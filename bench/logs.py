@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from exporter.config import validate
+from exporter.config import typed_config, validate
 from exporter.model.jobs import GpuInfo, JobTracker
 from exporter.sources.logs import LogsSource
 from tests.unit.logs import framework_lines as fl
@@ -77,7 +77,7 @@ def measure(lines: list[str]) -> dict:
         )
         inventory = [GpuInfo(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3") for i in range(8)]
         jobs = JobTracker(configured=config["jobs"], gpu_inventory=lambda: inventory, clock=lambda: T0 + len(lines))
-        source = LogsSource(config["sources"]["logs"], config["jobs"], use_inotify=False)
+        source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False)
         source.attach(jobs, None)
         source._wanted = source._expand()  # what sample() does, without starting the follower's thread
         source.follower.read_budget = 1 << 40

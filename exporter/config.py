@@ -1,15 +1,20 @@
 """The YAML config: a declarative schema, defaults for every key, and errors that name file, key and expected form.
 
 Every key is optional. Unknown keys are errors, because a typo that passes silently (``intreval: 5s``) costs an
-operator an afternoon. ``load_config`` returns plain nested dicts with defaults filled in.
+operator an afternoon. The schema is one table of frozen dataclasses, one per section (``Config`` and below), each
+key with its validator and default. ``load_config`` returns the validated nested dicts with every default filled in;
+``typed_config(config)`` gives the same values as those dataclasses (``typed_config(config).sources.gpu.interval``), the
+tri-state ``enabled`` as an ``Enabled``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Mapping, TypeVar
 
 import yaml
 
@@ -223,45 +228,6 @@ class ListOf:
     value: Section
 
 
-def _enabled_interval(**extra: tuple[Any, Any]) -> Section:
-    return Section(
-        {
-            "enabled": (choice("auto", "true", "false"), "auto"),
-            "interval": (duration, 1.0),
-            "timeout": (duration, 5.0),
-            **extra,
-        }
-    )
-
-
-def _job_name(value: Any) -> str:
-    if not isinstance(value, str) or not JOB_NAME_PATTERN.match(value):
-        raise Invalid(JOB_NAME_FORM)
-    return value
-
-
-JOB_SECTION = Section(
-    {
-        "params": (optional(bounded_quantity(1, MAX_PARAMS, '"70B" or 7e10')), None),
-        "layers": (optional(bounded_int(1, MAX_LAYERS)), None),
-        "heads": (optional(bounded_int(1, MAX_HEADS)), None),
-        "head_dim": (optional(bounded_int(1, MAX_HEAD_DIM)), None),
-        "seq_len": (optional(bounded_int(1, MAX_SEQ_LEN)), None),
-        "causal_attention": (boolean, False),
-        "dtype": (choice("bf16", "fp16", "fp8", "tf32"), "bf16"),
-        "gpus": (optional(job_gpus), None),
-        "target_tokens": (optional(bounded_quantity(1, MAX_TOKENS, '"15T"')), None),
-        "peak_tflops": (
-            optional(bounded_quantity(MIN_PEAK_TFLOPS, MAX_PEAK_TFLOPS, "989.4 (an H100's dense bf16)")),
-            None,
-        ),
-        "expected_mfu": (optional(ratio), None),
-        # What a log-fed job's lines may not say (sources.logs): its GPUs over all nodes, and sequences per step.
-        "world_size": (optional(positive_int), None),
-        "global_batch": (optional(positive_int), None),
-    }
-)
-
 LOG_FORMATS = ("auto", "torchtitan", "megatron", "hf", "nemo", "deepspeed", "regex")  # = exporter.logs.FORMATS
 # The groups a regex pattern may name (exporter.logs.regex reads this list).
 LOG_REGEX_GROUPS = (
@@ -294,25 +260,6 @@ def log_pattern(value: Any) -> str:
         raise Invalid(f"a pattern naming at least one of the groups {', '.join(LOG_PROGRESS_GROUPS)}")
     return value
 
-
-WATCH_SECTION = Section(
-    {
-        "path": (string, None),
-        "job": (_job_name, None),
-        "done_marker": (optional(string), None),
-        "quiet_period": (duration, 30.0),
-        "poll": (choice("auto", "true", "false"), "auto"),
-    }
-)
-
-LOG_FILE_SECTION = Section(
-    {
-        "path": (string, None),
-        "job": (_job_name, None),
-        "format": (choice(*LOG_FORMATS), "auto"),
-        "pattern": (optional(log_pattern), None),
-    }
-)
 
 # Job discovery defaults (model/discovery.py explains them). Kubernetes label keys naming the job a pod belongs to,
 # first match wins; JobSet before batch Job, since a JobSet's pods also carry its child Job's label,
@@ -359,156 +306,327 @@ def pod_name_pattern(value: Any) -> str:
     return value
 
 
-DISCOVERY_SECTION = Section(
-    {
-        "interval": (duration, 5.0),
-        "timeout": (duration, 10.0),
-        "max_jobs": (positive_int, 64),
-        "kubernetes": (
-            Section(
-                {
-                    "enabled": (choice("auto", "true", "false"), "auto"),
-                    "socket": (string, PODRESOURCES_SOCKET),
-                    "timeout": (duration, 5.0),
-                    "max_message_bytes": (positive_int, 64 * 1024 * 1024),
-                    "api_server": (
-                        Section(
-                            {
-                                "enabled": (choice("auto", "true", "false"), "auto"),
-                                "url": (optional(string), None),
-                                "token_path": (string, f"{SERVICE_ACCOUNT_DIR}/token"),
-                                "ca_path": (optional(string), f"{SERVICE_ACCOUNT_DIR}/ca.crt"),
-                                "timeout": (duration, 2.0),
-                                "retry_after": (duration, 300.0),
-                            }
-                        ),
-                        None,
-                    ),
-                    "label_keys": (string_list, list(DISCOVERY_LABEL_KEYS)),
-                    "pod_name_pattern": (pod_name_pattern, DISCOVERY_POD_NAME_PATTERN),
-                }
-            ),
-            None,
-        ),
-        "slurm": (
-            Section(
-                {
-                    "enabled": (choice("auto", "true", "false"), "auto"),
-                    "job_mapping_dir": (optional(string), None),
-                    "processes": (boolean, True),
-                    "cgroup_root": (optional(string), None),
-                    "name_command": (command, []),
-                    "name_timeout": (duration, 5.0),
-                }
-            ),
-            None,
-        ),
-    }
-)
+class Enabled(str, Enum):
+    """The tri-state of ``enabled`` (and of a watch's ``poll``): ``auto`` uses it where it works and reports it down
+    where not, ``true`` requires it (the start fails without it), ``false`` turns it off.
 
-SCHEMA = Section(
-    {
-        "web": (
-            Section(
-                {
-                    "listen_address": (listen_address, DEFAULT_LISTEN_ADDRESS),
-                    "config_file": (optional(string), None),
-                }
-            ),
-            None,
-        ),
-        "sources": (
-            Section(
-                {
-                    "gpu": (_enabled_interval(retry_interval=(duration, 60.0), gpm=(boolean, True)), None),
-                    "rdma": (
-                        _enabled_interval(
-                            devices_include=(regex_list, [".*"]),
-                            devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
-                            virtual_functions=(boolean, False),
-                        ),
-                        None,
-                    ),
-                    "ethtool": (
-                        _enabled_interval(
-                            interfaces_include=(regex_list, []),
-                            interfaces_exclude=(
-                                regex_list,
-                                [r"^lo$", r"^(br|docker|virbr|veth|cni|flannel|cali|vxlan)"],
-                            ),
-                            stats_include=(regex_list, []),
-                        ),
-                        None,
-                    ),
-                    "checkpoint": (
-                        _enabled_interval(
-                            watch=(ListOf(WATCH_SECTION), []),
-                            started_timeout=(duration, 7200.0),
-                            forget_after=(duration, 86400.0),
-                        ),
-                        None,
-                    ),
-                    "logs": (
-                        _enabled_interval(
-                            files=(ListOf(LOG_FILE_SECTION), []),
-                            discovered_pods=(boolean, True),
-                            pods_root=(string, "/var/log/pods"),
-                            takeover_after=(duration, 30.0),
-                            max_line_bytes=(positive_int, 1 << 20),
-                        ),
-                        None,
-                    ),
-                    "preflight": (
-                        _enabled_interval(
-                            interval=(duration, 300.0),
-                            timeout=(duration, 30.0),
-                            link_layer=(optional(choice("Ethernet", "InfiniBand")), None),
-                            roce_priority=(pfc_priority, 3),
-                            port_rate_gbps=(optional(positive_quantity), None),
-                            min_node_gbps=(positive_quantity, 400.0),
-                            socket_buffer_bytes=(positive_int, 64 * 1024 * 1024),
-                            expected_gpus=(optional(positive_int), None),
-                            nccl_env_file=(optional(string), None),
-                            devices_include=(regex_list, [".*"]),
-                            devices_exclude=(regex_list, [r".*vf.*", r".*rep.*"]),
-                        ),
-                        None,
-                    ),
-                }
-            ),
-            None,
-        ),
-        "mfu": (Section({"window": (duration, 60.0)}), None),
-        "attribution": (
-            Section(
-                {
-                    "tolerance": (ratio, 0.10),
-                    "pause_ratio": (ratio, 0.05),
-                    "cnp_per_second": (positive_quantity, 1000.0),
-                    "idle_utilization": (ratio, 0.5),
-                    "baseline_window": (duration, 3600.0),
-                    "baseline_percentile": (ratio, 0.9),
-                    "baseline_min_samples": (positive_int, 30),
-                    "baseline_interval": (duration, 10.0),
-                }
-            ),
-            None,
-        ),
-        "jobs": (MapOf(_job_name, JOB_NAME_FORM, JOB_SECTION), {}),
-        "discovery": (DISCOVERY_SECTION, None),
-        "ingest": (
-            Section(
-                {
-                    "token_file": (optional(string), None),
-                    "max_jobs": (positive_int, 32),
-                    "max_body_bytes": (positive_int, 64 * 1024),
-                    "job_ttl": (duration, 86400.0),
-                }
-            ),
-            None,
-        ),
-    }
-)
+    A ``str`` enum, so the validated dicts that carry it still compare equal to the strings of the file."""
+
+    AUTO = "auto"
+    TRUE = "true"
+    FALSE = "false"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+_tristate_choice = choice("auto", "true", "false")
+
+
+def tristate(value: Any) -> Enabled:
+    return Enabled(_tristate_choice(value))
+
+
+# --- the declarative table ----------------------------------------------------------------------------------------
+#
+# Each section of the file is a frozen dataclass below; each key a field made by ``setting(validator, default)``.
+# The table is written once: ``schema_of`` reads it into the ``Section`` tree that ``validate`` checks a file against
+# (nested dicts, the defaults filled in), and ``settings_of`` turns such dicts into these dataclasses (lists become
+# tuples). The dataclasses' own defaults are the table's, so ``AttributionConfig()`` is the default attribution, and
+# classes elsewhere that need a default (``PreflightSettings``, ``JobTracker``) take it from here.
+
+_SPEC = "config_spec"
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def setting(validator: Validator, default: Any = None) -> Any:
+    """A key: its validator (what it accepts and how it reads) and its default (None: unset, or required in a list)."""
+    return field(default=_frozen(default), metadata={_SPEC: (validator, default)})
+
+
+def subsection(cls: type) -> Any:
+    """A nested section: a mapping of its own keys, every default when absent."""
+    return field(default_factory=cls, metadata={_SPEC: (cls, None)})
+
+
+@dataclass(frozen=True)
+class ListOfConfig:
+    """A list of sections, each a ``value`` (``sources.checkpoint.watch``)."""
+
+    value: type
+
+
+@dataclass(frozen=True)
+class MapOfConfig:
+    """Names (checked by ``key``, worded ``key_form``) to sections (``jobs``)."""
+
+    key: Validator
+    key_form: str
+    value: type
+
+
+def items(spec: ListOfConfig | MapOfConfig) -> Any:
+    """A list or a map of sections, empty by default."""
+    if isinstance(spec, MapOfConfig):
+        return field(default_factory=dict, metadata={_SPEC: (spec, {})})
+    return field(default=(), metadata={_SPEC: (spec, [])})
+
+
+def _job_name(value: Any) -> str:
+    if not isinstance(value, str) or not JOB_NAME_PATTERN.match(value):
+        raise Invalid(JOB_NAME_FORM)
+    return value
+
+
+@dataclass(frozen=True)
+class WebServerConfig:
+    listen_address: str = setting(listen_address, DEFAULT_LISTEN_ADDRESS)
+    config_file: str | None = setting(optional(string))
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """What every source has: whether it runs, how often it samples, how long one sample may take."""
+
+    enabled: Enabled = setting(tristate, Enabled.AUTO)
+    interval: float = setting(duration, 1.0)
+    timeout: float = setting(duration, 5.0)
+
+
+@dataclass(frozen=True)
+class GpuConfig(SourceConfig):
+    retry_interval: float = setting(duration, 60.0)
+    gpm: bool = setting(boolean, True)
+
+
+@dataclass(frozen=True)
+class RdmaConfig(SourceConfig):
+    devices_include: tuple[str, ...] = setting(regex_list, [".*"])
+    devices_exclude: tuple[str, ...] = setting(regex_list, [r".*vf.*", r".*rep.*"])
+    virtual_functions: bool = setting(boolean, False)
+
+
+@dataclass(frozen=True)
+class EthtoolConfig(SourceConfig):
+    interfaces_include: tuple[str, ...] = setting(regex_list, [])
+    interfaces_exclude: tuple[str, ...] = setting(
+        regex_list, [r"^lo$", r"^(br|docker|virbr|veth|cni|flannel|cali|vxlan)"]
+    )
+    stats_include: tuple[str, ...] = setting(regex_list, [])
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    path: str = setting(string)
+    job: str = setting(_job_name)
+    done_marker: str | None = setting(optional(string))
+    quiet_period: float = setting(duration, 30.0)
+    poll: Enabled = setting(tristate, Enabled.AUTO)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig(SourceConfig):
+    watch: tuple[WatchConfig, ...] = items(ListOfConfig(WatchConfig))
+    started_timeout: float = setting(duration, 7200.0)
+    forget_after: float = setting(duration, 86400.0)
+
+
+@dataclass(frozen=True)
+class LogFileConfig:
+    path: str = setting(string)
+    job: str = setting(_job_name)
+    format: str = setting(choice(*LOG_FORMATS), "auto")
+    pattern: str | None = setting(optional(log_pattern))
+
+
+@dataclass(frozen=True)
+class LogsConfig(SourceConfig):
+    files: tuple[LogFileConfig, ...] = items(ListOfConfig(LogFileConfig))
+    discovered_pods: bool = setting(boolean, True)
+    pods_root: str = setting(string, "/var/log/pods")
+    takeover_after: float = setting(duration, 30.0)
+    max_line_bytes: int = setting(positive_int, 1 << 20)
+
+
+@dataclass(frozen=True)
+class PreflightConfig(SourceConfig):
+    interval: float = setting(duration, 300.0)
+    timeout: float = setting(duration, 30.0)
+    link_layer: str | None = setting(optional(choice("Ethernet", "InfiniBand")))
+    roce_priority: int = setting(pfc_priority, 3)  # the priority NVIDIA's RoCE configuration guides make lossless
+    port_rate_gbps: float | None = setting(optional(positive_quantity))
+    min_node_gbps: float = setting(positive_quantity, 400.0)  # the guide's FAQ: at least 400 Gb/s per node
+    socket_buffer_bytes: int = setting(positive_int, 64 * 1024 * 1024)  # the guide's net.core.rmem_max=67108864
+    expected_gpus: int | None = setting(optional(positive_int))
+    nccl_env_file: str | None = setting(optional(string))
+    devices_include: tuple[str, ...] = setting(regex_list, [".*"])
+    devices_exclude: tuple[str, ...] = setting(regex_list, [r".*vf.*", r".*rep.*"])
+
+
+@dataclass(frozen=True)
+class SourcesConfig:
+    gpu: GpuConfig = subsection(GpuConfig)
+    rdma: RdmaConfig = subsection(RdmaConfig)
+    ethtool: EthtoolConfig = subsection(EthtoolConfig)
+    checkpoint: CheckpointConfig = subsection(CheckpointConfig)
+    logs: LogsConfig = subsection(LogsConfig)
+    preflight: PreflightConfig = subsection(PreflightConfig)
+
+
+@dataclass(frozen=True)
+class MfuConfig:
+    window: float = setting(duration, 60.0)
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    """The loss attribution's thresholds (``exporter.model.attribution``)."""
+
+    tolerance: float = setting(ratio, 0.10)  # a gap under 10% of the baseline is noise: cause "none"
+    pause_ratio: float = setting(ratio, 0.05)  # share of time a port was paused
+    # A fixed level, not a rise: above what the job's ports see when healthy.
+    cnp_per_second: float = setting(positive_quantity, 1000.0)
+    idle_utilization: float = setting(ratio, 0.5)  # mean GPU utilization under which GPUs count as mostly idle
+    baseline_window: float = setting(duration, 3600.0)
+    baseline_percentile: float = setting(ratio, 0.9)
+    baseline_min_samples: int = setting(positive_int, 30)
+    baseline_interval: float = setting(duration, 10.0)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The model facts of one job: ``jobs.<name>`` in the config, and the progress API's ``model`` and others."""
+
+    params: float | None = setting(optional(bounded_quantity(1, MAX_PARAMS, '"70B" or 7e10')))
+    layers: int | None = setting(optional(bounded_int(1, MAX_LAYERS)))
+    heads: int | None = setting(optional(bounded_int(1, MAX_HEADS)))
+    head_dim: int | None = setting(optional(bounded_int(1, MAX_HEAD_DIM)))
+    seq_len: int | None = setting(optional(bounded_int(1, MAX_SEQ_LEN)))
+    causal_attention: bool = setting(boolean, False)
+    dtype: str = setting(choice("bf16", "fp16", "fp8", "tf32"), "bf16")
+    gpus: int | tuple[int | str, ...] | None = setting(optional(job_gpus))
+    target_tokens: float | None = setting(optional(bounded_quantity(1, MAX_TOKENS, '"15T"')))
+    peak_tflops: float | None = setting(
+        optional(bounded_quantity(MIN_PEAK_TFLOPS, MAX_PEAK_TFLOPS, "989.4 (an H100's dense bf16)"))
+    )
+    expected_mfu: float | None = setting(optional(ratio))
+    # What a log-fed job's lines may not say (sources.logs): its GPUs over all nodes, and sequences per step.
+    world_size: int | None = setting(optional(positive_int))
+    global_batch: int | None = setting(optional(positive_int))
+
+
+@dataclass(frozen=True)
+class ApiServerConfig:
+    enabled: Enabled = setting(tristate, Enabled.AUTO)
+    url: str | None = setting(optional(string))
+    token_path: str = setting(string, f"{SERVICE_ACCOUNT_DIR}/token")
+    ca_path: str | None = setting(optional(string), f"{SERVICE_ACCOUNT_DIR}/ca.crt")
+    timeout: float = setting(duration, 2.0)
+    retry_after: float = setting(duration, 300.0)
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    enabled: Enabled = setting(tristate, Enabled.AUTO)
+    socket: str = setting(string, PODRESOURCES_SOCKET)
+    timeout: float = setting(duration, 5.0)
+    max_message_bytes: int = setting(positive_int, 64 * 1024 * 1024)
+    api_server: ApiServerConfig = subsection(ApiServerConfig)
+    label_keys: tuple[str, ...] = setting(string_list, list(DISCOVERY_LABEL_KEYS))
+    pod_name_pattern: str = setting(pod_name_pattern, DISCOVERY_POD_NAME_PATTERN)
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    enabled: Enabled = setting(tristate, Enabled.AUTO)
+    job_mapping_dir: str | None = setting(optional(string))
+    processes: bool = setting(boolean, True)
+    cgroup_root: str | None = setting(optional(string))
+    name_command: tuple[str, ...] = setting(command, [])
+    name_timeout: float = setting(duration, 5.0)
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    interval: float = setting(duration, 5.0)
+    timeout: float = setting(duration, 10.0)
+    max_jobs: int = setting(positive_int, 64)
+    kubernetes: KubernetesConfig = subsection(KubernetesConfig)
+    slurm: SlurmConfig = subsection(SlurmConfig)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    token_file: str | None = setting(optional(string))
+    max_jobs: int = setting(positive_int, 32)
+    max_body_bytes: int = setting(positive_int, 64 * 1024)
+    job_ttl: float = setting(duration, 86400.0)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole file, every key optional."""
+
+    web: WebServerConfig = subsection(WebServerConfig)
+    sources: SourcesConfig = subsection(SourcesConfig)
+    mfu: MfuConfig = subsection(MfuConfig)
+    attribution: AttributionConfig = subsection(AttributionConfig)
+    jobs: Mapping[str, JobConfig] = items(MapOfConfig(_job_name, JOB_NAME_FORM, JobConfig))
+    discovery: DiscoveryConfig = subsection(DiscoveryConfig)
+    ingest: IngestConfig = subsection(IngestConfig)
+
+
+def schema_of(cls: type) -> Section:
+    """The ``Section`` tree ``validate`` checks against, read from a config dataclass."""
+
+    def spec(item: Any) -> Any:
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
+            return schema_of(item)
+        if isinstance(item, ListOfConfig):
+            return ListOf(schema_of(item.value))
+        if isinstance(item, MapOfConfig):
+            return MapOf(item.key, item.key_form, schema_of(item.value))
+        return item
+
+    return Section({f.name: (spec(f.metadata[_SPEC][0]), f.metadata[_SPEC][1]) for f in dataclasses.fields(cls)})
+
+
+T = TypeVar("T")
+
+
+def settings_of(cls: type[T], values: Mapping[str, Any]) -> T:
+    """A validated section (nested dicts, as ``validate`` returns) as its config dataclass."""
+
+    def typed(item: Any, value: Any) -> Any:
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
+            return settings_of(item, value)
+        if isinstance(item, ListOfConfig):
+            return tuple(settings_of(item.value, v) for v in value)
+        if isinstance(item, MapOfConfig):
+            return {name: settings_of(item.value, v) for name, v in value.items()}
+        return _frozen(value)
+
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    return cls(**{f.name: typed(f.metadata[_SPEC][0], values[f.name]) for f in fields})
+
+
+def typed_config(config: Mapping[str, Any]) -> Config:
+    """The validated config as typed, frozen sections: ``typed_config(config).sources.gpu.interval``."""
+    return settings_of(Config, config)
+
+
+SCHEMA = schema_of(Config)
+JOB_SECTION = schema_of(JobConfig)
+WATCH_SECTION = schema_of(WatchConfig)
+LOG_FILE_SECTION = schema_of(LogFileConfig)
+DISCOVERY_SECTION = schema_of(DiscoveryConfig)
+DEFAULTS = Config()  # every default, typed: what a class that needs one takes (PreflightSettings, JobTracker)
 
 
 def _validate(spec: Any, value: Any, file: str, path: str) -> Any:

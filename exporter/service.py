@@ -13,7 +13,8 @@ from typing import Any, AsyncIterator, Callable
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
-from exporter.model.attribution import Attributor, NodeSignals, Thresholds
+from exporter.config import Config, typed_config
+from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
 from exporter.model.jobs import GpuInfo, JobTracker, JobView
@@ -42,6 +43,7 @@ class Service:
     attribution: Attributor = field(default_factory=Attributor)
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
     collector: ExporterCollector | None = None  # the registry's one collector, for parts added later
+    settings: Config = field(default_factory=Config)  # ``config`` typed (exporter.config.typed_config)
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
 
@@ -79,7 +81,7 @@ class Service:
             self._process_metrics = True
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
-        return self.checkpoints.overlap(job, self.config["mfu"]["window"]) if self.checkpoints else None
+        return self.checkpoints.overlap(job, self.settings.mfu.window) if self.checkpoints else None
 
     def job_json(self, view: JobView) -> dict[str, Any]:
         """A job's JSON with what explains a dip in its MFU: checkpoint writes overlapping the window, and the
@@ -171,17 +173,18 @@ def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[
 def build_service(
     config: dict, sources: list[Source], clock: Callable[[], float] = time.time, paths: Paths | None = None
 ) -> Service:
+    typed = typed_config(config)
     daemon = Scheduler(sources, clock=clock)
     jobs = JobTracker(
-        configured=config["jobs"],
-        window=config["mfu"]["window"],
-        max_jobs=config["ingest"]["max_jobs"],
-        job_ttl=config["ingest"]["job_ttl"],
+        configured=config["jobs"],  # the facts stay dicts: the progress API's reports merge into them
+        window=typed.mfu.window,
+        max_jobs=typed.ingest.max_jobs,
+        job_ttl=typed.ingest.job_ttl,
         gpu_inventory=gpu_inventory_from(daemon),
         clock=clock,
         gpu_readings=gpu_readings_from(daemon),
     )
-    attribution = Attributor(Thresholds.from_config(config["attribution"]))
+    attribution = Attributor(typed.attribution)
     registry = CollectorRegistry(auto_describe=False)
     collector = ExporterCollector(daemon, jobs, extra=[attribution.families], clock=clock)
     registry.register(collector)
@@ -202,4 +205,5 @@ def build_service(
         attribution=attribution,
         paths=paths or Paths(),
         collector=collector,
+        settings=typed,
     )

@@ -6,10 +6,16 @@ import argparse
 import asyncio
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Any
 
-from exporter.cli.flags import add_daemon_flags
+import requests
+import urllib3
+
+from exporter.cli.flags import add_daemon_flags, apply_web_flags
 from exporter.client import ProgressReporter
+from exporter.config import ConfigError, Invalid, duration, typed_config
 from exporter.sim.node import (
     DISCOVERED_GPUS,
     DISCOVERED_JOB,
@@ -26,12 +32,39 @@ from exporter.web.app import serve
 DEMO_HELP = "Run a simulated 8-GPU training node through the real exporter, with live MFU and incidents."
 
 
+class NotForTheDemo(argparse.Action):
+    """``--path.sysfs`` and ``--path.procfs`` say where the kernel's trees are, and the demo reads no kernel tree: its
+    sources read the simulated ones it writes into its own temporary directory. Writing a simulated tree at the
+    given path instead would write into whatever is there (``/sys`` is the flags' default), so the demo refuses
+    them (exit 2) rather than take them and ignore them."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None) -> None:
+        parser.error(
+            f"{option} is not accepted: the demo reads the simulated sysfs and procfs trees it writes into its own "
+            "temporary directory (shown at start as files); to read another tree, run mfu-exporter run "
+            + f"{option} DIR"
+        )
+
+
+def mfu_window(value: str) -> float:
+    try:
+        return duration(value)
+    except Invalid as exc:
+        raise argparse.ArgumentTypeError(exc.expected) from None
+
+
 def add_demo_flags(parser: argparse.ArgumentParser) -> None:
-    add_daemon_flags(parser)
+    add_daemon_flags(parser, paths=False)
+    for flag in ("--path.sysfs", "--path.procfs"):
+        parser.add_argument(flag, action=NotForTheDemo, metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second (default 1)")
     parser.add_argument("--incident", choices=INCIDENTS, help="force one incident after a short healthy warm-up")
     parser.add_argument(
-        "--mfu.window", dest="mfu_window", default="15s", help="MFU window (default 15s, so changes show fast)"
+        "--mfu.window",
+        dest="mfu_window",
+        type=mfu_window,
+        metavar="DURATION",
+        help="MFU window; overrides mfu.window of --config (default 15s, so changes show fast)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the simulation's noise")
     parser.add_argument(
@@ -48,7 +81,7 @@ def run_demo(args: argparse.Namespace) -> int:
         raise SystemExit("mfu-exporter demo: --speed must be positive")
     root = Path(tempfile.mkdtemp(prefix="mfu-demo-"))
     try:
-        runtime, node, simulation = build_demo(args, root)
+        runtime, node, simulation = build_demo(args, root, flags=lambda config: demo_flags(config, args))
 
         def started(urls: list[str]) -> None:
             url = urls[0]
@@ -61,6 +94,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     gpus=list(JOB_GPUS),
                     target_tokens=NODE_TARGET_TOKENS,
                     clock=lambda: node.stamp,  # the time of the tick's token count, not of the send
+                    **reporter_access(runtime.config, url),
                 )
             simulation.start()
             print(f"mfu-exporter demo: a simulated 8 × {GPU_NAME} node training {JOB}", flush=True)
@@ -87,3 +121,35 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def demo_flags(config: dict, args: argparse.Namespace) -> dict:
+    """The command line over the demo's config: the web flags as ``run`` applies them, and ``--mfu.window``."""
+    apply_web_flags(config, args)
+    if args.mfu_window is not None:
+        config["mfu"]["window"] = args.mfu_window
+    return config
+
+
+def reporter_access(config: dict, url: str) -> dict[str, Any]:
+    """How the demo's own job reaches the demo's server when ``--web.config.file`` or ``ingest.token_file`` secure
+    it: the token from the token file, and over TLS a session that does not verify the certificate. The job and
+    the server are one process on loopback, and the certificate names whatever host the operator's file was made
+    for; the scrapers and browsers the demo serves verify it as usual. Basic auth governs reads, not reports."""
+    access: dict[str, Any] = {}
+    token_file = typed_config(config).ingest.token_file
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as handle:
+                access["token"] = handle.read().strip()
+        except OSError as exc:  # the server reads it too, and says what is wrong with it
+            raise ConfigError(token_file, "ingest.token_file", f"a readable file ({exc.strerror})") from None
+    if url.startswith("https:"):
+        session = requests.Session()
+        session.verify = False
+        # Without this, REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the environment overrides verify=False for each
+        # request (requests merges the environment over the session), and a proxy variable could route loopback.
+        session.trust_env = False
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+        access["session"] = session
+    return access

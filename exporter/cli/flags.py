@@ -76,7 +76,9 @@ def add_path_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_daemon_flags(parser: argparse.ArgumentParser) -> None:
+def add_daemon_flags(parser: argparse.ArgumentParser, paths: bool = True) -> None:
+    """The daemon's flags; ``paths=False`` leaves out ``--path.sysfs`` and ``--path.procfs`` (the demo reads trees of
+    its own, ``exporter.cli.demo``)."""
     add_flag(parser, "--config", "YAML config file; every key optional", metavar="FILE")
     add_flag(
         parser,
@@ -93,7 +95,8 @@ def add_daemon_flags(parser: argparse.ArgumentParser) -> None:
         dest="web_config_file",
         metavar="FILE",
     )
-    add_path_flags(parser)
+    if paths:
+        add_path_flags(parser)
     add_flag(
         parser,
         "--log.level",
@@ -106,8 +109,8 @@ def add_daemon_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_daemon_config(args: argparse.Namespace) -> dict:
-    config = load_config(args.config)
+def apply_web_flags(config: dict, args: argparse.Namespace) -> dict:
+    """``--web.listen-address`` and ``--web.config.file`` over the config's ``web`` section (flags win)."""
     if args.listen_address:
         try:
             config["web"]["listen_address"] = listen_address(args.listen_address)
@@ -116,3 +119,7 @@ def load_daemon_config(args: argparse.Namespace) -> dict:
     if args.web_config_file:
         config["web"]["config_file"] = args.web_config_file
     return config
+
+
+def load_daemon_config(args: argparse.Namespace) -> dict:
+    return apply_web_flags(load_config(args.config), args)

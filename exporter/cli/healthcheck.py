@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.cli.flags import BadEnv, add_daemon_flags, load_daemon_config
-from exporter.config import ConfigError, read_yaml
+from exporter.config import ConfigError, read_yaml, typed_config
 
 EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1
 HEALTHCHECK_HELP = "Ask the daemon's /healthz over HTTP or HTTPS, as its own settings say (for Docker HEALTHCHECK)."
@@ -61,10 +61,11 @@ def probe_host(listen_host: str | None) -> str:
 
 def target_from(config: dict) -> Target:
     """The daemon's listener from its validated config (``web.listen_address``, ``web.config_file``)."""
-    host, port = config["web"]["listen_address"].rsplit(":", 1)
+    web = typed_config(config).web
+    host, port = web.listen_address.rsplit(":", 1)
     host = host.strip("[]")
     tls, required, sans = False, False, False
-    web_config = config["web"]["config_file"]
+    web_config = web.config_file
     if web_config:
         # Only whether TLS is on and how clients authenticate: the daemon validated the whole file when it started,
         # and loading users would cost a bcrypt hash at their cost on every probe.

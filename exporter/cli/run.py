@@ -7,8 +7,7 @@ import asyncio
 
 from exporter.cli.flags import add_daemon_flags, load_daemon_config
 from exporter.service import build_service
-from exporter.sources import build_sources, require_sources
-from exporter.sources.base import Paths
+from exporter.sources import Paths, SourceContext, build_sources, require_sources
 from exporter.web.app import serve
 
 RUN_HELP = "Run the exporter daemon (the default command)."
@@ -20,9 +19,9 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_daemon(args: argparse.Namespace) -> int:
     config = load_daemon_config(args)
-    paths = Paths(args.sysfs, args.procfs)
-    sources = build_sources(config, paths)
+    ctx = SourceContext(config, Paths(args.sysfs, args.procfs))  # the real NVML, ethtool ioctl and clocks
+    sources = build_sources(config, ctx)
     require_sources(config, sources, args.config)
-    runtime = build_service(config, sources, paths=paths)
+    runtime = build_service(config, sources, paths=ctx.paths)
     asyncio.run(serve(runtime))
     return 0

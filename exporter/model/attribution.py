@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from exporter.config import AttributionConfig
 from exporter.model.jobs import JobView
 from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
 
@@ -55,20 +56,8 @@ RETRANSMIT_COUNTERS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    tolerance: float = 0.10  # a gap under 10% of the baseline is noise: cause "none"
-    pause_ratio: float = 0.05  # share of time a port was paused
-    cnp_per_second: float = 1000.0  # a fixed level, not a rise: above what the job's ports see when healthy
-    idle_utilization: float = 0.5  # mean GPU utilization under which GPUs count as mostly idle
-    baseline_window: float = 3600.0
-    baseline_percentile: float = 0.9
-    baseline_min_samples: int = 30
-    baseline_interval: float = 10.0
-
-    @classmethod
-    def from_config(cls, section: dict) -> "Thresholds":
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__})
+# The thresholds are the config's ``attribution`` section, defaults and all (one table: exporter/config.py).
+Thresholds = AttributionConfig
 
 
 @dataclass

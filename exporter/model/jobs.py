@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
-from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
+from exporter.config import DEFAULTS, JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
 from exporter.model import flops as mfu_math
 from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
 from exporter.model.errors import TooManyJobs, ValidationError
@@ -271,9 +271,9 @@ class JobTracker:
     def __init__(
         self,
         configured: dict[str, dict] | None = None,
-        window: float = 60.0,
-        max_jobs: int = 32,
-        job_ttl: float = 86400.0,
+        window: float = DEFAULTS.mfu.window,  # the config table's defaults (exporter/config.py)
+        max_jobs: int = DEFAULTS.ingest.max_jobs,
+        job_ttl: float = DEFAULTS.ingest.job_ttl,
         gpu_inventory: Callable[[], list[GpuInfo] | None] = lambda: None,
         clock: Callable[[], float] = time.time,
         gpu_readings: Callable[[], dict[int, GpuReading] | None] = lambda: None,

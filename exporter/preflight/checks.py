@@ -22,15 +22,14 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pynvml
 
+from exporter.config import DEFAULTS, PreflightConfig
 from exporter.node.nic_qos import KernelNicQos, NicQos
 from exporter.node.pci import Affinity, GdrLevel, PciTopology, acs_redirects, pci_address_from_nvml, read_attribute
 from exporter.node.rdma import RdmaPort, discover_ports
 
 MIB = 1024 * 1024
-GUIDE_SOCKET_BUFFER_BYTES = 64 * MIB  # the guide's sysctl -w net.core.rmem_max=67108864
-GUIDE_MIN_NODE_GBPS = 400.0  # the guide's FAQ: at least 400 Gb/s per node
 GUIDE_NCCL = {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "5"}  # the guide's all_reduce_perf command line
-DEFAULT_ROCE_PRIORITY = 3  # the priority NVIDIA's RoCE configuration guides make lossless
+_DEFAULT = DEFAULTS.sources.preflight  # the defaults are the config table's (exporter/config.py), written once
 
 
 TRANSLATED_IOMMU_TYPES = ("DMA", "DMA-FQ")
@@ -71,29 +70,20 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class PreflightSettings:
-    """What this node should look like; from ``sources.preflight`` in the config."""
+    """What this node should look like: the checks' part of ``sources.preflight`` (``PreflightConfig``)."""
 
-    roce_priority: int = DEFAULT_ROCE_PRIORITY
-    link_layer: str | None = None  # "Ethernet" or "InfiniBand"; None: any, as long as all ports agree
-    port_rate_gbps: float | None = None  # None: the fastest active port sets the expectation
-    min_node_gbps: float = GUIDE_MIN_NODE_GBPS
-    socket_buffer_bytes: int = GUIDE_SOCKET_BUFFER_BYTES
-    expected_gpus: int | None = None
-    devices_include: tuple[str, ...] = (".*",)
-    devices_exclude: tuple[str, ...] = (r".*vf.*", r".*rep.*")
+    roce_priority: int = _DEFAULT.roce_priority
+    link_layer: str | None = _DEFAULT.link_layer  # "Ethernet" or "InfiniBand"; None: any, as long as all ports agree
+    port_rate_gbps: float | None = _DEFAULT.port_rate_gbps  # None: the fastest active port sets the expectation
+    min_node_gbps: float = _DEFAULT.min_node_gbps
+    socket_buffer_bytes: int = _DEFAULT.socket_buffer_bytes
+    expected_gpus: int | None = _DEFAULT.expected_gpus
+    devices_include: tuple[str, ...] = _DEFAULT.devices_include
+    devices_exclude: tuple[str, ...] = _DEFAULT.devices_exclude
 
     @classmethod
-    def from_config(cls, section: Mapping) -> PreflightSettings:
-        return cls(
-            roce_priority=section["roce_priority"],
-            link_layer=section["link_layer"],
-            port_rate_gbps=section["port_rate_gbps"],
-            min_node_gbps=section["min_node_gbps"],
-            socket_buffer_bytes=section["socket_buffer_bytes"],
-            expected_gpus=section["expected_gpus"],
-            devices_include=tuple(section["devices_include"]),
-            devices_exclude=tuple(section["devices_exclude"]),
-        )
+    def from_config(cls, section: PreflightConfig) -> PreflightSettings:
+        return cls(**{name: getattr(section, name) for name in cls.__dataclass_fields__})
 
 
 # --- facts ------------------------------------------------------------------------------------------------------

@@ -16,29 +16,20 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from exporter.client import ProgressReporter
-from exporter.config import load_config, read_yaml, validate
+from exporter.config import read_yaml, typed_config, validate
 from exporter.model import flops as mfu_math
-from exporter.model.checkpoints import CheckpointTracker
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.nic_qos import GlobalPause
 from exporter.preflight.checks import PreflightSettings
-from exporter.quantities import format_duration, parse_duration
+from exporter.quantities import format_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.podresources import PodResourcesServer, SimPod
-from exporter.sources import discovery_enabled
-from exporter.sources.base import Paths
-from exporter.sources.checkpoint import CheckpointSource
-from exporter.sources.discovery import DiscoverySource
-from exporter.sources.ethtool import EthtoolSource
-from exporter.sources.gpu import GpuSource
-from exporter.sources.logs import LogsSource
-from exporter.sources.preflight import PreflightSource
-from exporter.sources.rdma import RdmaSource
+from exporter.sources import Paths, SourceContext, build_sources, require_sources
 
 log = logging.getLogger(__name__)
 
@@ -291,38 +282,18 @@ class DemoNode:
         self._stall_pending = False
         self._apply(None)
 
-    def sources(self) -> list:
-        watch = {"path": str(self.checkpoints.root), "job": JOB, "done_marker": ".metadata"}
-        section = validate({"sources": {"checkpoint": {"watch": [watch]}}})["sources"]["checkpoint"]
-        tracker = CheckpointTracker(started_timeout=section["started_timeout"], pinned=[JOB], clock=self.clock.time)
-        return [
-            GpuSource(self.nvml, interval=1.0, timeout=5.0, retry_interval=30.0, monotonic=self.clock.monotonic),
-            RdmaSource(self.fabric.sysfs_root, interval=1.0, clock=self.clock.monotonic),
-            EthtoolSource(
-                self.fabric.sysfs_root,
-                reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
-                interval=1.0,
-                clock=self.clock.monotonic,
-            ),
-            CheckpointSource(section, tracker, clock=self.clock.time),
-            # The daemon's preflight over the simulated node, every 5 minutes of wall time as by default.
-            PreflightSource(
-                PreflightSettings(),
-                str(self.fabric.sysfs_root),
-                str(self.procfs),
-                self.nvml,
-                qos=SimulatedQos(),
-                interval=300.0,
-                timeout=30.0,
-            ),
-            *([self.logs_source()] if self.training_log is not None else []),
-        ]
-
-    def logs_source(self) -> LogsSource:
-        self.training_log.path.touch()
-        files = [{"path": str(self.training_log.path), "job": JOB, "format": "torchtitan"}]
-        config = validate({"sources": {"logs": {"files": files, "discovered_pods": False}}})
-        return LogsSource(config["sources"]["logs"], clock=self.clock.time)
+    def context(self, config: dict) -> SourceContext:
+        """What the real sources read on this node: its sysfs and procfs trees, the fake NVML, the ``ethtool -S``
+        texts, the simulated PFC settings, and the simulated clock."""
+        return SourceContext(
+            config,
+            Paths(self.fabric.sysfs_root, str(self.procfs)),
+            nvml=self.nvml,
+            ethtool_reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
+            nic_qos=SimulatedQos(),
+            wall=self.clock.time,
+            monotonic=self.clock.monotonic,
+        )
 
     def tick(self) -> None:
         if self._origin is None:
@@ -413,39 +384,60 @@ class DemoNode:
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
 
 
-def demo_config(
-    config_path: str | None, window: float, progress: str = "api", kubelet_socket: str | None = None
-) -> dict:
-    """The demo's config: the file's, with the demo's job added. Without a ``discovery`` section in the file,
-    discovery reads the demo's own kubelet at ``kubelet_socket``; with one, the file's section applies as it is (a
-    real pod-resources socket or Slurm mapping directory, matched against the simulated GPUs)."""
-    config = load_config(config_path)
-    config["mfu"]["window"] = window
-    raw = read_yaml(config_path) if config_path else None
-    if kubelet_socket and not (isinstance(raw, dict) and "discovery" in raw):
-        config["discovery"] = validate(
-            {
-                "discovery": {
-                    "interval": "2s",
-                    "kubernetes": {"enabled": "true", "socket": kubelet_socket, "api_server": {"enabled": "false"}},
-                    "slurm": {"enabled": "false"},
-                }
-            }
-        )["discovery"]
-    if not (isinstance(raw, dict) and "attribution" in raw):
+def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
+    """The demo's own config, as a YAML file would say it: its job, its checkpoint directory and training log, its
+    kubelet for discovery, and settings that make changes show within seconds rather than minutes."""
+    # From a log, the model is what the log prints (parameters, sequence length): nothing configured about it.
+    model = MODEL if node.training_log is None else {"target_tokens": NODE_TARGET_TOKENS}
+    watch = {"path": str(node.checkpoints.root), "job": JOB, "done_marker": ".metadata"}
+    logs: dict = {"enabled": False}  # the job reports through its ProgressReporter; no pod logs to follow
+    if node.training_log is not None:
+        files = [{"path": str(node.training_log.path), "job": JOB, "format": "torchtitan"}]
+        logs = {"files": files, "discovered_pods": False}
+    defaults: dict = {
+        "mfu": {"window": "15s"},
+        "sources": {
+            "gpu": {"retry_interval": "30s"},
+            "checkpoint": {"watch": [watch]},
+            "logs": logs,
+        },
         # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds
         # rather than the default five minutes, so its cause shows soon after start.
-        config["attribution"]["baseline_interval"] = 1.0
-        config["attribution"]["baseline_min_samples"] = 10
-    # From a log, the model is what the log prints (parameters, sequence length): nothing configured about it.
-    model = MODEL if progress == "api" else {"target_tokens": NODE_TARGET_TOKENS}
-    config["jobs"].setdefault(
-        JOB,
-        validate({"jobs": {JOB: {**model, "dtype": "bf16", "gpus": list(JOB_GPUS), "expected_mfu": STEADY_MFU}}})[
-            "jobs"
-        ][JOB],
-    )
-    return config
+        "attribution": {"baseline_interval": "1s", "baseline_min_samples": 10},
+        "jobs": {JOB: {**model, "dtype": "bf16", "gpus": list(JOB_GPUS), "expected_mfu": STEADY_MFU}},
+    }
+    if kubelet_socket:
+        defaults["discovery"] = {
+            "interval": "2s",
+            "kubernetes": {"enabled": "true", "socket": kubelet_socket, "api_server": {"enabled": "false"}},
+            "slurm": {"enabled": "false"},
+        }
+    return defaults
+
+
+def merged(base: Any, over: Any) -> Any:
+    """``over`` merged over ``base``: mappings key by key, anything else (a list, a value) replaced; an empty
+    section (``sources:`` with nothing under it) keeps the base's."""
+    if isinstance(base, dict) and over is None:
+        return base
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{key: merged(base.get(key), value) for key, value in over.items()}}
+    return over
+
+
+def demo_config(config_path: str | None, node: DemoNode, kubelet_socket: str | None = None) -> dict:
+    """The demo's config: ``demo_defaults`` with the file's keys merged over them, validated as the daemon
+    validates a file (errors name the file and key). A ``discovery`` section in the file replaces the demo's whole
+    (a real pod-resources socket or Slurm mapping directory, matched against the simulated GPUs), so the demo's
+    kubelet does not mix into it."""
+    raw = read_yaml(config_path) if config_path else None
+    file = config_path or "<config>"
+    if raw is not None and not isinstance(raw, dict):
+        validate(raw, file)  # the daemon's error for a file that is not a mapping
+    config = merged(demo_defaults(node, kubelet_socket), raw)
+    if isinstance(raw, dict) and "discovery" in raw:
+        config["discovery"] = raw["discovery"]
+    return validate(config, file)
 
 
 class Simulation:
@@ -484,22 +476,24 @@ def discovered_pods(nvml: fake_nvml.FakeNvml) -> list[SimPod]:
     ]
 
 
-def build_demo(args: argparse.Namespace, root: Path) -> tuple[Service, DemoNode, Simulation]:
+def build_demo(
+    args: argparse.Namespace, root: Path, flags: Callable[[dict], Any] | None = None
+) -> tuple[Service, DemoNode, Simulation]:
+    """The demo's service, node and simulation; ``flags`` applies the command line over the config (flags win)."""
     clock = SimClock(args.speed)
     progress = getattr(args, "progress", "api")
     node = DemoNode(root, clock, Schedule(args.incident), seed=args.seed, progress=progress)
     socket = str(root / "kubelet.sock")
-    config = demo_config(args.config, parse_duration(args.mfu_window), progress, kubelet_socket=socket)
-    if args.listen_address:
-        config["web"]["listen_address"] = args.listen_address
-    sources = node.sources()
-    if config["discovery"]["kubernetes"]["socket"] == socket:
+    config = demo_config(args.config, node, kubelet_socket=socket)
+    if flags is not None:
+        flags(config)
+    if typed_config(config).discovery.kubernetes.socket == socket:
         node.kubelet = PodResourcesServer(socket, discovered_pods(node.nvml)).start()
-    if discovery_enabled(config):
-        paths = Paths(node.fabric.sysfs_root)
-        sources.append(
-            DiscoverySource(config["discovery"], paths.procfs, paths.sysfs, node.nvml, clock=clock.monotonic)
-        )
-    runtime = build_service(config, sources, clock=clock.time, paths=Paths(node.fabric.sysfs_root))
+    if node.training_log is not None:
+        node.training_log.path.touch()  # the logs source follows it from the start
+    ctx = node.context(config)
+    sources = build_sources(config, ctx)
+    require_sources(config, sources, args.config)
+    runtime = build_service(config, sources, clock=clock.time, paths=ctx.paths)
     # At high speed, tick often enough that a warm-up still carries several progress reports.
     return runtime, node, Simulation(node, period=min(1.0, 2.5 / args.speed))

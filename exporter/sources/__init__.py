@@ -1,61 +1,73 @@
 """The sources: one per plane, each sampled in its own worker thread (``exporter.scheduler``).
 
-``SOURCE_FACTORIES`` is the registry: config section name -> factory. ``build_sources`` builds every source the
-config does not disable.
+``SOURCES`` is the registry: source name -> factory, every factory of one signature ``(section, ctx)``, where
+``section`` is the source's own config section, typed (``exporter.config``), and ``ctx`` a ``SourceContext`` (the
+whole config, the paths, the NVML module, the ethtool reader, the clocks). ``build_sources`` builds every source the
+config does not disable; production, the demo, the benchmarks and the tests all build through it and differ only in
+the context.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
-import pynvml
-
-from exporter.config import ConfigError
-from exporter.sources.base import Paths, Source, SourceUnavailable
+from exporter.config import Config, ConfigError, Enabled, typed_config
+from exporter.sources.base import Paths, Source, SourceContext, SourceUnavailable
 from exporter.sources.checkpoint import checkpoint_source
 from exporter.sources.discovery import DiscoverySource
-from exporter.sources.ethtool import build_ethtool_source
+from exporter.sources.ethtool import ethtool_source
 from exporter.sources.gpu import GpuSource
 from exporter.sources.logs import logs_source
 from exporter.sources.preflight import PreflightSource
-from exporter.sources.rdma import build_rdma_source
+from exporter.sources.rdma import rdma_source
+
+__all__ = ["SOURCES", "Paths", "SourceContext", "build_sources", "enabled", "require_sources", "section_of"]
+
+Factory = Callable[[Any, SourceContext], Source]  # (the source's section of exporter.config.Config, ctx)
+
+# In this order the scheduler lists them (status page, /api/v1/status, the per-source families).
+SOURCES: dict[str, Factory] = {
+    "gpu": GpuSource.from_config,
+    "checkpoint": checkpoint_source,
+    "preflight": PreflightSource.from_config,
+    "rdma": rdma_source,
+    "ethtool": ethtool_source,
+    "logs": logs_source,
+    "discovery": DiscoverySource.from_config,
+}
 
 
-def build_sources(config: dict, paths: Paths) -> list[Source]:
+def section_of(config: Config, name: str) -> Any:
+    """The source's config section: ``sources.<name>``, except discovery's, the top-level ``discovery`` (it finds
+    jobs rather than sampling a plane, and each of its halves has its own ``enabled``)."""
+    return config.discovery if name == "discovery" else getattr(config.sources, name)
+
+
+def _enabled_keys(config: Config, name: str) -> list[tuple[str, Enabled]]:
+    """The config keys that turn the source on or off, with their values."""
+    if name == "discovery":
+        halves = {"kubernetes": config.discovery.kubernetes, "slurm": config.discovery.slurm}
+        return [(f"discovery.{half}.enabled", section.enabled) for half, section in halves.items()]
+    return [(f"sources.{name}.enabled", getattr(config.sources, name).enabled)]
+
+
+def enabled(config: Config, name: str) -> bool:
+    """Whether the source runs: not ``false``. Discovery runs unless both of its halves are off."""
+    return any(value is not Enabled.FALSE for _, value in _enabled_keys(config, name))
+
+
+def build_sources(config: dict, ctx: SourceContext) -> list[Source]:
     """Every source not disabled in the config. ``auto`` and ``true`` both build it; ``require_sources`` is what
     makes ``true`` stop the start when the source cannot work here."""
-    sources: list[Source] = []
-    for name, factory in SOURCE_FACTORIES.items():
-        section = config["sources"][name]
-        if section["enabled"] == "false":
-            continue
-        if name == "ethtool":  # it reads the RDMA ports' netdevs: only those of the devices sources.rdma selects
-            sources.append(factory(section, paths, rdma=config["sources"]["rdma"]))
-        elif name == "logs":  # what a log cannot say (world size, sequence length) comes from jobs.<job>
-            sources.append(factory(section, paths, jobs=config["jobs"]))
-        else:
-            sources.append(factory(section, paths))
-    if discovery_enabled(config):
-        sources.append(DiscoverySource(config["discovery"], paths.procfs, paths.sysfs, pynvml))
-    return sources
+    typed = ctx.settings if ctx.config is config else typed_config(config)
+    return [factory(section_of(typed, name), ctx) for name, factory in SOURCES.items() if enabled(typed, name)]
 
 
-def discovery_enabled(config: dict) -> bool:
-    """Discovery runs unless both of its halves are off (``discovery.kubernetes`` and ``discovery.slurm``)."""
-    section = config["discovery"]
-    return section["kubernetes"]["enabled"] != "false" or section["slurm"]["enabled"] != "false"
-
-
-def _enabled_key(config: dict, source: Source) -> tuple[str, str]:
-    """The config key whose ``true`` makes this source required, and its value."""
-    if source.name == "discovery":
-        for half in ("kubernetes", "slurm"):
-            if config["discovery"][half]["enabled"] == "true":
-                return f"discovery.{half}.enabled", "true"
-        return "discovery.kubernetes.enabled", "auto"
-    return f"sources.{source.name}.enabled", config["sources"][source.name]["enabled"]
+def _required_key(config: Config, source: Source) -> str | None:
+    """The config key whose ``true`` makes this source required, or None when nothing requires it."""
+    return next((key for key, value in _enabled_keys(config, source.name) if value is Enabled.TRUE), None)
 
 
 def require_sources(config: dict, sources: list[Source], file: str | None) -> None:
@@ -67,7 +79,8 @@ def require_sources(config: dict, sources: list[Source], file: str | None) -> No
     down like any other, since stopping the exporter then would hide everything else it shows. The samples run
     together, each in its own thread bounded by the source's timeout, as the daemon would run them.
     """
-    required = [s for s in sources if _enabled_key(config, s)[1] == "true"]
+    typed = typed_config(config)
+    required = [s for s in sources if _required_key(typed, s) is not None]
     outcomes: dict[str, Exception | None] = {}
 
     def probe(source: Source) -> None:
@@ -93,25 +106,7 @@ def require_sources(config: dict, sources: list[Source], file: str | None) -> No
             why = str(error) if isinstance(error, SourceUnavailable) else f"{type(error).__name__}: {error}"
         raise ConfigError(
             file or "<config>",
-            _enabled_key(config, source)[0],
+            _required_key(typed, source) or f"sources.{source.name}.enabled",
             "a node where it works, or auto to serve without it",
             problem=f"true requires this source, but it cannot start here ({why}); ",
         )
-
-
-def _gpu_source(section: dict, paths: Paths) -> Source:
-    return GpuSource.from_config(section, pynvml)  # importing pynvml needs no driver; nvmlInit finds out
-
-
-def _preflight_source(section: dict, paths: Paths) -> Source:
-    return PreflightSource.from_config(section, paths.sysfs, paths.procfs, pynvml)
-
-
-SOURCE_FACTORIES: dict[str, Callable[[dict, Paths], Source]] = {
-    "gpu": _gpu_source,
-    "checkpoint": checkpoint_source,
-    "preflight": _preflight_source,
-    "rdma": build_rdma_source,
-    "ethtool": build_ethtool_source,
-    "logs": logs_source,
-}

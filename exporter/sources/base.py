@@ -6,11 +6,18 @@ A source is sampled in its own worker thread by the scheduler (``exporter.schedu
 
 from __future__ import annotations
 
+import functools
+import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
+import pynvml
 from prometheus_client.metrics_core import Metric
+
+from exporter.config import Config, typed_config
+from exporter.node.ethtool import StatsReader
+from exporter.node.nic_qos import NicQos
 
 
 class SourceUnavailable(Exception):
@@ -58,3 +65,29 @@ class Source(Protocol):
 class Paths:
     sysfs: str = "/sys"
     procfs: str = "/proc"
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """Everything a source's factory gets besides its own config section.
+
+    Every factory has one signature, ``factory(section, ctx)``. Production, the demo, the benchmarks and the tests
+    build their sources through the same ``exporter.sources.build_sources`` and differ only in the context: where
+    the kernel's trees are, which NVML module, ethtool reader and NIC QoS reader stand behind the hardware, and
+    which clocks the sources keep time with. ``config`` is the whole validated config, for what one section needs
+    of another (the ethtool source reads the RDMA device lists, the logs source the ``jobs`` facts); ``settings``
+    is the same config typed (``exporter.config.Config``).
+    """
+
+    config: dict
+    paths: Paths = field(default_factory=Paths)
+    nvml: Any = pynvml  # importing pynvml needs no driver; nvmlInit finds out
+    ethtool_reader: StatsReader | None = None  # None: the ethtool stats ioctl
+    nic_qos: NicQos | None = None  # None: the kernel's dcbnl and the ethtool pause ioctl
+    wall: Callable[[], float] = time.time  # timestamps: checkpoint writes, log lines
+    monotonic: Callable[[], float] = time.monotonic  # rates and retry timers
+    environ: Mapping[str, str] | None = None  # where discovery looks for the in-cluster API server; None: os.environ
+
+    @functools.cached_property
+    def settings(self) -> Config:
+        return typed_config(self.config)

@@ -29,9 +29,10 @@ from typing import Any, Callable
 from inotify_simple import INotify
 from inotify_simple import flags as IN
 
+from exporter.config import CheckpointConfig, Enabled, WatchConfig
 from exporter.model.checkpoints import MAX_OPEN_PER_JOB, CheckpointTracker, checkpoint_families
 from exporter.node.fswatch import Tree, filesystem_type, is_network_filesystem, measure
-from exporter.sources.base import Paths, Snapshot
+from exporter.sources.base import Snapshot, SourceContext
 
 log = logging.getLogger(__name__)
 
@@ -150,17 +151,17 @@ class CheckpointWatch:
     def __init__(
         self,
         index: int,
-        spec: dict,
+        spec: WatchConfig,
         tracker: CheckpointTracker,
         notifier: Notifier | None,
         mode_problem: str,
         mounts_file: str,
     ):
-        self.path = spec["path"]
-        self.job = spec["job"]
-        self.marker = spec["done_marker"]
-        self.quiet_period = spec["quiet_period"]
-        self._poll_setting = spec["poll"]
+        self.path = spec.path
+        self.job = spec.job
+        self.marker = spec.done_marker
+        self.quiet_period = spec.quiet_period
+        self._poll_setting = spec.poll
         self._tracker = tracker
         self._notifier = notifier
         self._mode_problem = mode_problem  # why inotify cannot be used at all, "" when it can
@@ -287,11 +288,11 @@ class CheckpointWatch:
         return True
 
     def _choose_mode(self) -> tuple[str, str]:
-        if self._poll_setting == "true":
+        if self._poll_setting is Enabled.TRUE:
             return "poll", "poll: true"
         if self._mode_problem:
             return "poll", self._mode_problem
-        if self._poll_setting == "auto":
+        if self._poll_setting is Enabled.AUTO:
             kind = filesystem_type(self.path, self._mounts_file)
             if is_network_filesystem(kind):
                 return "poll", f"{kind} file system: inotify would see only this node's writes, polling"
@@ -449,21 +450,21 @@ class CheckpointSource:
 
     def __init__(
         self,
-        section: dict,
+        section: CheckpointConfig,
         tracker: CheckpointTracker,
         mounts_file: str = "/proc/self/mounts",
         clock: Callable[[], float] = time.time,
         inotify_factory: Callable[[], INotify] = INotify,
     ):
-        self.interval = section["interval"]
-        self.timeout = section["timeout"]
+        self.interval = section.interval
+        self.timeout = section.timeout
         self.tracker = tracker
         self._clock = clock
         self._lock = threading.Lock()
         self._errors: Counter = Counter()  # met by the inotify thread, handed to the next sample
         self._notifier: Notifier | None = None
         problem = ""
-        if any(spec["poll"] != "true" for spec in section["watch"]):
+        if any(spec.poll is not Enabled.TRUE for spec in section.watch):
             try:
                 self._notifier = Notifier(inotify_factory())
             except OSError as exc:
@@ -471,7 +472,7 @@ class CheckpointSource:
                 log.warning("checkpoint watches: %s", problem)
         self._watches = [
             CheckpointWatch(index, spec, tracker, self._notifier, problem, mounts_file)
-            for index, spec in enumerate(section["watch"])
+            for index, spec in enumerate(section.watch)
         ]
         self._by_origin = {watch.origin: watch for watch in self._watches}
         if self._notifier is not None:
@@ -534,10 +535,15 @@ class CheckpointSource:
             route.watch.on_event(route, event, at, self._errors)
 
 
-def checkpoint_source(section: dict, paths: Paths) -> CheckpointSource:
+def checkpoint_source(section: CheckpointConfig, ctx: SourceContext) -> CheckpointSource:
+    """The ``exporter.sources.SOURCES`` factory: ``sources.checkpoint`` with its own tracker on ``ctx``'s wall clock
+    (the service hands the tracker to the checkpoint API), and the mount table under ``ctx``'s procfs."""
     tracker = CheckpointTracker(
-        started_timeout=section["started_timeout"],
-        forget_after=section["forget_after"],
-        pinned=[spec["job"] for spec in section["watch"]],
+        started_timeout=section.started_timeout,
+        forget_after=section.forget_after,
+        pinned=[spec.job for spec in section.watch],
+        clock=ctx.wall,
     )
-    return CheckpointSource(section, tracker, mounts_file=os.path.join(paths.procfs, "self", "mounts"))
+    return CheckpointSource(
+        section, tracker, mounts_file=os.path.join(ctx.paths.procfs, "self", "mounts"), clock=ctx.wall
+    )

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 
 from prometheus_client.core import GaugeMetricFamily
 
+from exporter.config import DiscoveryConfig, Enabled
 from exporter.model.discovery import (
     NodeGpu,
     compile_pod_name_pattern,
@@ -36,7 +37,7 @@ from exporter.model.discovery import (
 from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod, merge_found
 from exporter.node import kubeapi, slurm
 from exporter.node.podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesError
-from exporter.sources.base import Snapshot, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -63,40 +64,40 @@ class DiscoverySource:
 
     def __init__(
         self,
-        section: dict,
+        section: DiscoveryConfig,
         procfs: str = "/proc",
         sysfs: str = "/sys",
         nvml: Any = None,
         environ: dict[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.interval = section["interval"]
-        self.timeout = section["timeout"]
-        self.max_jobs = section["max_jobs"]
+        self.interval = section.interval
+        self.timeout = section.timeout
+        self.max_jobs = section.max_jobs
         self._clock = clock
         self._nvml = nvml
         self._nvml_ready = False
         self._gpus: list[NodeGpu] = []
         self._gpus_at = float("-inf")
-        k8s, sl = section["kubernetes"], section["slurm"]
-        self.k8s_enabled = k8s["enabled"]
+        k8s, sl = section.kubernetes, section.slurm
+        self.k8s_enabled = k8s.enabled
         self.client = PodResourcesClient(
-            k8s["socket"] or DEFAULT_SOCKET, timeout=k8s["timeout"], max_message_bytes=k8s["max_message_bytes"]
+            k8s.socket or DEFAULT_SOCKET, timeout=k8s.timeout, max_message_bytes=k8s.max_message_bytes
         )
-        self.label_keys = tuple(k8s["label_keys"])
-        self.pattern = compile_pod_name_pattern(k8s["pod_name_pattern"])
+        self.label_keys = tuple(k8s.label_keys)
+        self.pattern = compile_pod_name_pattern(k8s.pod_name_pattern)
         self.lookup: kubeapi.PodLookup | None = None
         self.lookup_note = "off (discovery.kubernetes.api_server.enabled is false)"
-        api = k8s["api_server"]
-        if api["enabled"] != "false":
-            url = api["url"] or kubeapi.in_cluster_url(environ)
+        api = k8s.api_server
+        if api.enabled is not Enabled.FALSE:
+            url = api.url or kubeapi.in_cluster_url(environ)
             if url:
                 self.lookup = kubeapi.PodLookup(
                     url,
-                    api["token_path"],
-                    api["ca_path"] or None,
-                    timeout=api["timeout"],
-                    retry_after=api["retry_after"],
+                    api.token_path,
+                    api.ca_path or None,
+                    timeout=api.timeout,
+                    retry_after=api.retry_after,
                 )
                 self.lookup_note = f"pod labels from {url}"
             else:
@@ -107,13 +108,20 @@ class DiscoverySource:
         self._pending_since: dict[tuple[str, str], float] = {}
         self._allocatable_at = float("-inf")
         self._allocatable_summary: dict | None = None
-        self.slurm_enabled = sl["enabled"]
-        self.mapping = slurm.MappingDir(sl["job_mapping_dir"]) if sl["job_mapping_dir"] else None
-        self.processes_enabled = sl["processes"]
+        self.slurm_enabled = sl.enabled
+        self.mapping = slurm.MappingDir(sl.job_mapping_dir) if sl.job_mapping_dir else None
+        self.processes_enabled = sl.processes
         self.procfs = procfs
-        self.cgroup_root = sl["cgroup_root"] or os.path.join(sysfs, "fs", "cgroup")
+        self.cgroup_root = sl.cgroup_root or os.path.join(sysfs, "fs", "cgroup")
         self.resolver = slurm.ProcessJobs(procfs, self.cgroup_root)
-        self.names = slurm.JobNames(sl["name_command"], timeout=sl["name_timeout"]) if sl["name_command"] else None
+        self.names = slurm.JobNames(sl.name_command, timeout=sl.name_timeout) if sl.name_command else None
+
+    @classmethod
+    def from_config(cls, section: DiscoveryConfig, ctx: SourceContext) -> DiscoverySource:
+        """The ``exporter.sources.SOURCES`` factory: the top-level ``discovery`` section over ``ctx``'s procfs (the
+        processes holding GPUs), sysfs (the cgroup tree) and NVML module (the GPUs to match)."""
+        environ = dict(ctx.environ) if ctx.environ is not None else None
+        return cls(section, ctx.paths.procfs, ctx.paths.sysfs, ctx.nvml, environ=environ, clock=ctx.monotonic)
 
     # --- GPUs -------------------------------------------------------------------------------------------------
 
@@ -137,10 +145,10 @@ class DiscoverySource:
     # --- Kubernetes -------------------------------------------------------------------------------------------
 
     def _kubernetes(self, gpus: list[NodeGpu], status: dict, errors: Counter) -> list[DiscoveredJob]:
-        if self.k8s_enabled == "false":
+        if self.k8s_enabled is Enabled.FALSE:
             status["kubernetes"] = {"active": False, "why": "off (discovery.kubernetes.enabled is false)"}
             return []
-        if self.k8s_enabled == "auto" and not self.client.socket_exists():
+        if self.k8s_enabled is Enabled.AUTO and not self.client.socket_exists():
             status["kubernetes"] = {
                 "active": False,
                 "why": f"no pod-resources socket at {self.client.socket} (auto: used once it appears)",
@@ -151,7 +159,7 @@ class DiscoverySource:
         except PodResourcesError as error:
             errors[f"kubernetes_{error.reason}"] += 1
             status["kubernetes"] = {"active": False, "why": str(error)}
-            if self.k8s_enabled == "true" or not self._slurm_possible():
+            if self.k8s_enabled is Enabled.TRUE or not self._slurm_possible():
                 raise SourceUnavailable(f"kubernetes_{error.reason}", error.detail) from None
             return []
         now = self._clock()
@@ -250,9 +258,9 @@ class DiscoverySource:
     # --- Slurm ------------------------------------------------------------------------------------------------
 
     def _slurm_possible(self) -> bool:
-        if self.slurm_enabled == "false":
+        if self.slurm_enabled is Enabled.FALSE:
             return False
-        if self.slurm_enabled == "true":
+        if self.slurm_enabled is Enabled.TRUE:
             return True
         return bool(self.mapping and os.path.isdir(self.mapping.path)) or self._slurm_cgroups_present()
 
@@ -268,7 +276,7 @@ class DiscoverySource:
         if not self._slurm_possible():
             why = (
                 "off (discovery.slurm.enabled is false)"
-                if self.slurm_enabled == "false"
+                if self.slurm_enabled is Enabled.FALSE
                 else "no Slurm here (auto: no job_mapping_dir and no slurmstepd cgroups)"
             )
             status["slurm"] = {"active": False, "why": why}

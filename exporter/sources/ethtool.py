@@ -23,10 +23,11 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import EthtoolConfig
 from exporter.node.counters import Changes, CounterHistory
 from exporter.node.ethtool import EthtoolIoctlReader, StatsReader
 from exporter.node.rdma import NameFilter, discover_ports, is_representor, natural_key
-from exporter.sources.base import Snapshot, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 
 MICROSECONDS = 1e-6
 REDISCOVER_INTERVAL = 30.0
@@ -451,16 +452,19 @@ def _render(
         yield stat
 
 
-def build_ethtool_source(section: dict, paths, rdma: dict | None = None) -> EthtoolSource:
-    """Factory for ``exporter.service.SOURCE_FACTORIES``: the ``sources.ethtool`` config section, the paths, and the
-    ``sources.rdma`` section whose device lists also choose the RDMA netdevs read here (every device when None)."""
+def ethtool_source(section: EthtoolConfig, ctx: SourceContext) -> EthtoolSource:
+    """The ``exporter.sources.SOURCES`` factory: ``sources.ethtool`` over ``ctx``'s sysfs tree and ethtool reader.
+    The device lists of ``sources.rdma`` also choose the RDMA netdevs read here, so both sources see one fabric."""
+    rdma = ctx.settings.sources.rdma
     return EthtoolSource(
-        sysfs_root=paths.sysfs,
-        interfaces_include=section["interfaces_include"],
-        interfaces_exclude=section["interfaces_exclude"],
-        stats_include=section["stats_include"],
-        interval=section["interval"],
-        timeout=section["timeout"],
-        rdma_devices_include=rdma["devices_include"] if rdma is not None else (".*",),
-        rdma_devices_exclude=rdma["devices_exclude"] if rdma is not None else (),
+        sysfs_root=ctx.paths.sysfs,
+        interfaces_include=section.interfaces_include,
+        interfaces_exclude=section.interfaces_exclude,
+        stats_include=section.stats_include,
+        reader=ctx.ethtool_reader,
+        interval=section.interval,
+        timeout=section.timeout,
+        clock=ctx.monotonic,
+        rdma_devices_include=rdma.devices_include,
+        rdma_devices_exclude=rdma.devices_exclude,
     )

@@ -29,10 +29,11 @@ from typing import Any, Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import GpuConfig
 from exporter.model.flops import gpu_model
 from exporter.model.jobs import GpuInfo
 from exporter.model.readings import GpuReading
-from exporter.sources.base import Snapshot, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -259,13 +260,14 @@ class GpuSource:
         self._blank = dict.fromkeys(READING_KEYS)
 
     @classmethod
-    def from_config(cls, section: dict, nvml: Any) -> GpuSource:
+    def from_config(cls, section: GpuConfig, ctx: SourceContext) -> GpuSource:
         return cls(
-            nvml,
-            interval=section["interval"],
-            timeout=section["timeout"],
-            retry_interval=section["retry_interval"],
-            gpm=section["gpm"],
+            ctx.nvml,
+            interval=section.interval,
+            timeout=section.timeout,
+            retry_interval=section.retry_interval,
+            gpm=section.gpm,
+            monotonic=ctx.monotonic,
         )
 
     # --- the cycle ------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Iterable
 
+from exporter.config import LogsConfig
 from exporter.logs import PARSERS, Facts, JobLog, LogStream, SaveAction, Startup, Update
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.jobs import (
@@ -44,7 +45,7 @@ from exporter.model.jobs import (
     ValidationError,
 )
 from exporter.node.tail import HEAD, Follower, Lines
-from exporter.sources.base import Paths, Snapshot
+from exporter.sources.base import Snapshot, SourceContext
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +79,17 @@ class LogsSource:
 
     def __init__(
         self,
-        section: dict,
+        section: LogsConfig,
         jobs_config: dict | None = None,
         use_inotify: bool = True,
         clock: Callable[[], float] = time.time,
     ):
-        self.interval = section["interval"]
-        self.timeout = section["timeout"]
-        self.files = section["files"]
-        self.discovered_pods = section["discovered_pods"]
-        self.pods_root = section["pods_root"]
-        self.takeover_after = section["takeover_after"]
+        self.interval = section.interval
+        self.timeout = section.timeout
+        self.files = section.files
+        self.discovered_pods = section.discovered_pods
+        self.pods_root = section.pods_root
+        self.takeover_after = section.takeover_after
         self.jobs_config = jobs_config or {}
         self.clock = clock
         self._jobs: JobTracker | None = None
@@ -109,7 +110,7 @@ class LogsSource:
             [],
             self._on_lines,
             interval=self.interval,
-            max_line_bytes=section["max_line_bytes"],
+            max_line_bytes=section.max_line_bytes,
             use_inotify=use_inotify,
             clock=clock,
         )
@@ -153,9 +154,9 @@ class LogsSource:
     def _expand(self) -> dict[str, tuple[str, str, str | None, str]]:
         wanted: dict[str, tuple[str, str, str | None, str]] = {}
         for entry in self.files:
-            for path in sorted(glob.glob(entry["path"])):
+            for path in sorted(glob.glob(entry.path)):
                 if os.path.isfile(path):
-                    wanted.setdefault(path, (entry["job"], entry["format"], entry["pattern"], "auto"))
+                    wanted.setdefault(path, (entry.job, entry.format, entry.pattern, "auto"))
         if self.discovered_pods and self._discovered is not None:
             try:
                 pods = self._discovered()
@@ -347,5 +348,7 @@ def discovered_pods_from(states: Callable[[], dict], source_name: str = "discove
     return pods
 
 
-def logs_source(section: dict, paths: Paths, jobs: dict | None = None) -> LogsSource:
-    return LogsSource(section, jobs)
+def logs_source(section: LogsConfig, ctx: SourceContext) -> LogsSource:
+    """The ``exporter.sources.SOURCES`` factory: ``sources.logs``, with ``jobs:`` for what a log cannot say (world
+    size, sequence length), on ``ctx``'s wall clock."""
+    return LogsSource(section, ctx.config["jobs"], clock=ctx.wall)

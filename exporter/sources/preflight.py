@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import PreflightConfig
 from exporter.node.nic_qos import KernelNicQos, NicQos
 from exporter.preflight.checks import (
     CheckResult,
@@ -23,7 +24,7 @@ from exporter.preflight.checks import (
     results_json,
     run_checks,
 )
-from exporter.sources.base import Snapshot
+from exporter.sources.base import Snapshot, SourceContext
 
 
 def check_families(results: list[CheckResult]) -> Iterable[Metric]:
@@ -70,15 +71,16 @@ class PreflightSource:
         self.timeout = timeout
 
     @classmethod
-    def from_config(cls, section: dict, sysfs: str, procfs: str, nvml: Any) -> PreflightSource:
+    def from_config(cls, section: PreflightConfig, ctx: SourceContext) -> PreflightSource:
         return cls(
             PreflightSettings.from_config(section),
-            sysfs,
-            procfs,
-            nvml,
-            nccl_env_file=section["nccl_env_file"],
-            interval=section["interval"],
-            timeout=section["timeout"],
+            ctx.paths.sysfs,
+            ctx.paths.procfs,
+            ctx.nvml,
+            qos=ctx.nic_qos,
+            nccl_env_file=section.nccl_env_file,
+            interval=section.interval,
+            timeout=section.timeout,
         )
 
     def sample(self) -> Snapshot:

@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.config import RdmaConfig
 from exporter.node.counters import Changes, CounterHistory
 from exporter.node.rdma import (
     RdmaPort,
@@ -43,7 +44,7 @@ from exporter.node.rdma import (
     parse_rate_gbps,
     state_name,
 )
-from exporter.sources.base import Snapshot, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 
 # port_rcv_data / port_xmit_data count 4-octet words: the kernel ABI says "divided by 4 (lanes)", and mlx5
 # literally shifts the octet count right by 2. The factor is always 4, never the link width.
@@ -519,13 +520,14 @@ def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, 
             yield family
 
 
-def build_rdma_source(section: dict, paths) -> RdmaSource:
-    """Factory for ``exporter.service.SOURCE_FACTORIES``: the ``sources.rdma`` config section and the paths."""
+def rdma_source(section: RdmaConfig, ctx: SourceContext) -> RdmaSource:
+    """The ``exporter.sources.SOURCES`` factory: ``sources.rdma`` over ``ctx``'s sysfs tree."""
     return RdmaSource(
-        sysfs_root=paths.sysfs,
-        devices_include=section["devices_include"],
-        devices_exclude=section["devices_exclude"],
-        virtual_functions=section["virtual_functions"],
-        interval=section["interval"],
-        timeout=section["timeout"],
+        sysfs_root=ctx.paths.sysfs,
+        devices_include=section.devices_include,
+        devices_exclude=section.devices_exclude,
+        virtual_functions=section.virtual_functions,
+        interval=section.interval,
+        timeout=section.timeout,
+        clock=ctx.monotonic,
     )

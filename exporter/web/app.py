@@ -75,7 +75,7 @@ async def api_errors(request: web.Request, handler):
     except IngestError as exc:
         return _error(exc.status, exc.message, exc.field)
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[RUNTIME].config["ingest"]["max_body_bytes"]
+        limit = request.app[RUNTIME].settings.ingest.max_body_bytes
         return _error(413, f"the body is larger than the limit of {limit} bytes (ingest.max_body_bytes)")
 
 
@@ -147,7 +147,7 @@ def create_app(runtime: Service, security: WebSecurity | None = None) -> web.App
     # From the config unless a test injects one; a bad web config raises ConfigError here, so exit 2 at start.
     security = security or WebSecurity.from_config(runtime.config)
     app = web.Application(
-        middlewares=[security.middleware, api_errors], client_max_size=runtime.config["ingest"]["max_body_bytes"]
+        middlewares=[security.middleware, api_errors], client_max_size=runtime.settings.ingest.max_body_bytes
     )
     app[RUNTIME] = runtime
     app[WEB_SECURITY] = security
@@ -184,7 +184,7 @@ async def serve(
     security = app[WEB_SECURITY]
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None, **HTTP_LIMITS)
     await runner.setup()
-    host, port = split_listen_address(runtime.config["web"]["listen_address"])
+    host, port = split_listen_address(runtime.settings.web.listen_address)
     ssl_context = security.server_ssl_context()
     site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     try:
@@ -192,12 +192,12 @@ async def serve(
     except OSError as exc:
         await runner.cleanup()
         raise SystemExit(
-            f"mfu-exporter: cannot listen on {runtime.config['web']['listen_address']}: {exc.strerror}"
+            f"mfu-exporter: cannot listen on {runtime.settings.web.listen_address}: {exc.strerror}"
         ) from None
     scheme = "https" if ssl_context else "http"
     urls = [f"{scheme}://{'localhost' if host in (None, '0.0.0.0', '::') else host}:{port}/"]
-    log.info("mfu-exporter %s listening on %s (%s)", __version__, runtime.config["web"]["listen_address"], scheme)
-    security.warn_if_exposed(runtime.config["web"]["listen_address"])
+    log.info("mfu-exporter %s listening on %s (%s)", __version__, runtime.settings.web.listen_address, scheme)
+    security.warn_if_exposed(runtime.settings.web.listen_address)
     if on_started:
         on_started(urls)
     await stop.wait()

@@ -45,6 +45,7 @@ from exporter.config import (
     positive_int,
     read_yaml,
     string,
+    typed_config,
     validate_section,
 )
 
@@ -565,10 +566,11 @@ class WebSecurity:
 
     @classmethod
     def from_config(cls, config: dict) -> "WebSecurity":
+        typed = typed_config(config)
         return cls(
-            config["web"]["config_file"],
-            config["ingest"]["token_file"],
-            config["ingest"]["max_jobs"] * INGEST_REQUESTS_PER_JOB,
+            typed.web.config_file,
+            typed.ingest.token_file,
+            typed.ingest.max_jobs * INGEST_REQUESTS_PER_JOB,
             INGEST_TIMEOUT_SECONDS,
         )
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from exporter.config import validate
-from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.jobs import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.pci import pci_address_from_nvml
@@ -19,11 +18,8 @@ from exporter.service import build_service
 from exporter.sim import node as demo
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
-from exporter.sources.base import Paths
-from exporter.sources.checkpoint import CheckpointSource
-from exporter.sources.ethtool import EthtoolSource
-from exporter.sources.gpu import THROTTLE_REASONS, GpuSource
-from exporter.sources.rdma import RdmaSource
+from exporter.sources import Paths, SourceContext, build_sources
+from exporter.sources.gpu import THROTTLE_REASONS
 
 ALL_GPUS = list(range(demo.GPUS))
 SLOWED = 0.4  # share of the healthy token rate a degraded job keeps: MFU 18% against a 45% baseline
@@ -46,7 +42,11 @@ class Node:
                 "jobs": {
                     name: {**demo.MODEL, "gpus": gpus, "expected_mfu": demo.STEADY_MFU} for name, gpus in jobs.items()
                 },
+                # The sources the attribution reads, built as the daemon builds them; the others stay off.
+                "discovery": {"kubernetes": {"enabled": False}, "slurm": {"enabled": False}},
                 "sources": {
+                    "preflight": {"enabled": False},
+                    "logs": {"enabled": False},
                     "checkpoint": {
                         "watch": [
                             {
@@ -57,24 +57,22 @@ class Node:
                             }
                             for name in jobs
                         ]
-                    }
+                    },
                 },
             }
         )
         for name in jobs:
             (self.checkpoints / name).mkdir(parents=True)
-        tracker = CheckpointTracker(pinned=list(jobs), clock=self.clock)
-        self.sources = [
-            GpuSource(self.nvml, monotonic=self.clock),
-            RdmaSource(self.fabric.sysfs_root, clock=self.clock),
-            EthtoolSource(
-                self.fabric.sysfs_root,
-                reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
-                clock=self.clock,
-            ),
-            CheckpointSource(config["sources"]["checkpoint"], tracker, clock=self.clock),
-        ]
-        self.runtime = build_service(config, self.sources, clock=self.clock, paths=Paths(self.fabric.sysfs_root))
+        ctx = SourceContext(
+            config,
+            Paths(self.fabric.sysfs_root),
+            nvml=self.nvml,
+            ethtool_reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
+            wall=self.clock,
+            monotonic=self.clock,
+        )
+        self.sources = build_sources(config, ctx)
+        self.runtime = build_service(config, self.sources, clock=self.clock, paths=ctx.paths)
         self.jobs = jobs
         self.tokens = dict.fromkeys(jobs, 0.0)
         self.reporting = True

@@ -206,3 +206,44 @@ def test_log_only_demo_gets_mfu_from_the_training_log_alone():
         job = log_job(base)
         assert job["step"] > 0 and job["framework_mfu"] is not None
         assert values[("mfu_exporter_source_up", (("source", "logs"),))] == 1
+
+
+def test_the_demo_serves_with_the_web_config_and_its_config_file(tmp_path):
+    """--web.config.file puts TLS and basic auth on the demo's server, as on the daemon's, and the demo's own job
+    still reports through it; --config's keys are merged over the demo's (here: no GPU source)."""
+    import base64
+    import ssl
+    import urllib.error
+
+    import bcrypt
+    import trustme
+
+    authority = trustme.CA()
+    cert = authority.issue_cert("127.0.0.1", "localhost")
+    cert.cert_chain_pems[0].write_to_path(tmp_path / "server.crt")
+    cert.private_key_pem.write_to_path(tmp_path / "server.key")
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yaml"
+    web.write_text(
+        f"tls_server_config: {{cert_file: server.crt, key_file: server.key}}\nbasic_auth_users: {{alice: '{hashed}'}}\n"
+    )
+    config = tmp_path / "demo.yaml"
+    config.write_text("sources:\n  gpu: {enabled: false}\n")
+    context = ssl.create_default_context()
+    authority.configure_trust(context)
+    alice = {"Authorization": "Basic " + base64.b64encode(b"alice:secret").decode()}
+    with running_demo("--web.config.file", str(web), "--config", str(config), context=context) as base:
+        assert base.startswith("https://")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get(base + "api/v1/jobs", context)
+        assert refused.value.code == 401
+        with pytest.raises(OSError):  # plain HTTP to a TLS port gets no answer it could read
+            get(base.replace("https", "http") + "readyz")
+
+        def llama():
+            jobs = get_json(base + "api/v1/jobs", context, alice)["jobs"]
+            return next((job for job in jobs if job["job"] == "llama3-70b"), {})
+
+        wait_until(lambda: (llama().get("step") or 0) > 0, 30, "the demo's job to report over TLS")
+        running = {source["source"] for source in get_json(base + "api/v1/status", context, alice)["sources"]}
+        assert "gpu" not in running and {"rdma", "checkpoint"} <= running

@@ -18,11 +18,8 @@ from exporter.sim import node as demo
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.podresources import PodResourcesServer, SimPod
-from exporter.sources.base import Paths
-from exporter.sources.discovery import DiscoverySource
-from exporter.sources.ethtool import EthtoolSource
-from exporter.sources.gpu import THROTTLE_REASONS, GpuSource
-from exporter.sources.rdma import RdmaSource
+from exporter.sources import Paths, SourceContext, build_sources
+from exporter.sources.gpu import THROTTLE_REASONS
 from tests.support.expo import samples as parse_exposition
 
 
@@ -46,23 +43,24 @@ class Node:
             {
                 "jobs": {"llama": {**demo.MODEL, "gpus": [0, 1, 2, 3], "expected_mfu": demo.STEADY_MFU}},
                 "attribution": {"baseline_min_samples": 5, "baseline_interval": "1s"},
+                # The sources discovery and attribution read, built as the daemon builds them; the others off.
+                "sources": {name: {"enabled": False} for name in ("checkpoint", "preflight", "logs")},
                 "discovery": {
                     "kubernetes": {"enabled": "true", "socket": socket, "api_server": {"enabled": "false"}},
                     "slurm": {"enabled": "false"},
                 },
             }
         )
-        self.sources = [
-            GpuSource(self.nvml, monotonic=self.clock),
-            RdmaSource(self.fabric.sysfs_root, clock=self.clock),
-            EthtoolSource(
-                self.fabric.sysfs_root,
-                reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
-                clock=self.clock,
-            ),
-            DiscoverySource(config["discovery"], nvml=self.nvml),
-        ]
-        self.service = build_service(config, self.sources, clock=self.clock, paths=Paths(self.fabric.sysfs_root))
+        ctx = SourceContext(
+            config,
+            Paths(self.fabric.sysfs_root),
+            nvml=self.nvml,
+            ethtool_reader=EthtoolTextReader.from_directory(str(self.fabric.ethtool_directory)),
+            wall=self.clock,
+            monotonic=self.clock,
+        )
+        self.sources = build_sources(config, ctx)
+        self.service = build_service(config, self.sources, clock=self.clock, paths=ctx.paths)
         self.tokens = 0.0
         self.llama_speed = 1.0
 

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from exporter.client import ProgressReporter
-from exporter.sources import SOURCE_FACTORIES
+from exporter.config import defaults
 from tests.support.expo import matching, samples
 from tests.support.net import free_port
 from tests.support.wait import wait_until
@@ -79,7 +79,7 @@ def exporter(tmp_path):
     config = {
         "web": {"listen_address": f"127.0.0.1:{port}"},
         "ingest": {"token_file": str(token_file)},
-        "sources": {name: {"enabled": "false"} for name in SOURCE_FACTORIES},
+        "sources": {name: {"enabled": "false"} for name in defaults()["sources"]},
     }
     config_path = tmp_path / "config.yaml"
     config_path.write_text(json.dumps(config))  # JSON is YAML

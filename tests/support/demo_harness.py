@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -16,13 +17,14 @@ from tests.support.net import free_port
 from tests.support.wait import wait_until
 
 
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def get(url: str, context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None) -> bytes:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
         return response.read()
 
 
-def get_json(url: str) -> dict:
-    return json.loads(get(url))
+def get_json(url: str, context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None) -> dict:
+    return json.loads(get(url, context, headers))
 
 
 def metric_samples(base: str) -> Samples:
@@ -31,8 +33,11 @@ def metric_samples(base: str) -> Samples:
 
 
 @contextlib.contextmanager
-def running_demo(*args: str, speed: float = 20.0, port: int | None = None) -> Iterator[str]:
-    """Yield the demo's base URL (``http://127.0.0.1:PORT/``) once it is ready; stop it with SIGINT afterwards."""
+def running_demo(
+    *args: str, speed: float = 20.0, port: int | None = None, context: ssl.SSLContext | None = None
+) -> Iterator[str]:
+    """Yield the demo's base URL (``http://127.0.0.1:PORT/``, ``https`` with a TLS ``context``) once it is ready;
+    stop it with SIGINT afterwards."""
     port = port or free_port()
     command = [
         sys.executable,
@@ -50,10 +55,13 @@ def running_demo(*args: str, speed: float = 20.0, port: int | None = None) -> It
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
-    base = f"http://127.0.0.1:{port}/"
+    base = f"{'https' if context else 'http'}://127.0.0.1:{port}/"
     try:
         wait_until(
-            lambda: process.poll() is None and get(base + "readyz"), 30, "the demo to be ready", ignore=(OSError,)
+            lambda: process.poll() is None and get(base + "readyz", context),
+            30,
+            "the demo to be ready",
+            ignore=(OSError,),
         )
         yield base
     finally:

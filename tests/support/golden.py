@@ -32,6 +32,7 @@ from exporter.model.checkpoints import parse_checkpoint_event
 from exporter.model.jobs import parse_progress
 from exporter.node.nic_qos import GlobalPause
 from exporter.service import Service, build_service
+from exporter.sources import build_sources
 from tests.support.expo import samples, snapshot_samples
 from tests.support.nodes import FakeQos
 from tests.support.sources import Clock
@@ -76,12 +77,11 @@ async def full_node(root: Path) -> Service:
     fabric = fixture.build_fabric(root)
     write_procfs(root / "proc")
     config = fixture.node_config()
-    sources = fixture.node_sources(config, root, fixture.build_gpus())
+    qos = tuned_qos([nic.netdev for nic in fabric.nics])
+    ctx = fixture.node_context(config, root, fixture.build_gpus(), procfs=str(root / "proc"), qos=qos)
+    sources = build_sources(config, ctx)
     for source in sources:
         source.interval = ONCE
-        if source.name == "preflight":
-            source.procfs = str(root / "proc")
-            source.qos = tuned_qos([nic.netdev for nic in fabric.nics])
     service = build_service(config, sources, clock=clock)
     assert service.checkpoints is not None, "the fixture runs the checkpoint source"
     for job in fixture.JOBS:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from exporter.config import validate
+from exporter.config import typed_config, validate
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.sources.checkpoint import CheckpointSource
 from tests.support.expo import samples
@@ -38,9 +38,9 @@ def checkpoint_client(make_client, clock):
     """An exporter app whose checkpoint source and tracker run on ``clock``."""
 
     async def make(config=CONFIG):
-        section = validate(config)["sources"]["checkpoint"]
+        section = typed_config(validate(config)).sources.checkpoint
         source = CheckpointSource(
-            section, CheckpointTracker(started_timeout=section["started_timeout"], clock=clock), clock=clock
+            section, CheckpointTracker(started_timeout=section.started_timeout, clock=clock), clock=clock
         )
         client = await make_client(config, [source])
         client.state = client.runtime.daemon.states["checkpoint"]

@@ -14,7 +14,7 @@ import pytest
 from inotify_simple import Event, INotify
 from inotify_simple import flags as IN
 
-from exporter.config import validate
+from exporter.config import typed_config, validate
 from exporter.model.checkpoints import (
     MAX_ENDED_BY_US_PER_JOB,
     MAX_OPEN_PER_JOB,
@@ -70,10 +70,10 @@ def make(tmp_path):
                 }
             }
         )
-        section = config["sources"]["checkpoint"]
+        section = typed_config(config).sources.checkpoint
         mounts_file = tmp_path / "mounts"
         mounts_file.write_text(mounts)
-        tracker = CheckpointTracker(started_timeout=section["started_timeout"], pinned=[JOB], clock=clock)
+        tracker = CheckpointTracker(started_timeout=section.started_timeout, pinned=[JOB], clock=clock)
         source = CheckpointSource(
             section, tracker, mounts_file=str(mounts_file), clock=clock, inotify_factory=inotify_factory
         )

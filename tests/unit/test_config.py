@@ -1,9 +1,13 @@
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
-from exporter.config import ConfigError, defaults, load_config, validate
+from exporter.config import DEFAULTS, Config, ConfigError, Enabled, defaults, load_config, typed_config, validate
+from exporter.model.attribution import Thresholds
+from exporter.model.jobs import JobTracker
+from exporter.preflight.checks import PreflightSettings
 from exporter.quantities import parse_duration, parse_quantity
 
 
@@ -137,3 +141,48 @@ def test_cli_rejects_bad_listen_flag():
     )
     assert result.returncode == 2
     assert "--web.listen-address: expected HOST:PORT" in result.stderr
+
+
+def test_the_typed_config_is_the_validated_one_as_frozen_sections():
+    config = validate(
+        {
+            "sources": {
+                "gpu": {"enabled": True, "interval": "2s"},
+                "rdma": {"devices_include": ["^mlx5_0$"]},
+                "checkpoint": {"watch": [{"path": "/ckpt", "job": "llama", "poll": False}]},
+            },
+            "jobs": {"llama": {"params": "70B", "gpus": [0, 1]}},
+            "discovery": {"slurm": {"enabled": "false"}},
+        }
+    )
+    typed = typed_config(config)
+    assert typed.sources.gpu.enabled is Enabled.TRUE and typed.sources.gpu.interval == 2.0
+    assert typed.sources.rdma.enabled is Enabled.AUTO
+    assert typed.sources.rdma.devices_include == ("^mlx5_0$",)  # lists become tuples
+    (watch,) = typed.sources.checkpoint.watch
+    assert (watch.path, watch.job, watch.poll, watch.quiet_period) == ("/ckpt", "llama", Enabled.FALSE, 30.0)
+    assert typed.jobs["llama"].params == 70e9 and typed.jobs["llama"].gpus == (0, 1)
+    assert typed.discovery.slurm.enabled is Enabled.FALSE
+    # The dicts carry the same Enabled, equal to the file's strings, as consumers of the dicts compare them.
+    assert config["sources"]["gpu"]["enabled"] == "true" and config["sources"]["gpu"]["enabled"] is Enabled.TRUE
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        typed.sources.gpu.interval = 5.0  # type: ignore[misc]
+
+
+def test_defaults_are_written_once_in_the_table():
+    assert typed_config(defaults()) == DEFAULTS == Config()
+    # The classes that once restated them take them from the table.
+    assert Thresholds() == DEFAULTS.attribution
+    preflight = PreflightSettings()
+    for name in PreflightSettings.__dataclass_fields__:
+        assert getattr(preflight, name) == getattr(DEFAULTS.sources.preflight, name), name
+    tracker = JobTracker()
+    assert (tracker.window, tracker.max_jobs, tracker.job_ttl) == (60.0, 32, 86400.0)
+    assert (DEFAULTS.mfu.window, DEFAULTS.ingest.max_jobs, DEFAULTS.ingest.job_ttl) == (60.0, 32, 86400.0)
+
+
+def test_a_tri_state_is_rejected_in_the_same_words_as_before(tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        validate({"sources": {"gpu": {"enabled": "yes"}}}, "node.yaml")
+    assert str(raised.value) == 'node.yaml: sources.gpu.enabled: expected one of auto, true, false, got "yes"'
+    assert f"{Enabled.AUTO}" == str(Enabled.AUTO) == "auto"

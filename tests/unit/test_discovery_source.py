@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from exporter.config import ConfigError, validate
+from exporter.config import ConfigError, typed_config, validate
 from exporter.sim.nvml import FakeNvml, h100
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sim.procfs import V1, V2, add_process, host_procfs
@@ -28,7 +28,7 @@ def nvml():
 
 
 def section(**discovery):
-    return validate({"discovery": discovery})["discovery"]
+    return typed_config(validate({"discovery": discovery})).discovery
 
 
 def k8s_only(sock, **kubernetes):
@@ -234,14 +234,15 @@ def test_ten_thousand_pods_degrade_nothing_and_the_cap_holds(sock, nvml):
 
 
 def test_demo_config_applies_the_files_discovery_section(tmp_path):
-    from exporter.sim.node import demo_config
+    from exporter.sim.node import DemoNode, Schedule, SimClock, demo_config
 
+    node = DemoNode(tmp_path / "node", SimClock(1.0), Schedule())
     mapping = tmp_path / "map"
     mapping.mkdir()
     file = tmp_path / "demo.yaml"
     file.write_text(f"discovery:\n  kubernetes: {{enabled: false}}\n  slurm: {{job_mapping_dir: {mapping}}}\n")
-    config = demo_config(str(file), 15.0, kubelet_socket="/tmp/demo-kubelet.sock")
+    config = demo_config(str(file), node, kubelet_socket="/tmp/demo-kubelet.sock")
     assert config["discovery"]["kubernetes"]["enabled"] == "false"
     assert config["discovery"]["slurm"]["job_mapping_dir"] == str(mapping)
-    default = demo_config(None, 15.0, kubelet_socket="/tmp/demo-kubelet.sock")
+    default = demo_config(None, node, kubelet_socket="/tmp/demo-kubelet.sock")
     assert default["discovery"]["kubernetes"]["socket"] == "/tmp/demo-kubelet.sock"

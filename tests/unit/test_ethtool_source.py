@@ -10,13 +10,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from exporter.config import validate
+from exporter.config import typed_config, validate
 from exporter.node.ethtool import EthtoolTextReader, parse_ethtool_statistics
 from exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names, format_ethtool_statistics
 from exporter.sim.sysfs import FakeSysfs
 from exporter.sources import build_sources, ethtool
-from exporter.sources.base import Paths, SourceUnavailable
-from exporter.sources.ethtool import EthtoolSource, build_ethtool_source
+from exporter.sources.base import Paths, SourceContext, SourceUnavailable
+from exporter.sources.ethtool import EthtoolSource, ethtool_source
 from tests.support.expo import exposition, snapshot_samples, snapshot_value
 from tests.support.nodes import representors
 from tests.support.sources import Clock
@@ -293,8 +293,8 @@ def test_factory_takes_the_rdma_device_lists_from_the_rdma_section(sysfs, monkey
     texts = Texts(ens1np0=PFC3, ens2np0=PFC3)
     # The factory builds the ioctl reader; these interfaces exist only in the fake sysfs.
     monkeypatch.setattr(ethtool, "EthtoolIoctlReader", lambda: EthtoolTextReader(texts))
-    sources = validate({"sources": {"rdma": {"devices_exclude": [r"^mlx5_1$"]}}})["sources"]
-    source = build_ethtool_source(sources["ethtool"], Paths(sysfs=str(sysfs.root)), rdma=sources["rdma"])
+    config = validate({"sources": {"rdma": {"devices_exclude": [r"^mlx5_1$"]}}})
+    source = ethtool_source(typed_config(config).sources.ethtool, SourceContext(config, Paths(sysfs=str(sysfs.root))))
     assert list(source.sample().data["interfaces"]) == ["ens1np0"]
     assert texts.reads == ["ens1np0"]
 
@@ -349,7 +349,9 @@ def test_configured_source_reads_with_the_ioctl(tmp_path):
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.add_netdev("lo")
     config = validate({"sources": {"ethtool": {"interfaces_include": ["^lo$"], "interfaces_exclude": []}}})
-    (source,) = [s for s in build_sources(config, Paths(sysfs=str(sysfs.root))) if s.name == "ethtool"]
+    (source,) = [
+        s for s in build_sources(config, SourceContext(config, Paths(sysfs=str(sysfs.root)))) if s.name == "ethtool"
+    ]
     try:
         with pytest.raises(SourceUnavailable) as raised:
             source.sample()

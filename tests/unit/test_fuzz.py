@@ -16,10 +16,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.config import JOB_NAME_PATTERN, ConfigError, load_config, validate
+from exporter.config import JOB_NAME_PATTERN, ConfigError, defaults, load_config, validate
 from exporter.service import build_service
-from exporter.sources import SOURCE_FACTORIES, build_sources
-from exporter.sources.base import Paths
+from exporter.sources import Paths, SourceContext, build_sources
 from exporter.web.app import create_app
 from exporter.web.security import load_web_config
 
@@ -143,11 +142,12 @@ class Exporter:
                 "ingest": {"max_jobs": MAX_JOBS, "max_body_bytes": MAX_BODY},
                 # The checkpoint source, where it exists, owns the checkpoint API; the hardware sources stay off.
                 "sources": {
-                    name: {"enabled": "true" if name == "checkpoint" else "false"} for name in SOURCE_FACTORIES
+                    name: {"enabled": "true" if name == "checkpoint" else "false"} for name in defaults()["sources"]
                 },
             }
         )
-        self.runtime = build_service(config, build_sources(config, Paths(str(tmp_path), str(tmp_path))))
+        ctx = SourceContext(config, Paths(str(tmp_path), str(tmp_path)))
+        self.runtime = build_service(config, build_sources(config, ctx))
         self.app = create_app(self.runtime)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-loop", daemon=True)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from exporter.config import validate
+from exporter.config import typed_config, validate
 from exporter.model.jobs import GpuInfo, JobTracker, parse_progress
 from exporter.service import build_service
 from exporter.sim import nvml as fake
 from exporter.sources import gpu as gpu_module
-from exporter.sources.base import SourceUnavailable
+from exporter.sources.base import SourceContext, SourceUnavailable
 from exporter.sources.gpu import GpuSource, decode_throttle_reasons
 from exporter.web.app import create_app
 from tests.support import expo
@@ -281,8 +281,8 @@ def test_mixed_node_jobs_sum_the_peak_of_their_own_gpus():
 
 def test_no_nvml_library_reports_down_logs_once_and_retries_slowly(caplog):
     nvml = fake.FakeNvml([fake.h100(0)], library_present=False)
-    section = validate({"sources": {"gpu": {"retry_interval": "2m"}}})["sources"]["gpu"]
-    source = GpuSource.from_config(section, nvml)
+    config = validate({"sources": {"gpu": {"retry_interval": "2m"}}})
+    source = GpuSource.from_config(typed_config(config).sources.gpu, SourceContext(config, nvml=nvml))
     caplog.set_level(logging.INFO, logger="exporter.sources.gpu")
     for _ in range(3):
         with pytest.raises(SourceUnavailable) as raised:

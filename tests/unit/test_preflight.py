@@ -19,7 +19,7 @@ from exporter.preflight import checks as preflight
 from exporter.preflight.checks import PreflightSettings, Status
 from exporter.sim.nvml import FakeNvml, a100, h100
 from exporter.sources import build_sources
-from exporter.sources.base import Paths
+from exporter.sources.base import Paths, SourceContext
 from exporter.sources.preflight import PreflightSource, check_families
 from tests.support.nodes import FakeQos, Node, hgx_node
 from tests.support.tools import require_tool
@@ -633,11 +633,11 @@ def test_source_counts_an_env_file_that_is_not_utf8(tmp_path):
 def test_source_is_registered_with_config_defaults(tmp_path):
     config = defaults()
     assert config["sources"]["preflight"]["interval"] == 300.0
-    (source,) = [s for s in build_sources(config, Paths(str(tmp_path), str(tmp_path))) if s.name == "preflight"]
+    ctx = SourceContext(config, Paths(str(tmp_path), str(tmp_path)))
+    (source,) = [s for s in build_sources(config, ctx) if s.name == "preflight"]
     assert (source.interval, source.timeout) == (300.0, 30.0)
-    assert [s.name for s in build_sources(validate({"sources": {"preflight": {"enabled": False}}}), Paths())].count(
-        "preflight"
-    ) == 0
+    off = validate({"sources": {"preflight": {"enabled": False}}})
+    assert "preflight" not in [s.name for s in build_sources(off, SourceContext(off))]
 
 
 async def test_metrics_endpoint_serves_preflight_results(tmp_path, make_client):

@@ -13,7 +13,7 @@ from exporter.node.rdma import discover_ports
 from exporter.sim.mlx5 import hw_counters, port_counters
 from exporter.sim.sysfs import FakeSysfs, KernfsOs
 from exporter.sources import build_sources, rdma
-from exporter.sources.base import Paths, SourceUnavailable
+from exporter.sources.base import Paths, SourceContext, SourceUnavailable
 from exporter.sources.rdma import RdmaSource
 from tests.support.expo import exposition, snapshot_samples, snapshot_value
 from tests.support.nodes import representors
@@ -344,10 +344,10 @@ def test_vf_is_excluded_by_default_and_included_by_config(sysfs):
     sysfs.pci_function("0000:0c:00.2", physfn="0000:0c:00.0")
     roce_device(sysfs, "mlx5_4", "0000:0c:00.2", "ens1f0v0")
     paths = Paths(sysfs=str(sysfs.root))
-    (default,) = [s for s in build_sources(validate({}), paths) if s.name == "rdma"]
+    (default,) = [s for s in build_sources(validate({}), SourceContext(validate({}), paths)) if s.name == "rdma"]
     assert list(default.sample().data["ports"]) == ["mlx5_0/1"]
     config = validate({"sources": {"rdma": {"virtual_functions": True}}})
-    (with_vfs,) = [s for s in build_sources(config, paths) if s.name == "rdma"]
+    (with_vfs,) = [s for s in build_sources(config, SourceContext(config, paths)) if s.name == "rdma"]
     assert list(with_vfs.sample().data["ports"]) == ["mlx5_0/1", "mlx5_4/1"]
 
 
@@ -360,7 +360,9 @@ def test_switchdev_representors_are_left_out_unless_asked_for(sysfs):
     with_representors = RdmaSource(root, clock=Clock(), representors=True).sample()
     assert list(with_representors.data["ports"]) == ["mlx5_0/1", "mlx5_0/2", "mlx5_0/3"]
     # The configured default regex cannot see them: they are ports of mlx5_0, not devices named "rep".
-    (default,) = [s for s in build_sources(validate({}), Paths(sysfs=root)) if s.name == "rdma"]
+    (default,) = [
+        s for s in build_sources(validate({}), SourceContext(validate({}), Paths(sysfs=root))) if s.name == "rdma"
+    ]
     assert list(default.sample().data["ports"]) == ["mlx5_0/1"]
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from exporter.config import LOG_FORMATS, ConfigError, validate
+from exporter.config import LOG_FORMATS, ConfigError, typed_config, validate
 from exporter.logs import FORMATS
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.jobs import GpuInfo, JobTracker, job_families, parse_progress
@@ -45,7 +45,7 @@ def build(files, jobs, clock, **logs):
     config = validate({"sources": {"logs": {"files": files, **logs}}, "jobs": jobs})
     tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory, clock=clock)
     checkpoints = CheckpointTracker(clock=clock)
-    source = LogsSource(config["sources"]["logs"], config["jobs"], use_inotify=False, clock=clock)
+    source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False, clock=clock)
     source.attach(tracker, checkpoints)
     return source, tracker, checkpoints
 
@@ -318,7 +318,7 @@ def test_a_writer_thread_with_buffering_feeds_the_job_live(tmp_path):
         {"sources": {"logs": {"files": [{"path": str(path), "job": "llm"}]}}, "jobs": {"llm": {"params": PARAMS}}}
     )
     tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory)
-    source = LogsSource(config["sources"]["logs"], config["jobs"])
+    source = LogsSource(typed_config(config).sources.logs, config["jobs"])
     source.attach(tracker, None)
     source.sample()
     start = time.time()
