@@ -92,6 +92,7 @@ FIRST_CHECKPOINT_SECONDS = 6.0
 CHECKPOINT_SECONDS = 40.0
 CHECKPOINT_EVERY = 600.0
 HISTORY_SECONDS = 900.0  # how far back /api/v1/fleet gives each job's tokens
+XID_AT_START = 13
 THREAD_STACK = 512 * 1024  # 5 source threads per node: 1,024 nodes would reserve 40 GiB of 8 MiB stacks
 
 
@@ -349,6 +350,9 @@ class Fleet:
         self.nodes: list[FleetNode] = []
         for job in self.jobs:
             self._checkpoints(job, root, base)
+        # The incident's job writes its first checkpoint only after CHECKPOINT_EVERY: checkpoint outranks network
+        # and thermal in the attribution, so a first checkpoint would hide a forced incident's cause while it runs.
+        incident_job.next_checkpoint = CHECKPOINT_EVERY
         for job in self.jobs:
             facts = validate(
                 {
@@ -368,6 +372,7 @@ class Fleet:
                 self.nodes.append(self._node(index, job, self.machines[kind], base, facts))
         self._origin: float | None = None
         self._last = 0.0
+        self._xid_sent = False
 
     def _checkpoints(self, job: FleetJob, root: Path, base: dict) -> None:
         job.checkpoints = CheckpointWriter(root / "checkpoints" / job.name)
@@ -419,6 +424,12 @@ class Fleet:
         for machine in self.machines.values():
             machine.apply(incident)
             machine.tick(dt)
+        incident_machine = self.machines[INCIDENT]
+        if not self._xid_sent and incident_machine.shared[0].samples:
+            # One application Xid (13, graphics engine exception) on the incident node once its GPU source listens
+            # for events, so the Xid series and the GPU dashboard's Xid panel exist in a fleet as on a real one.
+            incident_machine.nvml.xid(0, XID_AT_START)
+            self._xid_sent = True
         slowed = self.incident_job()
         for job in self.jobs:
             factor = RATE_FACTOR[incident] if job is slowed else 1.0

@@ -193,7 +193,7 @@ class AlertSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 try:
                     sink.received.extend(json.loads(self.rfile.read(length) or b"[]"))
@@ -202,7 +202,7 @@ class AlertSink:
                 self.send_response(200)
                 self.end_headers()
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self.send_response(200)
                 self.end_headers()
 
@@ -439,7 +439,7 @@ class FleetStack:
             config["global"]["scrape_interval"] = self.interval
             config["global"]["scrape_timeout"] = self.interval
             config["remote_write"][0]["url"] = f"{receiver.url}/api/v1/write"
-            config["remote_write"][0]["queue_config"]["batch_send_deadline"] = "1s"
+            config["remote_write"][0]["queue_config"]["batch_send_deadline"] = "250ms"
 
         agent_file = _copy_config(DEPLOY / "prometheus-agent.yaml", work / "agent.yml", agent_config)
         self._add(
