@@ -339,6 +339,8 @@ class FleetStack:
                     # are not cached: the test asks about the last few seconds.
                     "-search.latencyOffset=0s",
                     "-search.disableCache",
+                    # 300,000 by default: 256 nodes of ~1,200 series already exceed it in one query.
+                    "-search.maxUniqueTimeseries=20000000",
                     "-loggerLevel=WARN",
                 ],
                 "/health",
