@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-unit lint golden soak bench system-deps rules clean
+.PHONY: demo run test test-unit lint golden soak bench bench-fleet fleet system-deps rules clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,17 @@ bench: $(STAMP)
 	@command -v prometheus-node-exporter >/dev/null || [ "$$(id -u)" -ne 0 ] || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-node-exporter >/dev/null; }
 	$(PY) -m bench.run --json bench/results/$$(date -u +%Y%m%dT%H%M%SZ).json
+
+# The fleet's costs of docs/benchmarks.md ("Issue 18: fleet"): 64, 256 and 1,024 simulated nodes through two vmagent
+# shards → VictoriaMetrics + vmalert and a Prometheus agent → remote-write receiver, 15 s intervals; ~8 minutes on
+# 2 cores. FLEET_SIZES=64,256 for less. Exits 1 when a rule group takes over 10 % of its interval. bench/results/.
+bench-fleet: $(STAMP) system-deps
+	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-64,256,1024} --json bench/results/fleet-$$(date -u +%Y%m%dT%H%M%SZ).json
+
+# A simulated fleet (FLEET_NODES, default 64) on both distributed paths, the UIs printed (VictoriaMetrics' vmui,
+# vmalert, the Prometheus receiver's alerts), until Ctrl-C: README "A fleet of 10,000 nodes".
+fleet: $(STAMP) system-deps
+	$(PY) -m tests.support.fleet_harness --nodes $${FLEET_NODES:-64} $(FLEET_ARGS)
 
 # Regenerate the Kubernetes PrometheusRule after editing alerts/*.yaml (a test fails while it drifts), and point every
 # runbook_url in alerts/ and the PrometheusRule at RUNBOOK_BASE/runbook.md#<alert> (default: the repository's docs;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian tools the tests drive for real: promtool/prometheus, ethtool and iproute2 (veth), Chromium (status page),
-# Alertmanager's amtool. Installs only what is missing, and only as root; otherwise says what is missing.
+# Alertmanager's amtool, VictoriaMetrics with vmagent and vmalert (the fleet test's distributed path). Installs only
+# what is missing, and only as root; otherwise says what is missing.
 set -euo pipefail
 declare -A need=(
   [promtool]=prometheus
@@ -11,6 +12,9 @@ declare -A need=(
   [chromedriver]=chromium-driver
   [amtool]=prometheus-alertmanager
   [prometheus-node-exporter]=prometheus-node-exporter
+  [victoria-metrics]=victoria-metrics
+  [vmagent]=victoria-metrics
+  [vmalert]=victoria-metrics
 )
 missing=()
 for tool in "${!need[@]}"; do

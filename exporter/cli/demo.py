@@ -16,6 +16,7 @@ import urllib3
 from exporter.cli.flags import add_daemon_flags, apply_web_flags
 from exporter.client import ProgressReporter
 from exporter.config import ConfigError, Invalid, duration, typed_config
+from exporter.sim.fleet import FLEET_INCIDENTS, build_fleet, serve_fleet
 from exporter.sim.node import (
     DISCOVERED_GPUS,
     DISCOVERED_JOB,
@@ -74,11 +75,33 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
         help="how the job's progress reaches the exporter: api (its ProgressReporter) or logs (it prints "
         "torchtitan's log lines to a file the logs source follows; no reporting at all)",
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        help="run a fleet of N simulated 8-GPU nodes in this process instead, node i on the --web.listen-address "
+        "port + i, in jobs of 8-32 nodes (exporter/sim/fleet.py)",
+    )
+    parser.add_argument(
+        "--incident-node",
+        dest="incident_node",
+        type=int,
+        help="with --nodes: the node that carries the incident (default 0); its whole job slows",
+    )
+    parser.add_argument(
+        "--fleet.interval",
+        dest="fleet_interval",
+        default="5s",
+        help="with --nodes: every node's sample interval (default 5s; a scrape interval is enough)",
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         raise SystemExit("mfu-exporter demo: --speed must be positive")
+    if args.nodes is not None:
+        return run_fleet(args)
+    if args.incident_node is not None:
+        raise SystemExit("mfu-exporter demo: --incident-node needs --nodes")
     root = Path(tempfile.mkdtemp(prefix="mfu-demo-"))
     try:
         runtime, node, simulation = build_demo(args, root, flags=lambda config: demo_flags(config, args))
@@ -153,3 +176,37 @@ def reporter_access(config: dict, url: str) -> dict[str, Any]:
         warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
         access["session"] = session
     return access
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """``demo --nodes N``: N simulated nodes in one process (``exporter.sim.fleet``)."""
+    if not 1 <= args.nodes <= 4096:
+        raise SystemExit("mfu-exporter demo: --nodes must be from 1 to 4096")
+    if args.incident and args.incident not in FLEET_INCIDENTS:
+        raise SystemExit(f"mfu-exporter demo: --nodes simulates the incidents {', '.join(FLEET_INCIDENTS)}")
+    if args.progress != "api":
+        raise SystemExit("mfu-exporter demo: --nodes reports progress to each node's job model (--progress api)")
+    if args.incident_node is not None and not 0 <= args.incident_node < args.nodes:
+        raise SystemExit(f"mfu-exporter demo: --incident-node must be from 0 to {args.nodes - 1}")
+    root = Path(tempfile.mkdtemp(prefix="mfu-fleet-"))
+    try:
+        fleet = build_fleet(args, root)
+
+        def started(urls: list[str]) -> None:
+            sizes = ", ".join(f"{job.name} ({len(job.nodes)})" for job in fleet.jobs)
+            print(f"mfu-exporter demo: a fleet of {len(fleet.nodes)} simulated 8 × {GPU_NAME} nodes", flush=True)
+            print(f"  nodes        {urls[0]} ... {urls[-1]} (node i on port {fleet.base_port} + i)", flush=True)
+            print(f"  jobs         {sizes}", flush=True)
+            print(
+                f"  incident     on node {fleet.incident_node} ({fleet.incident_job().name}): "
+                f"{fleet.schedule.describe(args.speed)}",
+                flush=True,
+            )
+            print(f"  truth        {urls[0]}api/v1/fleet", flush=True)
+            print("  Ctrl-C stops it.", flush=True)
+
+        asyncio.run(serve_fleet(fleet, on_started=started))
+        fleet.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0

@@ -1,0 +1,522 @@
+"""A simulated fleet on two real distributed metrics paths, all on loopback, in temp directories.
+
+- The fleet: ``mfu-exporter demo --nodes N`` as a subprocess, node i on 127.0.0.1:(base + i).
+- The VictoriaMetrics path: two ``vmagent`` shards (``-promscrape.cluster.membersCount=2``, ``memberNum`` 0 and 1)
+  scrape the nodes (deploy/fleet/vmagent-static.yaml) and remote-write to ``victoria-metrics``; ``vmalert``
+  evaluates alerts/*.yaml unchanged against it and writes the recorded series and ALERTS back
+  (deploy/fleet/vmalert.flags).
+- The Prometheus path: ``prometheus --enable-feature=agent`` scrapes the same nodes (deploy/fleet/prometheus-agent.yaml) and
+  remote-writes to a ``prometheus --web.enable-remote-write-receiver`` that evaluates the same rules
+  (deploy/fleet/prometheus-receiver.yaml).
+- Both send their alerts to a small loopback sink that keeps what it was sent, in place of an Alertmanager.
+
+The deploy/fleet files are used as they are, copied with only the intervals, the rule paths and the addresses set to
+the test's. ``python -m tests.support.fleet_harness --nodes 64`` (``make fleet``) starts it all and prints the UIs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import webbrowser
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import requests
+import yaml
+
+from exporter.quantities import parse_duration
+from tests.support.net import free_port
+from tests.support.tools import require_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "fleet"
+RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
+SCRAPE_JOB = "mfu-exporter"
+START_ATTEMPTS = 3
+
+
+class ProcessFailed(Exception):
+    pass
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def free_port_range(count: int, low: int = 20000, high: int = 60000) -> int:
+    """A base port with ``count`` consecutive ports free on 127.0.0.1 now (bound and released, one by one)."""
+    span = high - low - count
+    start = low + (os.getpid() * 7919 + int(time.time() * 1000)) % span
+    for attempt in range(200):
+        base = low + (start - low + attempt * 997) % span
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports between {low} and {high}")
+
+
+@dataclass
+class Server:
+    """One process of the stack, started on a free loopback port; ready once ``ready_path`` answers 200."""
+
+    name: str
+    workdir: Path
+    command: Callable[[int], list[str]]
+    ready_path: str
+    process: subprocess.Popen | None = None
+    port: int | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0, port: int | None = None) -> "Server":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(START_ATTEMPTS):
+            self.port = port or free_port()
+            with self.log.open("w") as log:
+                self.process = subprocess.Popen(
+                    self.command(self.port),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=self.workdir,
+                )
+            try:
+                self._wait_ready(timeout)
+                return self
+            except ProcessFailed:
+                self.stop()
+                if attempt == START_ATTEMPTS - 1 or port or "address already in use" not in _tail(self.log):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        url = self.url + self.ready_path
+        while True:
+            if self.process.poll() is not None:
+                raise ProcessFailed(f"{self.name} exited with {self.process.returncode}:\n{_tail(self.log)}")
+            try:
+                if requests.get(url, timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"{self.name}: {url} not ready after {timeout:g}s:\n{_tail(self.log)}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+
+class Store:
+    """The Prometheus query API of one path's store (VictoriaMetrics or the receiving Prometheus)."""
+
+    def __init__(self, name: str, url: str, alerts_url: str):
+        self.name = name
+        self.url = url
+        self.alerts_url = alerts_url  # the rule evaluator's /api/v1/alerts (vmalert or the receiver)
+
+    def api(self, path: str, **params: Any) -> Any:
+        response = requests.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
+        body = response.json()
+        if body.get("status") != "success":
+            raise AssertionError(f"{self.name} /api/v1/{path} {params}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        params: dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = at
+        data = self.api("query", **params)
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": float(data["result"][1])}]
+        return [{"metric": item["metric"], "value": float(item["value"][1])} for item in data["result"]]
+
+    def query_range(self, expr: str, start: float, end: float, step: float = 2.0) -> list[dict]:
+        return self.api("query_range", query=expr, start=start, end=end, step=step)["result"]
+
+    def alerts(self) -> list[dict]:
+        response = requests.get(f"{self.alerts_url}/api/v1/alerts", timeout=10)
+        return response.json()["data"]["alerts"]
+
+
+class AlertSink:
+    """A loopback stand-in for Alertmanager: keeps every alert POSTed to /api/v1/alerts or /api/v2/alerts."""
+
+    def __init__(self) -> None:
+        self.received: list[dict] = []
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    sink.received.extend(json.loads(self.rfile.read(length) or b"[]"))
+                except ValueError:
+                    pass
+                self.send_response(200)
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _copy_config(source: Path, dest: Path, change: Callable[[dict], None]) -> Path:
+    config = yaml.safe_load(source.read_text())
+    change(config)
+    dest.write_text(yaml.safe_dump(config, sort_keys=False))
+    return dest
+
+
+@dataclass
+class FleetStack:
+    """The fleet and both paths; ``start()`` returns once every process answers and the fleet is scraped."""
+
+    workdir: Path
+    nodes: int = 32
+    incident: str | None = "pfc-storm"
+    incident_node: int = 0
+    interval: str = "2s"
+    paths: Sequence[str] = ("victoria-metrics", "prometheus")
+    fleet_args: Sequence[str] = ()
+    servers: dict[str, Server] = field(default_factory=dict)
+    stores: dict[str, Store] = field(default_factory=dict)
+    base_port: int = 0
+    started: float = 0.0
+    sink: AlertSink | None = None
+    _stack: ExitStack = field(default_factory=ExitStack)
+
+    @property
+    def targets(self) -> list[str]:
+        return [f"127.0.0.1:{self.base_port + i}" for i in range(self.nodes)]
+
+    def instance(self, node: int) -> str:
+        return f"127.0.0.1:{self.base_port + node}"
+
+    def fleet_json(self) -> dict:
+        return requests.get(f"http://127.0.0.1:{self.base_port}/api/v1/fleet", timeout=10).json()
+
+    def _add(self, server: Server, timeout: float = 60.0, port: int | None = None) -> Server:
+        self.servers[server.name] = server
+        self._stack.callback(server.stop)
+        return server.start(timeout, port)
+
+    def start(self) -> "FleetStack":
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sink = AlertSink()
+        self._stack.callback(self.sink.stop)
+        self._start_fleet()
+        (self.workdir / "nodes.json").write_text(json.dumps([{"targets": self.targets}]))
+        if "victoria-metrics" in self.paths:
+            self._start_victoria_metrics()
+        if "prometheus" in self.paths:
+            self._start_prometheus()
+
+    def _start_fleet(self) -> None:
+        incident = ["--incident", self.incident, "--incident-node", str(self.incident_node)] if self.incident else []
+        for attempt in range(START_ATTEMPTS):
+            self.base_port = free_port_range(self.nodes)
+
+            def command(port: int) -> list[str]:
+                return [
+                    sys.executable,
+                    "-m",
+                    "exporter",
+                    "demo",
+                    "--nodes",
+                    str(self.nodes),
+                    "--web.listen-address",
+                    f"127.0.0.1:{port}",
+                    "--fleet.interval",
+                    self.interval,
+                    "--log.level",
+                    "warning",
+                    *incident,
+                    *self.fleet_args,
+                ]
+
+            # Ready when the last node answers /api/v1/fleet: every site starts before the fleet says so.
+            server = Server("fleet", self.workdir, command, "/readyz")
+            try:
+                self._add(server, timeout=120.0, port=self.base_port)
+                last = f"http://127.0.0.1:{self.base_port + self.nodes - 1}/readyz"
+                deadline = time.monotonic() + 60.0
+                while time.monotonic() < deadline:
+                    try:
+                        if requests.get(last, timeout=1).status_code == 200:
+                            break
+                    except requests.RequestException:
+                        pass
+                    time.sleep(0.2)
+                self.started = time.time()
+                return
+            except ProcessFailed:
+                if attempt == START_ATTEMPTS - 1 or "cannot listen" not in _tail(server.log):
+                    raise
+
+    def _start_victoria_metrics(self) -> None:
+        vm_binary = require_tool("victoria-metrics", "victoria-metrics")
+        vmagent = require_tool("vmagent", "victoria-metrics")
+        vmalert = require_tool("vmalert", "victoria-metrics")
+        work = self.workdir / "vm"
+        work.mkdir(parents=True, exist_ok=True)
+        vm = self._add(
+            Server(
+                "victoria-metrics",
+                work,
+                lambda port: [
+                    vm_binary,
+                    f"-storageDataPath={work / 'data'}",
+                    f"-httpListenAddr=127.0.0.1:{port}",
+                    "-retentionPeriod=1d",
+                    # Queries see samples at once (the default hides the last 30 s, for late-arriving data) and
+                    # are not cached: the test asks about the last few seconds.
+                    "-search.latencyOffset=0s",
+                    "-search.disableCache",
+                    # 300,000 by default: 256 nodes of ~1,200 series already exceed it in one query.
+                    "-search.maxUniqueTimeseries=20000000",
+                    "-loggerLevel=WARN",
+                ],
+                "/health",
+            )
+        )
+
+        def interval(config: dict) -> None:
+            config["global"]["scrape_interval"] = self.interval
+            config["global"]["scrape_timeout"] = self.interval
+            shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+
+        scrape = _copy_config(DEPLOY / "vmagent-static.yaml", work / "vmagent.yaml", interval)
+        for member in (0, 1):
+            self._add(
+                Server(
+                    f"vmagent-{member}",
+                    work,
+                    lambda port, member=member: [
+                        vmagent,
+                        f"-promscrape.config={scrape}",
+                        "-promscrape.cluster.membersCount=2",
+                        f"-promscrape.cluster.memberNum={member}",
+                        f"-remoteWrite.url={vm.url}/api/v1/write",
+                        f"-remoteWrite.tmpDataPath={work / f'vmagent-{member}'}",
+                        "-remoteWrite.flushInterval=1s",
+                        f"-httpListenAddr=127.0.0.1:{port}",
+                        "-loggerLevel=WARN",
+                    ],
+                    "/health",
+                )
+            )
+        flags = [line for line in (DEPLOY / "vmalert.flags").read_text().splitlines() if line.startswith("-")]
+        assert [f.split("=")[0] for f in flags] == [
+            "-rule",
+            "-rule",
+            "-datasource.url",
+            "-remoteWrite.url",
+            "-remoteRead.url",
+            "-notifier.url",
+            "-evaluationInterval",
+            "-datasource.queryStep",
+        ], "deploy/fleet/vmalert.flags changed: update the harness"
+        assert self.sink is not None
+        sink = f"http://127.0.0.1:{self.sink.port}"
+        alert = self._add(
+            Server(
+                "vmalert",
+                work,
+                lambda port: [
+                    vmalert,
+                    *(f"-rule={path}" for path in RULE_FILES),
+                    f"-datasource.url={vm.url}",
+                    f"-remoteWrite.url={vm.url}",
+                    f"-remoteRead.url={vm.url}",
+                    f"-notifier.url={sink}",
+                    f"-evaluationInterval={self.interval}",
+                    f"-datasource.queryStep={2.5 * parse_duration(self.interval):g}s",
+                    "-remoteWrite.flushInterval=1s",
+                    f"-httpListenAddr=127.0.0.1:{port}",
+                    "-loggerLevel=WARN",
+                ],
+                "/health",
+            )
+        )
+        self.stores["victoria-metrics"] = Store("victoria-metrics", vm.url, alert.url)
+
+    def _start_prometheus(self) -> None:
+        prometheus = require_tool("prometheus", "prometheus")
+        work = self.workdir / "prom"
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+        assert self.sink is not None
+        sink_port = self.sink.port
+
+        def receiver_config(config: dict) -> None:
+            config["global"]["evaluation_interval"] = self.interval
+            config["rule_files"] = [str(path) for path in RULE_FILES]
+            config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
+
+        receiver_file = _copy_config(DEPLOY / "prometheus-receiver.yaml", work / "receiver.yml", receiver_config)
+        receiver = self._add(
+            Server(
+                "prometheus-receiver",
+                work,
+                lambda port: [
+                    prometheus,
+                    f"--config.file={receiver_file}",
+                    "--web.enable-remote-write-receiver",
+                    f"--storage.tsdb.path={work / 'receiver-data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                "/-/ready",
+            )
+        )
+
+        def agent_config(config: dict) -> None:
+            config["global"]["scrape_interval"] = self.interval
+            config["global"]["scrape_timeout"] = self.interval
+            config["remote_write"][0]["url"] = f"{receiver.url}/api/v1/write"
+            config["remote_write"][0]["queue_config"]["batch_send_deadline"] = "250ms"
+
+        agent_file = _copy_config(DEPLOY / "prometheus-agent.yaml", work / "agent.yml", agent_config)
+        self._add(
+            Server(
+                "prometheus-agent",
+                work,
+                lambda port: [
+                    prometheus,
+                    "--enable-feature=agent",  # Prometheus 2.x; 3.x spells it --agent
+                    f"--config.file={agent_file}",
+                    f"--storage.agent.path={work / 'agent-data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                "/-/ready",
+            )
+        )
+        self.stores["prometheus"] = Store("prometheus", receiver.url, receiver.url)
+
+    def stop(self) -> None:
+        self._stack.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``make fleet``: the fleet, both paths, their UIs printed (and opened where a browser is), until Ctrl-C."""
+    parser = argparse.ArgumentParser(prog="python -m tests.support.fleet_harness", description=main.__doc__)
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--incident", default="pfc-storm")
+    parser.add_argument("--incident-node", type=int, default=0)
+    parser.add_argument("--interval", default="5s", help="scrape, sample and rule evaluation interval")
+    parser.add_argument("--path", choices=("victoria-metrics", "prometheus", "both"), default="both")
+    parser.add_argument("--no-browser", action="store_true")
+    args = parser.parse_args(argv)
+    paths = ("victoria-metrics", "prometheus") if args.path == "both" else (args.path,)
+    workdir = Path(tempfile.mkdtemp(prefix="mfu-fleet-stack-"))
+    stack = FleetStack(
+        workdir,
+        nodes=args.nodes,
+        incident=args.incident or None,
+        incident_node=args.incident_node,
+        interval=args.interval,
+        paths=paths,
+    )
+    try:
+        stack.start()
+        first = f"http://127.0.0.1:{stack.base_port}/"
+        print(f"fleet: {args.nodes} nodes, {first} ... port {stack.base_port + args.nodes - 1}", flush=True)
+        print(f"  truth              {first}api/v1/fleet", flush=True)
+        ui = None
+        if "victoria-metrics" in stack.servers:
+            ui = f"{stack.servers['victoria-metrics'].url}/vmui/"
+            print(f"  VictoriaMetrics    {ui}", flush=True)
+            print(f"  vmalert            {stack.servers['vmalert'].url}/", flush=True)
+            for member in (0, 1):
+                print(f"  vmagent shard {member}    {stack.servers[f'vmagent-{member}'].url}/targets", flush=True)
+        if "prometheus-receiver" in stack.servers:
+            url = f"{stack.servers['prometheus-receiver'].url}/alerts"
+            ui = ui or url
+            print(f"  Prometheus         {url} (receiver, runs the rules)", flush=True)
+            print(f"  Prometheus agent   {stack.servers['prometheus-agent'].url}/targets", flush=True)
+        print(f"  files              {workdir}", flush=True)
+        print("  try: training_job:mfu_model_flops_utilization:ratio_rate1m, training_job:mfu_bottleneck:cause")
+        print("  Ctrl-C stops it all.", flush=True)
+        if ui and not args.no_browser and os.environ.get("DISPLAY"):
+            webbrowser.open(ui)
+        while all(s.process is not None and s.process.poll() is None for s in stack.servers.values()):
+            time.sleep(1.0)
+        print("a process of the stack exited; see its log in", workdir, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stack.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
