@@ -60,7 +60,7 @@ bench: $(STAMP)
 bench-fleet: $(STAMP) system-deps
 	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-64,256,1024} --json bench/results/fleet-$$(date -u +%Y%m%dT%H%M%SZ).json
 
-# A simulated fleet (FLEET_NODES, default 64) on both distributed paths, the UIs printed (VictoriaMetrics' vmui,
+# A simulated fleet (FLEET_NODES, default 64) on both distributed paths, the UIs printed (VictoriaMetrics,
 # vmalert, the Prometheus receiver's alerts), until Ctrl-C: README "A fleet of 10,000 nodes".
 fleet: $(STAMP) system-deps
 	$(PY) -m tests.support.fleet_harness --nodes $${FLEET_NODES:-64} $(FLEET_ARGS)

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import webbrowser
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -465,6 +466,15 @@ class FleetStack:
         self._stack.close()
 
 
+def _serves(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 (the fleet's servers are all on loopback)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``make fleet``: the fleet, both paths, their UIs printed (and opened where a browser is), until Ctrl-C."""
     parser = argparse.ArgumentParser(prog="python -m tests.support.fleet_harness", description=main.__doc__)
@@ -492,15 +502,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  truth              {first}api/v1/fleet", flush=True)
         ui = None
         if "victoria-metrics" in stack.servers:
-            ui = f"{stack.servers['victoria-metrics'].url}/vmui/"
-            print(f"  VictoriaMetrics    {ui}", flush=True)
+            base = stack.servers["victoria-metrics"].url
+            if _serves(f"{base}/vmui/"):
+                ui = f"{base}/vmui/"
+                print(f"  VictoriaMetrics    {ui}", flush=True)
+            else:  # Debian's package is built without vmui's assets: its API and status pages only
+                print(f"  VictoriaMetrics    {base}/ (API and status pages; this build has no vmui)", flush=True)
             print(f"  vmalert            {stack.servers['vmalert'].url}/", flush=True)
             for member in (0, 1):
                 print(f"  vmagent shard {member}    {stack.servers[f'vmagent-{member}'].url}/targets", flush=True)
         if "prometheus-receiver" in stack.servers:
-            url = f"{stack.servers['prometheus-receiver'].url}/alerts"
+            url = f"{stack.servers['prometheus-receiver'].url}/graph"
             ui = ui or url
-            print(f"  Prometheus         {url} (receiver, runs the rules)", flush=True)
+            print(f"  Prometheus         {url} and /alerts (receiver, runs the rules)", flush=True)
             print(f"  Prometheus agent   {stack.servers['prometheus-agent'].url}/targets", flush=True)
         print(f"  files              {workdir}", flush=True)
         print("  try: training_job:mfu_model_flops_utilization:ratio_rate1m, training_job:mfu_bottleneck:cause")
