@@ -46,16 +46,14 @@ from exporter.model import flops as mfu_math
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.jobs import ValidationError, parse_progress
 from exporter.node.ethtool import EthtoolTextReader
-from exporter.quantities import format_duration, parse_duration
+from exporter.quantities import parse_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.node import (
     GPU_NAME,
     GPUS,
-    HEALTHY_BETWEEN,
     HOT_GPU,
-    INCIDENT_SECONDS,
     LOST_GPU,
     MODEL,
     RATE_FACTOR,
@@ -93,28 +91,9 @@ THREAD_STACK = 512 * 1024  # 5 source threads per node: 1,024 nodes would reserv
 
 
 class FleetSchedule(Schedule):
-    """The demo's schedule over the incidents a fleet simulates: one forced after the warm-up, or a rotation of
-    pfc-storm, thermal and gpu-lost, each after ``HEALTHY_BETWEEN`` of healthy training."""
+    """The demo's schedule over the incidents a fleet simulates (pfc-storm, thermal, gpu-lost)."""
 
-    def incident(self, elapsed: float) -> str | None:
-        if self.forced:
-            return super().incident(elapsed)
-        rotation = sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in FLEET_INCIDENTS)
-        offset = elapsed % rotation
-        for name in FLEET_INCIDENTS:
-            offset -= HEALTHY_BETWEEN
-            if offset < 0:
-                return None
-            if offset < INCIDENT_SECONDS[name]:
-                return name
-            offset -= INCIDENT_SECONDS[name]
-        return None
-
-    def describe(self, speed: float) -> str:
-        if self.forced:
-            return super().describe(speed)
-        lengths = ", ".join(f"{name} {format_duration(INCIDENT_SECONDS[name])}" for name in FLEET_INCIDENTS)
-        return f"incidents rotate ({lengths}), each after {format_duration(HEALTHY_BETWEEN)} healthy"
+    incidents = FLEET_INCIDENTS
 
 
 @dataclass

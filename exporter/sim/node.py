@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from exporter.client import ProgressReporter
 from exporter.config import read_yaml, typed_config, validate
@@ -96,15 +96,21 @@ class SimClock:
 
 @dataclass
 class Schedule:
-    """Which incident is active at a simulated elapsed time: one forced after a warm-up, or a rotation."""
+    """Which incident is active at a simulated elapsed time: one forced after a warm-up, or a rotation of
+    ``incidents``, each after ``HEALTHY_BETWEEN`` of healthy training."""
 
     forced: str | None = None
+    incidents: ClassVar[tuple[str, ...]] = INCIDENTS
+
+    @property
+    def rotation_seconds(self) -> float:
+        return sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in self.incidents)
 
     def incident(self, elapsed: float) -> str | None:
         if self.forced:
             return self.forced if elapsed >= WARMUP else None
-        offset = elapsed % ROTATION_SECONDS
-        for name in INCIDENTS:
+        offset = elapsed % self.rotation_seconds
+        for name in self.incidents:
             offset -= HEALTHY_BETWEEN
             if offset < 0:
                 return None
@@ -118,10 +124,10 @@ class Schedule:
             return (
                 f"incident {self.forced} starts after {WARMUP:g} s of healthy training and lasts until the demo stops"
             )
-        lengths = ", ".join(f"{name} {format_duration(INCIDENT_SECONDS[name])}" for name in INCIDENTS)
+        lengths = ", ".join(f"{name} {format_duration(INCIDENT_SECONDS[name])}" for name in self.incidents)
         return (
             f"incidents rotate ({lengths}), each after {format_duration(HEALTHY_BETWEEN)} healthy: the rotation "
-            f"takes {format_duration(ROTATION_SECONDS / speed)} of wall time at --speed {speed:g}"
+            f"takes {format_duration(self.rotation_seconds / speed)} of wall time at --speed {speed:g}"
         )
 
 

@@ -39,6 +39,7 @@ import yaml
 
 from exporter.quantities import parse_duration
 from tests.support.net import free_port
+from tests.support.prom_harness import ProcessFailed, log_tail, wait_ready
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,17 +47,6 @@ DEPLOY = ROOT / "deploy" / "fleet"
 RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
 SCRAPE_JOB = "mfu-exporter"
 START_ATTEMPTS = 3
-
-
-class ProcessFailed(Exception):
-    pass
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def free_port_range(count: int, low: int = 20000, high: int = 60000) -> int:
@@ -117,25 +107,13 @@ class Server:
                 return self
             except ProcessFailed:
                 self.stop()
-                if attempt == START_ATTEMPTS - 1 or port or "address already in use" not in _tail(self.log):
+                if attempt == START_ATTEMPTS - 1 or port or "address already in use" not in log_tail(self.log):
                     raise
         raise AssertionError("unreachable")
 
     def _wait_ready(self, timeout: float) -> None:
         assert self.process is not None
-        deadline = time.monotonic() + timeout
-        url = self.url + self.ready_path
-        while True:
-            if self.process.poll() is not None:
-                raise ProcessFailed(f"{self.name} exited with {self.process.returncode}:\n{_tail(self.log)}")
-            try:
-                if requests.get(url, timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise ProcessFailed(f"{self.name}: {url} not ready after {timeout:g}s:\n{_tail(self.log)}")
-            time.sleep(0.1)
+        wait_ready(self.process, self.url + self.ready_path, self.log, timeout, self.name)
 
     def stop(self) -> None:
         process = self.process
@@ -318,7 +296,7 @@ class FleetStack:
                 self.started = time.time()
                 return
             except ProcessFailed:
-                if attempt == START_ATTEMPTS - 1 or "cannot listen" not in _tail(server.log):
+                if attempt == START_ATTEMPTS - 1 or "cannot listen" not in log_tail(server.log):
                     raise
 
     def _start_victoria_metrics(self) -> None:

@@ -48,25 +48,28 @@ def listening_addresses(pid: int) -> list[str]:
     return [line.split()[3] for line in output.splitlines() if f"pid={pid}," in line]
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a server's log, for the error that says why it did not start."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
 
 
-def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
+def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float, name: str | None = None) -> None:
+    """Until ``url`` answers 200; ProcessFailed with the log's tail when the process exits or the time runs out."""
     deadline = time.monotonic() + timeout
+    name = name or str(process.args[0])
     while True:
         if process.poll() is not None:
-            raise ProcessFailed(f"{process.args[0]} exited with {process.returncode}:\n{_tail(log)}")
+            raise ProcessFailed(f"{name} exited with {process.returncode}:\n{log_tail(log)}")
         try:
             if requests.get(url, timeout=1).status_code == 200:
                 return
         except requests.RequestException:
             pass
         if time.monotonic() > deadline:
-            raise ProcessFailed(f"{url} not ready after {timeout:g}s:\n{_tail(log)}")
+            raise ProcessFailed(f"{name}: {url} not ready after {timeout:g}s:\n{log_tail(log)}")
         time.sleep(0.1)
 
 
@@ -90,12 +93,12 @@ def _start_on_free_port(
         port = free_port()
         process, ready_url, log = launch(port)
         try:
-            _wait_ready(process, ready_url, log, timeout)
+            wait_ready(process, ready_url, log, timeout)
             return process, port
         except ProcessFailed:
             _stop(process)
             attempts_left -= 1
-            if attempts_left == 0 or "address already in use" not in _tail(log):
+            if attempts_left == 0 or "address already in use" not in log_tail(log):
                 raise
 
 
