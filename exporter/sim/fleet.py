@@ -64,6 +64,7 @@ from exporter.sim.node import (
     Schedule,
     SimClock,
     SimulatedQos,
+    stop_training,
     train_healthily,
     write_procfs,
 )
@@ -250,11 +251,7 @@ class Machine:
             if self.kind == INCIDENT:
                 self.nvml.lose(LOST_GPU)
                 self._lost = True
-            for gpu in self.nvml.gpus:
-                gpu.utilization = 0
-                gpu.set_activity(tensor=0.0, sm=0.0)
-            for nic in self.fabric.nics:
-                nic.utilization = 0.0
+            stop_training(self.nvml, self.fabric)
             return
         # pfc-storm and thermal: every rank waits on the slow one. NCCL kernels spin while waiting, so GPU
         # utilization stays high and hides the stall; tensor activity shows it.

@@ -131,6 +131,15 @@ class Schedule:
         )
 
 
+def stop_training(nvml: fake_nvml.FakeNvml, fabric: SimulatedNode) -> None:
+    """A job whose rank is gone: NCCL waits for it on every node, so the GPUs and NICs go idle."""
+    for gpu in nvml.gpus:
+        gpu.utilization = 0
+        gpu.set_activity(tensor=0.0, sm=0.0)
+    for nic in fabric.nics:
+        nic.utilization = 0.0
+
+
 def healthy_tokens_per_second(gpus: int = len(JOB_GPUS)) -> float:
     """The token rate that gives the steady MFU on ``gpus`` H100s (the reporting job's four), from the formula."""
     per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
@@ -381,11 +390,7 @@ class DemoNode:
             if not self._lost:
                 self.nvml.lose(LOST_GPU)
                 self._lost = True
-            for gpu in self.nvml.gpus:
-                gpu.utilization = 0
-                gpu.set_activity(tensor=0.0, sm=0.0)
-            for nic in self.fabric.nics:
-                nic.utilization = 0.0
+            stop_training(self.nvml, self.fabric)
         if self._lost and incident != "gpu-lost":
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
 

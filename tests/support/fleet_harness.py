@@ -39,7 +39,7 @@ import yaml
 
 from exporter.quantities import parse_duration
 from tests.support.net import free_port
-from tests.support.prom_harness import ProcessFailed, log_tail, wait_ready
+from tests.support.prom_harness import ProcessFailed, log_tail, stop_process, wait_ready
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,15 +116,7 @@ class Server:
         wait_ready(self.process, self.url + self.ready_path, self.log, timeout, self.name)
 
     def stop(self) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_process(self.process)
 
     @property
     def pid(self) -> int:

@@ -73,7 +73,8 @@ def wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float, n
         time.sleep(0.1)
 
 
-def _stop(process: subprocess.Popen | None) -> None:
+def stop_process(process: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 10 s; nothing for a process that is gone already."""
     if process is None or process.poll() is not None:
         return
     process.terminate()
@@ -96,7 +97,7 @@ def _start_on_free_port(
             wait_ready(process, ready_url, log, timeout)
             return process, port
         except ProcessFailed:
-            _stop(process)
+            stop_process(process)
             attempts_left -= 1
             if attempts_left == 0 or "address already in use" not in log_tail(log):
                 raise
@@ -168,7 +169,7 @@ class Prometheus:
         return self
 
     def stop(self) -> None:
-        _stop(self.process)
+        stop_process(self.process)
 
     def api(self, path: str, **params: Any) -> Any:
         """``GET /api/v1/<path>``'s ``data``; an API error raises with Prometheus's message."""
@@ -264,7 +265,7 @@ class Exporter:
         return self
 
     def stop(self) -> None:
-        _stop(self.process)
+        stop_process(self.process)
 
     def jobs(self) -> dict[str, dict]:
         response = requests.get(f"{self.url}/api/v1/jobs", timeout=5)
