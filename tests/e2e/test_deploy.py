@@ -518,6 +518,74 @@ def test_systemd_analyze_verify_passes(tmp_path):
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
 
 
+SLURM_DROPIN = UNIT.parent / "mfu-exporter.service.d" / "slurm.conf"
+SLURM_CONFIG = UNIT.parent / "config-slurm.yaml"
+PROLOG, EPILOG = ROOT / "deploy" / "slurm" / "prolog.sh", ROOT / "deploy" / "slurm" / "epilog.sh"
+
+
+def effective_settings(*paths: Path) -> dict[str, list[str]]:
+    """Each key's values over the unit and its drop-ins in order, as systemd merges them: an empty assignment
+    resets a list, a later single-valued setting wins (the last value)."""
+    merged: dict[str, list[str]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.startswith(("#", "[")):
+                key, value = line.split("=", 1)
+                merged[key] = [] if value == "" else [*merged.get(key, []), value]
+    return merged
+
+
+def test_slurm_node_sandbox_lets_discovery_read_other_users_processes_and_the_mapping_directory():
+    settings = effective_settings(UNIT, SLURM_DROPIN)
+    last = {key: values[-1] for key, values in settings.items() if values}
+    # /proc/<pid>/cgroup (0444) of the jobs' users' processes, NVML's host PIDs: the host's PID namespace and an
+    # unhidden /proc.
+    assert last.get("PrivatePIDs", "no") == "no" and last.get("ProtectProc", "default") == "default"
+    assert last.get("ProcSubset", "all") == "all" and last.get("PrivateUsers", "no") == "no"
+    # The prolog's directory, the cgroup tree and the job's output under /home stay readable.
+    (mapping_dir,) = re.findall(r'MFU_JOB_MAPPING_DIR:-([^}"]+)', PROLOG.read_text())
+    assert re.findall(r'MFU_JOB_MAPPING_DIR:-([^}"]+)', EPILOG.read_text()) == [mapping_dir]
+    readable = (mapping_dir, "/proc/1/cgroup", "/sys/fs/cgroup/x", "/etc/slurm/slurm.conf", "/run/munge/x")
+    for key in ("InaccessiblePaths", "TemporaryFileSystem", "BindPaths", "BindReadOnlyPaths"):
+        for value in settings.get(key, []):
+            for hidden in value.split():
+                hidden = hidden.lstrip("-+").split(":")[0]
+                assert not any(p == hidden or p.startswith(hidden.rstrip("/") + "/") for p in readable), (key, value)
+    assert last["ProtectHome"] == "read-only"  # Slurm output files are often under /home
+    assert {"AF_UNIX", "AF_INET"} <= set(last["RestrictAddressFamilies"].split())  # munged's socket, slurmctld
+    # The config it ships with reads that directory and names jobs with squeue.
+    config = load_config(str(SLURM_CONFIG))
+    slurm = config["discovery"]["slurm"]
+    assert slurm["job_mapping_dir"] == mapping_dir and slurm["processes"] is True
+    assert slurm["name_command"][0] == "squeue" and "{job}" in slurm["name_command"]
+
+
+def test_systemd_analyze_verify_passes_with_the_slurm_drop_in(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if not analyze:
+        pytest.skip("systemd-analyze not present; the drop-in's directives are checked above")
+    entry_point = shutil.which("mfu-exporter", path=str(Path(sys.executable).parent)) or sys.executable
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace("/opt/mfu-exporter/bin/mfu-exporter", entry_point))
+    dropins = tmp_path / f"{UNIT.name}.d"
+    dropins.mkdir()
+    dropin = dropins / SLURM_DROPIN.name
+    dropin.write_text(SLURM_DROPIN.read_text())
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+    # verify reads drop-ins beside the unit: a misspelt key in it is reported, so the clean run above covered it.
+    dropin.write_text(SLURM_DROPIN.read_text() + "ProtectHme=yes\n")
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert "ProtectHme" in result.stdout + result.stderr
+
+
+def test_slurm_prolog_and_epilog_are_posix_sh():
+    for script in (PROLOG, EPILOG):
+        assert script.read_text().startswith("#!/bin/sh\n") and os.access(script, os.X_OK)
+        checked = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, timeout=10)
+        assert checked.returncode == 0, checked.stderr
+
+
 # --- Grafana ------------------------------------------------------------------------------------------------------
 
 
