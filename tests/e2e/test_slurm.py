@@ -142,6 +142,7 @@ class Node:
         ctx = SourceContext(config, Paths("/sys", "/proc"), nvml=self.nvml)
         self.sources = build_sources(config, ctx)
         self.service = build_service(config, self.sources, paths=ctx.paths)
+        self.names_seen: set[str] = set()  # every job name any sample showed
 
     def sample(self, only: str | None = None) -> None:
         for source in self.sources:
@@ -150,6 +151,7 @@ class Node:
             state = self.service.daemon.states[source.name]
             state.snapshot, state.up = source.sample(), True
         self.service.apply_discovery()
+        self.names_seen |= set(self.jobs())
 
     def jobs(self) -> dict[str, dict]:
         """What GET /api/v1/jobs answers, through JSON."""
@@ -213,6 +215,8 @@ def test_prolog_mapping_squeue_names_and_srun_label_logs_give_the_job_and_its_mf
         assert job["tokens_per_second"] == pytest.approx(TPS * 2, rel=0.05)
         assert job["mfu"] == pytest.approx(6 * 8.03e9 * TPS / 989.4e12, rel=0.05)
         assert node.status("logs")["files"][0]["format"] == "torchtitan"
+        # Held back until squeue answered: never a job named by its ID first (it would be a second job).
+        assert node.names_seen == {JOB, HOLDER}
     finally:
         node.close()
 
@@ -237,6 +241,7 @@ def test_cgroup_path_finds_the_job_through_its_tasks_pids(cluster, jobs):
         seen = settled(node, found)
         assert seen[JOB]["gpu_indices"] == step_gpus
         assert HOLDER not in seen  # an allocation without a GPU process: only the prolog's mapping shows it
+        assert node.names_seen == {JOB}
         processes = node.status("discovery")["slurm"]["processes"]
         assert processes["active"] and processes["gpu_processes"] == 2
     finally:
