@@ -505,7 +505,8 @@ def test_unit_runs_sandboxed_as_a_dedicated_user():
     assert daemon_args(argv[1:] if argv[:1] == ["run"] else argv).config == "/etc/mfu-exporter/config.yaml"
 
 
-def test_systemd_analyze_verify_passes(tmp_path):
+def systemd_verify(tmp_path: Path, dropins: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``systemd-analyze verify`` on the unit, with ``dropins`` (name: text) in its ``.d`` directory beside it."""
     analyze = shutil.which("systemd-analyze")
     if not analyze:
         pytest.skip("systemd-analyze not present")
@@ -513,7 +514,15 @@ def test_systemd_analyze_verify_passes(tmp_path):
     entry_point = shutil.which("mfu-exporter", path=str(Path(sys.executable).parent)) or sys.executable
     unit = tmp_path / UNIT.name
     unit.write_text(UNIT.read_text().replace("/opt/mfu-exporter/bin/mfu-exporter", entry_point))
-    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    directory = tmp_path / f"{UNIT.name}.d"
+    directory.mkdir(exist_ok=True)
+    for name, text in (dropins or {}).items():
+        (directory / name).write_text(text)
+    return subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+
+
+def test_systemd_analyze_verify_passes(tmp_path):
+    result = systemd_verify(tmp_path)
     # Unknown or misspelt keys are only warnings (exit 0), so any output at all is a failure.
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
 
@@ -561,21 +570,10 @@ def test_slurm_node_sandbox_lets_discovery_read_other_users_processes_and_the_ma
 
 
 def test_systemd_analyze_verify_passes_with_the_slurm_drop_in(tmp_path):
-    analyze = shutil.which("systemd-analyze")
-    if not analyze:
-        pytest.skip("systemd-analyze not present; the drop-in's directives are checked above")
-    entry_point = shutil.which("mfu-exporter", path=str(Path(sys.executable).parent)) or sys.executable
-    unit = tmp_path / UNIT.name
-    unit.write_text(UNIT.read_text().replace("/opt/mfu-exporter/bin/mfu-exporter", entry_point))
-    dropins = tmp_path / f"{UNIT.name}.d"
-    dropins.mkdir()
-    dropin = dropins / SLURM_DROPIN.name
-    dropin.write_text(SLURM_DROPIN.read_text())
-    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    result = systemd_verify(tmp_path, {SLURM_DROPIN.name: SLURM_DROPIN.read_text()})
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
     # verify reads drop-ins beside the unit: a misspelt key in it is reported, so the clean run above covered it.
-    dropin.write_text(SLURM_DROPIN.read_text() + "ProtectHme=yes\n")
-    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    result = systemd_verify(tmp_path, {SLURM_DROPIN.name: SLURM_DROPIN.read_text() + "ProtectHme=yes\n"})
     assert "ProtectHme" in result.stdout + result.stderr
 
 

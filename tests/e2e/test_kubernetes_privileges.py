@@ -33,6 +33,7 @@ from exporter.sim import nvml as fake_nvml
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from tests.support.demo_harness import get, get_json
 from tests.support.net import free_port
+from tests.support.prom_harness import stop_process
 from tests.support.tools import require_tool
 from tests.support.wait import wait_until
 from tests.unit.logs import framework_lines as fl
@@ -206,12 +207,7 @@ def exporter_as_rendered(daemon: Daemon, host_root: Path, port: int):
         )
         yield base, process.pid
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
         if process.returncode not in (0, -15):
             raise AssertionError(f"exporter exited {process.returncode}:\n{process.stdout.read().decode()[-3000:]}")
 

@@ -1,8 +1,11 @@
 """The status page in a real browser: Debian's headless Chromium runs the page's own JavaScript against the demo."""
 
+import html
+import json
 import re
 import subprocess
 import threading
+import time
 
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.tools import require_tool
@@ -34,6 +37,25 @@ def chromium(tmp_path, url, *args):
     return result.stdout.decode()
 
 
+def browse(tmp_path, base, poll):
+    """The page's DOM after the browser ran it, with ``poll()`` called every 50 ms meanwhile (and once after), so
+    what the API said all the while the page read it is known, however far the simulated job moved meanwhile."""
+    browsing = threading.Event()
+
+    def polling():
+        while not browsing.wait(0.05):
+            poll()
+
+    poller = threading.Thread(target=polling, daemon=True)
+    poller.start()
+    try:
+        return chromium(tmp_path, base, "--dump-dom")
+    finally:
+        browsing.set()
+        poller.join()
+        poll()
+
+
 def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
     # A long window keeps MFU steady between the browser's read and ours.
     with running_demo("--incident", "thermal", "--mfu.window", "60s", speed=20) as base:
@@ -48,20 +70,8 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         wait_until(settled, 40, "MFU to settle near 30%", interval=0.5)
         # The page reads the API while the browser runs; what the API said all that time is polled beside it, so
         # the comparison holds however far a loaded machine lets the simulated job move meanwhile.
-        during, browsing = [readings[-1]], threading.Event()
-
-        def poll():
-            while not browsing.wait(0.05):
-                during.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0)
-
-        poller = threading.Thread(target=poll, daemon=True)
-        poller.start()
-        try:
-            dom = chromium(tmp_path, base, "--dump-dom")
-        finally:
-            browsing.set()
-            poller.join()
-        during.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0)
+        during = [readings[-1]]
+        dom = browse(tmp_path, base, lambda: during.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0))
 
         assert int(re.search(r'data-updates="(\d+)"', dom).group(1)) >= 1, "the page never updated itself"
         shown_ratio, shown_text = re.search(r'data-mfu="([0-9.]+)">([0-9.]+)%<', dom).groups()
@@ -151,10 +161,6 @@ def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path):
     """The demo's llama3-70b says its GPUs as a list ([0, 1, 2, 3]) and bert-pretrain says none (discovery found
     its GPUs): the page shows 4 and "–", never NaN; every other fact, the MFU, the reason and the cause are the API's,
     and "updated" is the wall clock, not the demo's simulated one that runs minutes ahead."""
-    import html
-    import json
-    import time
-
     with running_demo(speed=20) as base:
         # Until the demo's clock is a minute ahead of the wall clock, so the two "updated" could show differ.
         wait_until(
@@ -165,23 +171,14 @@ def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path):
             30,
             "llama3-70b to have an MFU, and the demo's clock to run a minute ahead",
         )
-        answers, browsing = [], threading.Event()
+        answers: list[dict] = []
 
         def poll():
-            while True:
-                answers.append({j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]})
-                if browsing.wait(0.05):
-                    break
+            answers.append({j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]})
 
-        poller = threading.Thread(target=poll, daemon=True)
         started = time.time()
-        poller.start()
-        try:
-            dom = chromium(tmp_path, base, "--dump-dom")
-        finally:
-            browsing.set()
-            poller.join()
-        answers.append({j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]})
+        poll()
+        dom = browse(tmp_path, base, poll)
         ended = time.time()
         simulated = get_json(base + "api/v1/status")["time"]
 

@@ -22,6 +22,7 @@ import subprocess
 from pathlib import Path
 
 from tests.support.net import free_port
+from tests.support.prom_harness import stop_process
 from tests.support.wait import wait_until
 
 # The Debian packages the harness needs, by the program it runs (scripts/install-system-deps.sh installs them).
@@ -208,15 +209,7 @@ class SlurmCluster:
                 pass  # what is left is killed below
         self._kill_job_processes()
         for name in ("slurmd", "slurmctld", "munged"):  # the node first: it reports to the controller
-            process = self._processes.get(name)
-            if process is None or process.poll() is not None:
-                continue
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(self._processes.get(name))
 
     def _alive(self, name: str) -> bool:
         return name in self._processes and self._processes[name].poll() is None
