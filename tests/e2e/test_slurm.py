@@ -130,7 +130,9 @@ class Node:
                 "discovery": {
                     "kubernetes": {"enabled": "false"},
                     "slurm": {
-                        "enabled": "true",
+                        # auto, as shipped: on for the mapping directory, or for slurmstepd's cgroups (on this
+                        # machine /sys/fs/cgroup/<controller>/slurm_<node>, which slurmd made)
+                        "enabled": "auto",
                         "job_mapping_dir": str(mapping) if mapping else None,
                         "processes": processes,
                         "cgroup_root": "/sys/fs/cgroup",
