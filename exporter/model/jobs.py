@@ -496,6 +496,12 @@ class JobTracker:
         with self._lock:
             return list(self._jobs)
 
+    def is_discovered(self, name: str) -> bool:
+        """Whether the job model holds the job as discovery last found it (its GPUs known to ``gpu_count``)."""
+        with self._lock:
+            job = self._jobs.get(name)
+            return job is not None and job.discovered is not None
+
     def views(self) -> list[JobView]:
         """Every job as it stands now; a read that changes nothing (scrapes and the status API call it, from the
         encoder's threads too). A job past ``job_ttl`` is left out, though the tick or the next report forgets it."""

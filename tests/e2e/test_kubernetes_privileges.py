@@ -257,6 +257,7 @@ def test_the_rendered_daemonset_reads_the_socket_and_the_root_log_as_its_securit
                 assert job["job"] == "llm" and job["gpu_indices"] == [0, 1, 2, 3]
                 assert "kubernetes" in job["found_by"] and job["step"] == 100  # found, then fed by its log
                 assert job["framework_mfu"] == pytest.approx(0.1517)
+                assert job["tokens_per_second"] == pytest.approx(3100 * 4, rel=0.05), job  # tps per GPU × its 4
                 discovery = sources()["discovery"]
                 assert discovery["up"] and discovery["status"]["kubernetes"]["pods_with_gpus"] == 1
                 assert kubelet.calls >= 1

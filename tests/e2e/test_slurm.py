@@ -196,9 +196,10 @@ def test_prolog_mapping_squeue_names_and_srun_label_logs_give_the_job_and_its_mf
             """discovery to name the training job by squeue"""
             return JOB in node.jobs()  # only discovery has sampled: found by it
 
-        # Discovery first, so the log is read once the job's GPUs are known: a log read before (the exporter
-        # starting beside a running job, while squeue's answer is on its way) scales torchtitan's per-GPU tokens
-        # by every GPU on the node, and those tokens stay in the MFU window for its length (not fixed here).
+        # Discovery first, so the log is read once the job's GPUs are known. A files: entry names a job discovery
+        # may find later or never, so unlike a discovered pod's log it is not held back: read before squeue named
+        # the job (the exporter starting beside a running job), torchtitan's per-GPU tokens count every GPU of the
+        # node for one MFU window. Not fixed here (the job model would have to keep such tokens per GPU).
         settled(node, named, only="discovery")
 
         def found(node):
