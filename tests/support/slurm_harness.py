@@ -190,6 +190,12 @@ class SlurmCluster:
         out = self.run("squeue", "-h", "-o", "%T", "-j", job, check=False).strip()
         return out or None
 
+    def errors(self, daemon: str = "slurmd") -> str:
+        """The daemon's own error and fatal lines (its log file), e.g. why it could not use this machine's cgroups."""
+        path = self.root / "log" / f"{daemon}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(line for line in text.splitlines() if "error:" in line or "fatal:" in line)
+
     def logs(self, lines: int = 25) -> str:
         parts = []
         for path in sorted((self.root / "log").glob("*")) + [self.root / "munge" / "munged.log"]:
