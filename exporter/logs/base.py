@@ -13,6 +13,9 @@ from exporter.logs.records import Line, Record
 # container that logs in UTC usually sits on a node in UTC). Where the transport has its own time (CRI, Docker
 # JSON, always UTC), the stream prefers that one.
 LOCAL_STAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
+# A logger's time at the start of a line, bracketed or not, with or without a level before it: DeepSpeed's
+# "[2023-07-25 21:03:17,269] [INFO]", its 2020 form "[INFO 2020-06-08 05:26:19]", ezpz's "[2024-10-13 10:35:15.801675][INFO]".
+LEADING_TIME = re.compile(r"^\s*\[?(?:[A-Z]+ )?(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?)")
 
 
 def local_time(text: str | None) -> float | None:
@@ -29,6 +32,12 @@ def local_time(text: str | None) -> float | None:
     if fraction:
         seconds += int(fraction) / 10 ** len(fraction)
     return seconds
+
+
+def leading_time(text: str) -> float | None:
+    """The local time a logger printed at the start of ``text``, if any."""
+    match = LEADING_TIME.match(text)
+    return local_time(match.group(1)) if match else None
 
 
 def number(text: str | None) -> float | None:
@@ -53,6 +62,15 @@ class Parser:
 
     name: ClassVar[str]
     anchor: ClassVar[Pattern[str]]
+    # What this framework's progress lines look like (searched in the peeled line, as ``anchor``): a line that matches
+    # it but gives no progress record is an unread progress line, which the stream reports rather than dropping
+    # silently. Every ``anchor`` alternative for progress is one of these, so detection and reading agree.
+    candidate: ClassVar[Pattern[str]]
+    # Said with an unread line: what to do about it.
+    unread_hint: ClassVar[str] = (
+        "the line does not read as this framework's progress line: set format: regex with a pattern for it "
+        "(and report the line)"
+    )
     # Substrings one of which every line this parser can read contains: a line with none is skipped before any
     # regex or prefix peeling (most of a training log is NCCL and warnings). None: every line is tried.
     keywords: ClassVar[tuple[str, ...] | None] = None
