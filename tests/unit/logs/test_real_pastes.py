@@ -76,3 +76,29 @@ def test_an_hf_dict_with_a_token_count_is_richer_than_deepspeeds_throughput():
     assert stream.format == "hf"
     assert [e.framework for e in progress] == ["deepspeed", "hf", "hf"]
     assert stream.left_out == 1
+
+
+def test_the_unread_reason_clears_at_the_next_progress_and_returns_after_a_run_of_unread_lines():
+    grpo = by_name("hf/trl-3452-grpo-nothing-useful").lines
+    sft = by_name("hf/trl-3926-sft-num-tokens").lines
+    stream = LogStream("auto")
+    stream.feed_many(grpo[:1], real_pastes.READ_TIME)
+    assert stream.no_progress and "last 1 line(s) of hf's progress form" in stream.no_progress  # none read yet
+    stream.feed_many(sft[:1], real_pastes.READ_TIME)
+    assert stream.no_progress is None and stream.progress_lines == 1
+    stream.feed_many(grpo[:2], real_pastes.READ_TIME)
+    assert stream.no_progress is None  # two unread lines among read ones: not yet a broken format
+    stream.feed_many(grpo[2:3], real_pastes.READ_TIME)
+    assert stream.no_progress and "last 3 line(s)" in stream.no_progress
+    assert stream.errors["no_progress_read"] == 2
+
+
+def test_launcher_prefixes_are_peeled_once_for_detection_and_reading():
+    """The silent zero of issue 29: Python logging's time and "[Rank 15]:" before Megatron's line was detected as
+    Megatron by one pattern and read by another; now both see the peeled line."""
+    (line,) = by_name("megatron/ibm-go-parser-rank-prefix").lines
+    for wrapped in (line, " 3: " + line, "stdout: " + line, "[trainer1|1]:" + line):
+        stream = LogStream("auto")
+        (event,) = stream.feed_many([wrapped], real_pastes.READ_TIME)
+        assert stream.format == "megatron" and event.record.step == 20 and stream.no_progress is None
+        assert event.origin.endswith("Rank 15")
