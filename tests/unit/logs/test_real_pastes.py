@@ -102,3 +102,34 @@ def test_launcher_prefixes_are_peeled_once_for_detection_and_reading():
         (event,) = stream.feed_many([wrapped], real_pastes.READ_TIME)
         assert stream.format == "megatron" and event.record.step == 20 and stream.no_progress is None
         assert event.origin.endswith("Rank 15")
+
+
+def updates(paste_name: str, facts) -> list:
+    from exporter.logs import JobLog, Update
+
+    stream = LogStream("auto")
+    events = stream.feed_many(by_name(paste_name).lines, real_pastes.READ_TIME)
+    return [u for u in JobLog().feed("train.log", events, facts) if isinstance(u, Update)]
+
+
+def test_fork_fields_reach_the_job_model_in_their_unit_and_scope():
+    from exporter.logs import Facts
+
+    share = 8 / 16
+    # Argonne's consumed tokens: a global running total, preferred over consumed samples.
+    (update,) = updates("megatron/argonne-megatron-deepspeed-63", Facts(node_gpus=8, world_size=16, seq_len=4096))
+    assert update.tokens_total == 42467328 * share and update.how.startswith("tokens seen")
+    assert update.framework_tflops_per_gpu == 48.80  # [LM]TFLOPs, per GPU; [DS]TFLOPs is not read
+    # TRL's num_tokens: a global running total too.
+    first, second = updates("hf/trl-3926-sft-num-tokens", Facts(node_gpus=8, world_size=16))
+    assert (first.tokens_total, second.tokens_total) == (5734 * share, 11421 * share)
+    # NeMo 1.x's bar rounds consumed_samples (1.63e+6): step x global batch x seq_len where known, else the total.
+    (exact,) = updates(
+        "nemo/nemo-launcher-55-nemo1-bar", Facts(node_gpus=8, world_size=16, seq_len=2048, global_batch=2048)
+    )
+    assert exact.tokens_total == 794 * 2048 * 2048 * share and exact.how.startswith("step")
+    (rounded,) = updates("nemo/nemo-launcher-55-nemo1-bar", Facts(node_gpus=8, world_size=16, seq_len=2048))
+    assert rounded.tokens_total == 1.63e6 * 2048 * share and rounded.how.startswith("consumed samples")
+    # NeMo Automodel's per-GPU tokens/s: integrated over the job's GPUs on this node, between lines 2 s apart.
+    steps = updates("nemo/nemo-automodel-3473", Facts(node_gpus=8))
+    assert steps[1].tokens_total - steps[0].tokens_total == pytest.approx(3960.80 * 8 * 2.0)
