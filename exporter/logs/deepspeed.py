@@ -52,6 +52,7 @@ class DeepSpeedParser(Parser):
         r"(?:^|\] )(?:epoch=\d+/micro_step=\d+/global_step=\d+|\d+/\d+), (?:RunningAvg)?SamplesPerSec="
     )
     anchor = candidate
+    anchor_keywords = ("SamplesPerSec=",)
     ends_saves_at_next_step = True
 
     def parse(self, line: Line) -> Record | None:

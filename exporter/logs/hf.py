@@ -62,6 +62,7 @@ class HfParser(Parser):
     name = "hf"
     keywords = ("{'", '{"', "%|", "Saving model checkpoint")
     candidate = DICT
+    anchor_keywords = ("{'", '{"')
     anchor = DICT
     unread_hint = (
         "an HF Trainer dict gives the job something only with a step (its tqdm bar in the same log, or a 'step' "

@@ -52,27 +52,41 @@ from exporter.logs.base import Parser, integer, leading_time, local_time, number
 from exporter.logs.records import Checkpoint, Line, Progress, Record, Startup
 
 STAMP = r"(?:\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] )?"
-# The iteration field, at the start of the line or after a field separator or logger prefix; "iteration=" is
-# Argonne's form. nanotron's "iteration: N / M" is another framework's and does not match.
-ITERATION = re.compile(r"(?:^|\| |\] |- )\s*" + STAMP + r"iteration(?:=\s*|\s+)(\d+)/\s*\d+ \|")
-FIELD = re.compile(r"^\s*([^:=|]+?)\s*[:=]\s*([-+]?[\d.]+(?:[eE][-+]?\d+)?)\s*(\S*)\s*$")
-# Field names, lower case with "_" and "-" as spaces and parentheses dropped, to (Progress field, factor).
+# The iteration field wherever the line has it (after a timestamp, a logger prefix or GPT-NeoX's samples/sec);
+# "iteration=" is Argonne's form. nanotron's "iteration: N / M" is another framework's and does not match, nor
+# does NeMo 2's "epoch E, iteration i/N |". The pattern begins with its literal word, so the search skips to it.
+ITERATION = re.compile(r"iteration(?<!, iteration)(?:=\s*|\s+)(\d+)/\s*\d+ \|")
+# The fields read, by every spelling seen (exact), to (Progress field, factor).
 FIELDS = {
-    "consumed samples": ("samples_seen", 1.0),
-    "consumed tokens": ("tokens_seen", 1.0),
-    "elapsed time per iteration ms": ("step_seconds", 1e-3),
-    "elapsed time per iteration s": ("step_seconds", 1.0),
-    "throughput per gpu tflop/s/gpu": ("tflops_per_gpu", 1.0),
-    "tflops": ("tflops_per_gpu", 1.0),
-    "[lm]tflops": ("tflops_per_gpu", 1.0),
-    "approx flops per gpu": ("tflops_per_gpu", 1.0),
-    "samples per second": ("samples_per_second", 1.0),
-    "samples/sec": ("samples_per_second", 1.0),
-    "tokens per gpu per second tgs": ("tokens_per_second_per_gpu", 1.0),
-    "tokens per second per gpu": ("tokens_per_second_per_gpu", 1.0),
-    "global batch size": ("global_batch", 1.0),
+    "consumed samples:": ("samples_seen", 1.0),
+    "consumed_samples=": ("samples_seen", 1.0),
+    "consumed tokens:": ("tokens_seen", 1.0),
+    "consumed_tokens=": ("tokens_seen", 1.0),
+    "elapsed time per iteration (ms):": ("step_seconds", 1e-3),
+    "elapsed_time_per_iteration_ms=": ("step_seconds", 1e-3),
+    "elapsed time per iteration (s):": ("step_seconds", 1.0),
+    "throughput per GPU (TFLOP/s/GPU):": ("tflops_per_gpu", 1.0),
+    "[LM]TFLOPs=": ("tflops_per_gpu", 1.0),
+    "TFLOPs:": ("tflops_per_gpu", 1.0),
+    "approx flops per GPU:": ("tflops_per_gpu", 1.0),
+    "samples per second:": ("samples_per_second", 1.0),
+    "samples_per_second=": ("samples_per_second", 1.0),
+    "samples/sec:": ("samples_per_second", 1.0),
+    "tokens per gpu per second (tgs):": ("tokens_per_second_per_gpu", 1.0),
+    "tokens_per_gpu_per_second_tgs=": ("tokens_per_second_per_gpu", 1.0),
+    "tokens-per-second-per-gpu:": ("tokens_per_second_per_gpu", 1.0),
+    "global batch size:": ("global_batch", 1.0),
+    "global_batch_size=": ("global_batch", 1.0),
 }
-UNITS = {"", "tflops"}  # a value with any other suffix (nanotron's "634K") is not read as a number
+# Every such field in one scan: after a separator (one is put before the line's first field), a spelling, a number,
+# an optional unit ("112.9TFLOPS"), up to the next separator. The pattern begins with the literal "|", so the scan
+# skips from separator to separator.
+FIELD = re.compile(
+    r"\|\s*("
+    + "|".join(re.escape(k) for k in sorted(FIELDS, key=len, reverse=True))
+    + r")\s*([-+]?[\d.]+(?:[eE][-+]?\d+)?)(\w*)\s*(?=\||$)"
+)
+UNITS = {"", "TFLOPS"}  # a value with any other suffix (nanotron's "634K") is not read as a number
 ARGUMENT = re.compile(
     r"^  (seq_length|world_size|global_batch_size|num_layers|num_attention_heads|kv_channels) \.{2,} (\S+)\s*$"
 )
@@ -90,21 +104,14 @@ ARGUMENTS = {
 }
 
 
-def field_name(key: str) -> str:
-    return " ".join(key.lower().replace("_", " ").replace("-", " ").replace("(", "").replace(")", "").split())
-
-
 def read_fields(text: str) -> dict[str, float]:
     """The Progress fields a Megatron-style ``name: value |`` line prints, by ``FIELDS``; the first of each wins."""
     values: dict[str, float] = {}
-    for part in text.split("|"):
-        match = FIELD.match(part)
-        if match is None or match.group(3).lower() not in UNITS:
-            continue
-        known = FIELDS.get(field_name(match.group(1)))
-        value = number(match.group(2))
-        if known is not None and value is not None and known[0] not in values:
-            values[known[0]] = value * known[1]
+    for spelling, text_value, unit in FIELD.findall("|" + text):
+        name, factor = FIELDS[spelling]
+        value = number(text_value) if unit in UNITS else None
+        if value is not None and name not in values:
+            values[name] = value * factor
     return values
 
 
@@ -112,6 +119,7 @@ class MegatronParser(Parser):
     name = "megatron"
     keywords = ("iteration", " ..", " arguments ")
     candidate = ITERATION
+    anchor_keywords = ("iteration", " arguments ")
     # The iteration line is on the last rank only; rank 0's log (another node, in a multi-node job) has the argument
     # dump's title and the checkpoint lines instead.
     anchor = re.compile(
@@ -126,10 +134,9 @@ class MegatronParser(Parser):
             if match:
                 values = read_fields(text)
                 batch = values.get("global_batch")
-                stamp = match.group(1)
                 return Progress(
-                    step=int(match.group(2)),
-                    time=local_time(stamp) if stamp else leading_time(text),
+                    step=int(match.group(1)),
+                    time=leading_time(text),
                     tokens_seen=values.get("tokens_seen"),
                     samples_seen=values.get("samples_seen"),
                     tokens_per_second_per_gpu=values.get("tokens_per_second_per_gpu"),

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.logs.base import Parser, integer, leading_time, local_time, number
+from exporter.logs.base import AnyOf, Parser, integer, leading_time, local_time, number
 from exporter.logs.records import Checkpoint, Line, Progress, Record
 
 HEADER = re.compile(r"^\[NeMo [A-Z] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) [^\]]*\] ")
@@ -60,8 +60,10 @@ SAVE = re.compile(
 BAR = re.compile(r"^Epoch \d+:.*?\|\s*(\d+)/(\d+) \[([^\]]*global_step=[^\]]*)\]")
 AUTOMODEL = re.compile(r"(?:^|\| )step (\d+) \| epoch \d+ \|")
 AUTOMODEL_TPS = re.compile(r"\| tps [\d.]+\(([\d.]+)/gpu\)")
-CANDIDATE = re.compile(
-    r"^\S+ epoch \d+, iteration \d+/\d+ \| |^Epoch \d+:.*\|\s*\d+/\d+ \[.*global_step=|\| step \d+ \| epoch \d+ \|"
+CANDIDATE = AnyOf(
+    r"^\S+ epoch \d+, iteration \d+/\d+ \| ",
+    r"^Epoch \d+:.*\|\s*\d+/\d+ \[.*global_step=",
+    r"\| step \d+ \| epoch \d+ \|",
 )
 
 
@@ -69,7 +71,8 @@ class NemoParser(Parser):
     name = "nemo"
     keywords = (", iteration ", "Global Checkpoint Save", "[NeMo ", "global_step=", "| step ")
     candidate = CANDIDATE
-    anchor = re.compile(CANDIDATE.pattern + r"|^\[NeMo [A-Z] \d{4}-\d\d-\d\d ")
+    anchor_keywords = (", iteration ", "global_step=", "| step ", "[NeMo ")
+    anchor = AnyOf(*(p.pattern for p in CANDIDATE.patterns), r"^\[NeMo [A-Z] \d{4}-\d\d-\d\d ")
 
     def parse(self, line: Line) -> Record | None:
         text = line.text

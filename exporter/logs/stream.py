@@ -10,11 +10,11 @@ line of that framework, or its unmistakable logger prefix); lines seen before th
 lost. A log with no such line in its first ``detect_lines`` lines is reported unrecognised, with the reason, once;
 detection goes on, so a job that is slow to start still gets its format when its first step prints.
 
-**Mixed logs.** Detection goes on after the first format: HF Trainer or Megatron-DeepSpeed running on DeepSpeed
-print both frameworks' lines, and each detected framework reads its own. Progress is taken from the framework whose
-progress is richest (``richness``: a running total first, then a step, a rate or step time, FLOPs), by that rule and
-a fixed order of frameworks for a tie, never by which printed first; the other's progress lines are left out
-(``other_framework_progress``), its start-up and checkpoint lines are kept.
+**Mixed logs.** Detection goes on after the first format (for the first ``MIXED_WINDOW`` progress lines): HF Trainer
+or Megatron-DeepSpeed running on DeepSpeed print both frameworks' lines, and each detected framework reads its own.
+Progress is taken from the framework whose progress is richest (``richness``: a running total first, then a step, a
+rate or step time, FLOPs), by that rule and a fixed order of frameworks for a tie, never by which printed first; the
+other's progress lines are left out (counted in ``left_out``), its start-up and checkpoint lines are kept.
 
 **No silent zero.** A line of a detected framework's progress form (``Parser.candidate``) that gives no progress is
 an unread line. While no progress has been read from the file, the first one sets ``no_progress`` (shown on the
@@ -51,8 +51,13 @@ DETECT_KEYWORDS = tuple(sorted({k for cls in PARSERS.values() for k in cls.keywo
 
 
 def keyword_pattern(keywords: tuple[str, ...] | None) -> re.Pattern | None:
-    """One regex for "contains any of": a single C-level search per line instead of a Python loop."""
-    return re.compile("|".join(map(re.escape, keywords))) if keywords else None
+    """One regex for "contains any of": a single C-level search per line instead of a Python loop. A keyword that
+    contains another is left out (the shorter one finds its lines), so the alternation stays short."""
+    if not keywords:
+        return None
+    unique = sorted(set(keywords))
+    needed = [k for k in unique if not any(other != k and other in k for other in unique)]
+    return re.compile("|".join(map(re.escape, needed)))
 
 
 DETECT_PATTERN = keyword_pattern(DETECT_KEYWORDS)
@@ -65,6 +70,10 @@ UNRECOGNISED = (
 )
 
 
+# Progress lines after which no further framework is looked for: a mixed log's two frameworks print progress at
+# their own cadences (DeepSpeed every steps_per_print, HF every logging_steps), both well within this many lines;
+# past it a line is tried only by the detected frameworks' keywords, as cheap as a log of one framework.
+MIXED_WINDOW = 100
 # Unread progress-form lines in a row, once progress was read, before the stream says so: one garbled line among
 # good ones is not a broken format.
 UNREAD_RUN = 3
@@ -129,6 +138,7 @@ class LogStream:
         else:
             self.active = [PARSERS[format]()]
         self._keywords = DETECT_PATTERN if self.auto else keyword_pattern(self.active[0].keywords)
+        self._detect_keywords = keyword_pattern(tuple(k for p in self._candidates for k in p.anchor_keywords))
         self._best: dict[str, int] = {}  # per framework: the richest progress record it read
         self.progress_format: str | None = None
         self.left_out = 0  # progress lines of a poorer framework in a mixed log
@@ -165,21 +175,24 @@ class LogStream:
         """Records of raw lines read together; the loop every line of a log goes through, so kept lean."""
         events: list[Event] = []
         unwrap = self.peeler.unwrap
-        keywords = self._keywords
         for raw in raws:
             for text, stamp in unwrap(raw):
                 self.lines += 1
+                keywords = self._keywords  # narrows once a format is detected
                 if keywords is not None and keywords.search(text) is None:
                     # Nothing any parser reads (or, while detecting, could decide on): skipped before any regex.
                     if not self.active:
                         self._undecided()
                     continue
                 for line in split_line(text, parse_rfc3339(stamp) if stamp else None):
-                    if self._candidates:
-                        self._detect(line, read_time, events)
-                    if self.active:
+                    # A line an active parser reads as progress is no other framework's; any other line may make
+                    # one more framework detected (a mixed log), tried only when it holds one of their anchors' words.
+                    if self.active and self._parse(line, read_time, events):
+                        continue
+                    detect = self._detect_keywords
+                    if detect is not None and detect.search(line.text) and self._detect(line, read_time, events):
                         self._parse(line, read_time, events)
-                    else:
+                    elif not self.active:
                         self._pending.append((line, read_time))
                         self._undecided()
         return events
@@ -188,48 +201,62 @@ class LogStream:
         if self.unrecognised is None and self.lines >= self.detect_lines:
             self.unrecognised = UNRECOGNISED.format(lines=self.lines)
 
-    def _detect(self, line: Line, read_time: float, events: list[Event]) -> None:
+    def _detect(self, line: Line, read_time: float, events: list[Event]) -> bool:
+        """Whether the line makes one more framework detected (then it is to be read by it)."""
         hits = [p for p in self._candidates if p.anchor.search(line.text)]
         if len(hits) > 1:
             self.errors["ambiguous_line"] += 1
-            return
+            return False
         if not hits:
-            return
+            return False
         parser = hits[0]
         self._candidates.remove(parser)
         first = not self.active
         self.active.append(parser)
+        # From now on a line is worth a look when an active parser may read it or it may detect one more framework.
+        self._detect_keywords = keyword_pattern(tuple(k for p in self._candidates for k in p.anchor_keywords))
+        self._keywords = keyword_pattern(
+            tuple(k for p in self.active for k in p.keywords or ())
+            + tuple(k for p in self._candidates for k in p.anchor_keywords)
+        )
         self.unrecognised = None
         if first:  # the lines kept before any format was known, read by it now
             pending = list(self._pending)
             self._pending.clear()
             for old, old_read in pending:
                 self._parse(old, old_read, events)
+        return True
 
-    def _parse(self, line: Line, read_time: float, events: list[Event]) -> None:
+    def _parse(self, line: Line, read_time: float, events: list[Event]) -> bool:
+        """Read the line with the active parsers; whether it was progress."""
         record = None
         parser = None
         for parser in self.active:
             record = parser.parse(line)
             if record is not None:
                 break
-        if record is None or not isinstance(record, Progress):
+        progress = isinstance(record, Progress)
+        if not progress:
             if any(p.candidate.search(line.text) for p in self.active):
                 self._unread(line)
             if record is None:
-                return
-        else:
-            if not self._progress(record, parser.name):
-                return
+                return False
+        elif not self._progress(record, parser.name):
+            return True
         own = getattr(record, "time", None)
         when = line.time if line.time is not None else own if own is not None else read_time
         events.append(Event(record, when, line.origin, parser.name))
+        return progress
 
     def _progress(self, record: Progress, framework: str) -> bool:
         """Whether this progress record is taken: its framework is the richest in the file (or ``keep_all``)."""
         self.progress_lines += 1
         self._unread_run = 0
         self.no_progress = None
+        if self.progress_lines == MIXED_WINDOW and self._candidates:
+            self._candidates = []
+            self._detect_keywords = None
+            self._keywords = keyword_pattern(tuple(k for p in self.active for k in p.keywords or ()))
         score = richness(record)
         if score > self._best.get(framework, -1):
             self._best[framework] = score

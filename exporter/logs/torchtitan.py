@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import re
 
-from exporter.logs.base import Parser, integer, local_time, number
+from exporter.logs.base import AnyOf, Parser, integer, local_time, number
 from exporter.logs.records import Checkpoint, Line, Progress, Record, Startup
 
 PREFIX = re.compile(r"^(?:\[titan\] )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - \S+ - [A-Z]+ - ")
-# "step: N" (forks print "step: N/M = x%"), first in the message: after the logger's " - LEVEL - " or at the start.
-STEP_HEAD = r"(?:^|- )step:\s*(\d+)(?:\s*/\s*\d+(?:\s*=\s*[\d.]+%)?)?\s+loss:"
+# "step: N" (forks print "step: N/M = x%") followed by loss and tps; not the validation line ("validate step:").
+# The pattern begins with its literal word, so a search skips to it.
+STEP_HEAD = r"step:(?<!validate step:)\s*(\d+)(?:\s*/\s*\d+(?:\s*=\s*[\d.]+%)?)?\s+loss:"
 STEP = re.compile(STEP_HEAD + r".*?\s(?:tps|wps): ([\d,]+)(?:\s+tflops: ([\d,.]+))?\s+mfu: (?:([\d.]+)%|N/A)")
 CANDIDATE = re.compile(STEP_HEAD + r".*\s(?:tps|wps): ")
 INIT_HEAD = re.compile(
@@ -68,7 +69,8 @@ class TorchtitanParser(Parser):
     name = "torchtitan"
     keywords = ("step:", "checkpoint", "Trainer is initialized", "total parameters", "Peak FLOPS", "Training starts")
     candidate = CANDIDATE
-    anchor = re.compile(r"^\[titan\] \d{4}-\d\d-\d\d |" + CANDIDATE.pattern)
+    anchor_keywords = ("[titan] ", "step:")
+    anchor = AnyOf(r"^\[titan\] \d{4}-\d\d-\d\d ", CANDIDATE.pattern)
 
     def parse(self, line: Line) -> Record | None:
         text = line.text
