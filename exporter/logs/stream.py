@@ -92,6 +92,12 @@ def richness(record: Progress) -> int:
     )
 
 
+NAMED_UNSEEN = (
+    "format {format} is set, but none of the first {lines} lines is its progress line: check the format, or set "
+    "format: auto"
+)
+
+
 @dataclass(frozen=True)
 class Event:
     """A record with the best time known for it, the writer it came from and the framework that read it.
@@ -195,6 +201,9 @@ class LogStream:
                     elif not self.active:
                         self._pending.append((line, read_time))
                         self._undecided()
+        if not self.auto and self.unrecognised is None and self.lines >= self.detect_lines and not self.progress_lines:
+            if not self.candidate_lines:  # a named format none of whose progress lines is in the log
+                self.unrecognised = NAMED_UNSEEN.format(format=self.active[0].name, lines=self.lines)
         return events
 
     def _undecided(self) -> None:

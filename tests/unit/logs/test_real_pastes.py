@@ -133,3 +133,10 @@ def test_fork_fields_reach_the_job_model_in_their_unit_and_scope():
     # NeMo Automodel's per-GPU tokens/s: integrated over the job's GPUs on this node, between lines 2 s apart.
     steps = updates("nemo/nemo-automodel-3473", Facts(node_gpus=8))
     assert steps[1].tokens_total - steps[0].tokens_total == pytest.approx(3960.80 * 8 * 2.0)
+
+
+def test_a_named_format_whose_progress_lines_never_come_says_so():
+    titan = by_name("torchtitan/torchtitan-3393-t4").lines
+    stream = LogStream("megatron", detect_lines=10)
+    assert stream.feed_many(titan, real_pastes.READ_TIME) == []
+    assert stream.unrecognised and "format megatron is set, but none of the first 16 lines" in stream.unrecognised
