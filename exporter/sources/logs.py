@@ -202,6 +202,8 @@ class LogsSource:
                         "formats": f.stream.formats,
                         "progress_lines": f.stream.progress_lines,
                         "no_progress": f.stream.no_progress,
+                        # A mixed log's progress lines of the poorer framework, left out by the richness rule.
+                        "left_out": f.stream.left_out,
                     }
                 )
             return {
