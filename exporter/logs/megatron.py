@@ -73,6 +73,7 @@ FIELDS = {
     "samples_per_second=": ("samples_per_second", 1.0),
     "samples/sec:": ("samples_per_second", 1.0),
     "tokens per gpu per second (tgs):": ("tokens_per_second_per_gpu", 1.0),
+    "tokens per gpu per second(tgs):": ("tokens_per_second_per_gpu", 1.0),
     "tokens_per_gpu_per_second_tgs=": ("tokens_per_second_per_gpu", 1.0),
     "tokens-per-second-per-gpu:": ("tokens_per_second_per_gpu", 1.0),
     "global batch size:": ("global_batch", 1.0),

@@ -19,7 +19,9 @@ From the outside in (../shared/reference/framework-logs.md §0):
   - ``mpirun --tag-output`` (``[1,0]<stdout>:``, with ``--timestamp-output``'s date before it);
   - Ray's ``(RayTrainWorker pid=1585) `` (kuberay#1891);
   - Python logging's time and a rank tag before the framework's own line:
-    ``2023-10-26 21:31:16,318 [Rank 15]:  iteration ...``; that time (local) becomes the line's time.
+    ``2023-10-26 21:31:16,318 [Rank 15]:  iteration ...``; that time (local) becomes the line's time;
+  - a runner's bracketed ISO 8601 time with its zone, ``[2025-10-17T11:33:02+08:00] Training epoch 0, ...``
+    (DeepLink-org/AIChipBenchmark's NeMo log), which becomes the line's time.
 - **ANSI colour** (torchtitan's step line, NeMo's header): ``ESC [ ... m`` removed everywhere.
 - **tqdm** ``\\r``: a bar redraws itself with carriage returns, so one physical line can hold bar fragments and
   a record written with ``tqdm.write``: each ``\\r`` piece is a line of its own.
@@ -48,6 +50,7 @@ LAUNCHER = re.compile(
     r"|(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})?\[(?P<mpi>\d+,\d+)\]<std(?:out|err)>:"
     r"|\((?P<ray>\w+ pid=\d+(?:, ip=[\d.]+)?)\) "
     r"|(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \[(?P<tag>[Rr]ank ?\d+)\]:\s?"
+    r"|\[?(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d))\] "
 )
 MAX_PREFIXES = 4  # launcher layers peeled from one line: srun outside torchrun outside a runner is three
 MAX_LINE_CHARS = 1 << 20  # a CRI line joined from P segments past this is dropped (bounded memory), with a count
@@ -170,6 +173,10 @@ def split_line(text: str, when: float | None) -> Iterator[Line]:
         kind = prefix.lastgroup  # the stamp alternative's last group is its rank tag
         if kind == "tag" and when is None:
             when = local_time(prefix.group("stamp"))
+        if kind == "iso":  # a runner's own time, with its zone: exact, and no writer's name
+            if when is None:
+                when = parse_rfc3339(prefix.group("iso"))
+            continue
         if kind != "stream":  # stdout/stderr names no writer: every rank's lines share it
             origin += prefix.group(kind) + (":" if kind == "task" else "")
     if "\r" in text:

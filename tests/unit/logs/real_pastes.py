@@ -12,6 +12,7 @@ from pathlib import Path
 
 from exporter.logs import LogStream, Progress
 from exporter.logs.base import local_time
+from exporter.logs.transport import parse_rfc3339
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "real" / "pastes.txt"
 READ_TIME = 2_000_000_000.0  # far from every paste's own time, so a line's time is never mistaken for it
@@ -38,8 +39,9 @@ def parse_expect(text: str) -> tuple[str | None, dict]:
             framework = token[1:-1]
             continue
         key, _, value = token.partition("=")
-        if key == "time":
-            values[key] = local_time(value)
+        if key == "time":  # local, as the line prints it, unless it names its zone
+            zoned = value.endswith("Z") or "+" in value or value.count("-") > 2
+            values[key] = parse_rfc3339(value) if zoned else local_time(value)
         elif key == "rounded":
             values[key] = value == "yes"
         elif key in INTS:
