@@ -90,6 +90,21 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         assert screenshot.stat().st_size > 20_000
 
 
+def test_page_lists_the_training_logs_the_exporter_reads(tmp_path):
+    """--progress logs: the demo's job prints torchtitan's lines; the page's "Training logs" table shows the file,
+    the format detected and that it is read (a detected format that reads nothing would show why instead)."""
+    with running_demo("--progress", "logs", speed=20) as base:
+        wait_until(
+            lambda: any((j.get("step") or 0) >= 2 for j in get_json(base + "api/v1/jobs")["jobs"]), 30, "2 steps"
+        )
+        dom = chromium(tmp_path, base, "--dump-dom")
+    section = re.search(r"<h2>Training logs</h2>(.*?)</section>", dom, re.S)
+    assert section, "the page has no Training logs section"
+    row = re.search(r"<tbody>(.*?)</tbody>", section.group(1), re.S)
+    assert row, section.group(1)[:500]
+    assert "torchtitan" in row.group(1) and "reading" in row.group(1) and "no progress" not in row.group(1)
+
+
 # --- every field the page shows for a job, against /api/v1/jobs ----------------------------------------------------
 
 CARD = re.compile(r'<div class="card" data-job="([^"]*)">(.*?)</dl>', re.S)

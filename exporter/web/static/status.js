@@ -139,6 +139,18 @@ function render(status) {
     ["last sample", (s) => s.last_sample_duration_seconds == null ? "–" : (1000 * s.last_sample_duration_seconds).toFixed(1) + " ms", "num"],
     ["age", (s) => s.sample_age_seconds == null ? "–" : s.sample_age_seconds.toFixed(1) + " s", "num"],
   ]);
+
+  // The logs source's files: what was detected in each, and why a detected format reads nothing (issue 29).
+  const logs = sources.logs;
+  const files = logs && logs.status && logs.status.files ? logs.status.files : [];
+  document.getElementById("logs").innerHTML = table(files, [
+    ["file", (f) => esc(f.path)], ["job", (f) => esc(f.job)],
+    ["format", (f) => esc((f.formats && f.formats.length ? f.formats.join("+") : f.format) || "–")],
+    ["lines", (f) => num(f.lines), "num"], ["progress lines", (f) => num(f.progress_lines || 0), "num"],
+    ["state", (f) => f.no_progress || f.unrecognised
+      ? `<span class="chip down">no progress</span> ${esc(f.no_progress || f.unrecognised)}`
+      : '<span class="chip up">reading</span>'],
+  ]);
 }
 
 async function refresh() {

@@ -522,3 +522,41 @@ def test_a_restarted_container_writes_1_log_and_its_progress_takes_over(tmp_path
     (view,) = tracker.views()
     assert view.step == 60 and view.restarts == 1  # 1.log's writer took over, and its step 20 is a new window
     assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+
+
+def test_a_detected_format_that_reads_nothing_is_visible_within_a_minute_with_the_line(tmp_path, caplog):
+    """TRL's GRPO dicts (huggingface/trl#3452, real): HF detected, no step and no token count in any line. The job's
+    reason, the file's status and a counted error say so, with the line, as soon as the follower reads the lines."""
+    from tests.unit.logs.real_pastes import load
+
+    lines = next(p for p in load() if p.name == "hf/trl-3452-grpo-nothing-useful").lines
+    path = tmp_path / "train.log"
+    write(path, [])
+    config = validate({"sources": {"logs": {"files": [{"path": str(path), "job": "llm"}], "interval": 1.0}}})
+    tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory)
+    source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False)
+    source.attach(tracker, CheckpointTracker())
+    try:
+        source.sample()  # starts following the empty file
+        started = time.monotonic()
+        with path.open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
+        reason = None
+        while time.monotonic() - started < 60:
+            views = {v.name: v for v in tracker.views()}
+            reason = views["llm"].reason if "llm" in views else None
+            if reason and "no progress read" in reason:
+                break
+            time.sleep(0.2)
+        visible_after = time.monotonic() - started
+        snapshot = source.sample()
+    finally:
+        source.close()
+    assert reason is not None and "detected hf" in reason and "no progress read" in reason, reason
+    assert "first unread line \"{'loss': 0.0, 'grad_norm': 0.08656957000494003" in reason
+    assert "include_num_input_tokens_seen" in reason
+    assert visible_after < 60
+    (status,) = snapshot.status["files"]
+    assert status["no_progress"] and status["formats"] == ["hf"] and status["progress_lines"] == 0
+    assert snapshot.errors["no_progress_read"] == 1
+    assert views["llm"].mfu is None
