@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from exporter.sim import node as demo
 from exporter.sim import nvml as fake_nvml
 from exporter.sources import Paths, SourceContext, build_sources
 from tests.support.slurm_harness import SlurmCluster, SlurmError, missing_tools
+from tests.support.tools import require_tool
 from tests.support.wait import wait_until
 from tests.unit.logs import framework_lines as fl
 
@@ -40,7 +45,11 @@ def cluster(tmp_path_factory):
     if missing := missing_tools():
         pytest.fail(f"Debian packages missing: {' '.join(missing)} (scripts/install-system-deps.sh installs them)")
     root = tmp_path_factory.mktemp("slurm")
-    mapping = root / "job-mapping"
+    # The prolog's directory where an unprivileged user can reach it, as /run is on a node (pytest's own temporary
+    # directories are root's, 0700).
+    shared = Path(tempfile.mkdtemp(prefix="slurm-mapping-", dir="/tmp"))
+    shared.chmod(0o755)
+    mapping = shared / "job-mapping"
     scripts = {}
     for kind in ("prolog", "epilog"):
         # slurm.conf's Prolog= takes no arguments: a site sets the directory in the shipped script or, as here,
@@ -67,10 +76,16 @@ def cluster(tmp_path_factory):
         yield started
     finally:
         started.stop()
+        shutil.rmtree(shared, ignore_errors=True)
         if previous is None:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = previous
+
+
+def mapping_files(cluster) -> dict[int, str]:
+    """The prolog's files: GPU index → the job ID inside (one line each)."""
+    return {int(p.name): p.read_text().removesuffix("\n") for p in cluster.mapping.iterdir()}
 
 
 def torchtitan_lines(path: Path) -> None:
@@ -194,9 +209,10 @@ def test_prolog_mapping_squeue_names_and_srun_label_logs_give_the_job_and_its_mf
     (_, step_gpus) = jobs["ranks"][0]
     assert len(step_gpus) == 2
     # What the shipped prolog wrote, run by slurmd: a file per GPU index holding the job ID.
-    files = {int(p.name): p.read_text() for p in mapping.iterdir()}
-    holder_gpu = next(g for g, text in files.items() if text == f"{jobs['holder']}\n")
-    assert files == {holder_gpu: f"{jobs['holder']}\n", **{g: f"{jobs['job']}\n" for g in step_gpus}}
+    files = mapping_files(cluster)
+    holder_gpu = next(g for g, job in files.items() if job == jobs["holder"])
+    assert files == {holder_gpu: jobs["holder"], **{g: jobs["job"] for g in step_gpus}}
+    assert all(oct(p.stat().st_mode & 0o777) == "0o644" for p in mapping.iterdir())  # readable by the unit's user
     # srun --label: each line of task 0 behind "0: ", as slurmstepd writes the job's output file.
     assert all(line.startswith("0: [titan] ") for line in jobs["output"].read_text().splitlines())
 
@@ -245,6 +261,37 @@ def test_cgroup_path_finds_the_job_through_its_tasks_pids(cluster, jobs):
     assert any(line.split(":", 2)[2] == expected for line in text.splitlines()), text
     step = slurm_node.parse_cgroup(text)
     assert (step.job_id, step.step, step.uid, step.version) == (jobs["job"], "0", 0, 1)
+
+    # As the systemd unit's unprivileged user (no capabilities): a root job's task's cgroup file, its step's
+    # slurmstepd title and the prolog's files are readable, which is all the unit's sandbox must leave open.
+    probe = (
+        "import sys; from exporter.node.slurm import MappingDir, ProcessJobs; "
+        "found = ProcessJobs().job_of(int(sys.argv[1])); read = MappingDir(sys.argv[2]).read(); "
+        "print(found.job, found.by, sorted(read.gpus), dict(read.errors))"
+    )
+    as_nobody = subprocess.run(
+        [
+            require_tool("setpriv", "util-linux"),
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            sys.executable,
+            "-c",
+            probe,
+            str(pid),
+            str(cluster.mapping),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    mapped = sorted([*step_gpus, *(g for g, t in mapping_files(cluster).items() if t == jobs["holder"])])
+    assert as_nobody.stdout.strip().split(maxsplit=2) == [jobs["job"], "cgroup", f"{mapped} {{}}"], as_nobody.stderr
 
     node = Node(jobs, mapping=None, processes=True)
     try:
