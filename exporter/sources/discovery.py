@@ -115,6 +115,7 @@ class DiscoverySource:
         self.cgroup_root = sl.cgroup_root or os.path.join(sysfs, "fs", "cgroup")
         self.resolver = slurm.ProcessJobs(procfs, self.cgroup_root)
         self.names = slurm.JobNames(sl.name_command, timeout=sl.name_timeout) if sl.name_command else None
+        self._name_pending_since: dict[str, float] = {}
 
     @classmethod
     def from_config(cls, section: DiscoveryConfig, ctx: SourceContext) -> DiscoverySource:
@@ -298,6 +299,8 @@ class DiscoverySource:
             detail["processes"] = self._processes(gpus, per_gpu, info, errors)
         found = []
         names_seen = set()
+        held: list[str] = []
+        now = self._clock()
         indices = {g.index for g in gpus}
         for job_id in sorted({j for jobs in per_gpu.values() for j in jobs}):
             job_gpus = tuple(
@@ -309,6 +312,16 @@ class DiscoverySource:
             if self.names is not None and job_id.isdigit():
                 names_seen.add(job_id)
                 looked = self.names.name(job_id)
+                if looked is None and self.names.pending(job_id):
+                    # Held back while its name is on its way (at most the lookup's timeout), as a pod is for its
+                    # labels: a job named by its ID first and by its name a sample later would be two jobs, the
+                    # first ending at once (seen with the real squeue, tests/e2e/test_slurm.py).
+                    since = self._name_pending_since.setdefault(job_id, now)
+                    if now - since <= self.names.timeout + 1.0:
+                        if len(held) < MAX_LISTED:
+                            held.append(job_id)
+                        continue
+                self._name_pending_since.pop(job_id, None)
                 if looked and (clean := sanitize_job_name(looked)):
                     name, by = clean, "name_command"
             extra = info.get(job_id, {})
@@ -329,6 +342,8 @@ class DiscoverySource:
             )
         if self.names is not None:
             self.names.forget(names_seen)
+            detail["names_pending"] = held
+        self._name_pending_since = {k: v for k, v in self._name_pending_since.items() if k in names_seen}
         status["slurm"] = detail
         return found
 

@@ -165,6 +165,10 @@ class LogsSource:
                 self._counts["discovery_failed"] += 1
                 pods = {}
             for job, refs in sorted(pods.items()):
+                if self._jobs is not None and not self._jobs.is_discovered(job):
+                    # The job model takes discovery's answer on its 1 s tick: until then it does not know the
+                    # job's GPUs, and a per-GPU log (torchtitan's tps) read now would count every GPU of the node.
+                    continue
                 for namespace, pod in refs:
                     for path in sorted(glob.glob(pod_log_glob(self.pods_root, namespace, pod))):
                         wanted.setdefault(path, (job, "auto", None, "cri"))

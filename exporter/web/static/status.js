@@ -36,28 +36,34 @@ function chart(points) {
     <path class="line" d="${path}"/></svg>`;
 }
 
+// "gpus" is what the job said: a count, or the list of its GPUs (indices or UUIDs); the page shows how many.
+const gpuCount = (g) => Array.isArray(g) ? g.length : g;
+
 function jobCard(job, history) {
+  const hw = job.hardware || {};
+  // [label, the API field shown (a path in the job's JSON), its value, the text]: each <dd> carries the field and
+  // the value it was drawn from, so what the page prints can be checked against what the API said.
   const facts = [
-    ["tokens/s", num(job.tokens_per_second)],
-    ["tokens", si(job.tokens_total, "")],
-    ["step", num(job.step)],
-    ["GPUs here", num(job.gpus)],
-    ["peak", si(job.peak_flops, "FLOP/s")],
-    ["ETA", duration(job.eta_seconds)],
-    ["found by", esc((job.found_by || []).join(", ") || "—")],
-    ["GPU indices", esc((job.gpu_indices || []).join(", ") || "—")],
-    ["hardware FLOPs", job.hardware ? pct(job.hardware.hardware_flops_utilization) : "—"],
-    ["tensor active", job.hardware ? pct(job.hardware.tensor_active) : "—"],
+    ["tokens/s", "tokens_per_second", job.tokens_per_second, num(job.tokens_per_second)],
+    ["tokens", "tokens_total", job.tokens_total, si(job.tokens_total, "")],
+    ["step", "step", job.step, num(job.step)],
+    ["GPUs here", "gpus", job.gpus, num(gpuCount(job.gpus))],
+    ["peak", "peak_flops", job.peak_flops, si(job.peak_flops, "FLOP/s")],
+    ["ETA", "eta_seconds", job.eta_seconds, duration(job.eta_seconds)],
+    ["found by", "found_by", job.found_by, esc((job.found_by || []).join(", ") || "—")],
+    ["GPU indices", "gpu_indices", job.gpu_indices, esc((job.gpu_indices || []).join(", ") || "—")],
+    ["hardware FLOPs", "hardware.hardware_flops_utilization", hw.hardware_flops_utilization, job.hardware ? pct(hw.hardware_flops_utilization) : "—"],
+    ["tensor active", "hardware.tensor_active", hw.tensor_active, job.hardware ? pct(hw.tensor_active) : "—"],
   ];
-  if (job.checkpoint) facts.push(["checkpoint", esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
+  if (job.checkpoint) facts.push(["checkpoint", "checkpoint", job.checkpoint, esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
   const cause = job.bottleneck && job.bottleneck.cause && job.bottleneck.cause !== "none"
     ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why ${job.bottleneck.signal && job.bottleneck.signal !== "mfu" ? "utilization" : "MFU"} is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";
   return `<div class="card" data-job="${esc(job.job)}">
     <h3>${esc(job.job)}</h3>
     <div class="mfu ${mfuClass(job.mfu)}" data-mfu="${job.mfu ?? ""}">${pct(job.mfu)}</div>
-    ${job.reason ? `<div class="muted">${esc(job.reason)}</div>` : ""}
+    ${job.reason ? `<div class="muted" data-reason>${esc(job.reason)}</div>` : ""}
     ${cause}
-    <dl class="facts">${facts.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("")}</dl>
+    <dl class="facts">${facts.map(([k, field, value, text]) => `<dt>${k}</dt><dd data-field="${field}" data-value="${esc(JSON.stringify(value ?? null))}">${text}</dd>`).join("")}</dl>
     ${chart(history || [])}
   </div>`;
 }
@@ -103,7 +109,10 @@ const bar = (r) => r === null || r === undefined ? "–" : `<span class="bar" st
 
 function render(status) {
   document.getElementById("version").textContent = status.version || "";
-  document.getElementById("updated").textContent = "updated " + new Date(status.time * 1000).toLocaleTimeString();
+  // The wall clock of this refresh, not status.time: that is the exporter's clock, which the demo runs fast.
+  const updated = document.getElementById("updated"), now = new Date();
+  updated.textContent = "updated " + now.toLocaleTimeString();
+  updated.dataset.time = String(now.getTime() / 1000);
   const sources = Object.fromEntries(status.sources.map((s) => [s.source, s]));
   const jobs = document.getElementById("jobs");
   if (status.jobs.length) jobs.innerHTML = status.jobs.map((j) => jobCard(j, (status.history || {})[j.job])).join("");
