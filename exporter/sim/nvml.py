@@ -41,6 +41,14 @@ NVLINK_FIELDS = {
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "nvlink_rx_bytes",
 }
 PCIE_FIELDS = {197: "pcie_tx_bytes", 198: "pcie_rx_bytes"}  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES
+# Cumulative throttle time in ns (NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = PERF_POLICY_POWER, SW/HW thermal,
+# HW power brake), grown by ``advance`` while the matching clock-event bit is set.
+THROTTLE_FIELDS = {74: 0x4, 269: 0x20, 270: 0x40, 271: 0x80}
+NVLINK_LINK_COUNT = 91
+# Per-link NVLink error counters (scopeId = link): CRC flit, CRC data, replay, recovery totals over lanes; and the
+# newer per-link counters (receive errors, local link integrity errors, link recovery events).
+NVLINK_ERROR_FIELDS = (38, 45, 52, 59)
+NVLINK_ERROR_FIELDS_NEWER = (208, 211, 215)
 # GPM rate metrics in MiB/s, derived from the GPU's byte rates.
 GPM_RATES = {20: "pcie_tx_rate", 21: "pcie_rx_rate", 60: "nvlink_rx_rate", 61: "nvlink_tx_rate"}
 
@@ -76,7 +84,11 @@ class FakeGpu:
     nvlink_rx_rate: float = 0.0
     pcie_tx_rate: float = 0.0
     pcie_rx_rate: float = 0.0
-    fields: set[int] = field(default_factory=lambda: set(NVLINK_FIELDS))
+    fields: set[int] = field(
+        default_factory=lambda: set(NVLINK_FIELDS) | set(THROTTLE_FIELDS) | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
+    )
+    throttle_ns: dict[int, int] = field(default_factory=dict)  # throttle field ID -> ns, grown by advance
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error field ID, link) -> count
     field_errors: dict[int, int] = field(default_factory=dict)  # field ID -> NVML_ERROR_* in that field's nvmlReturn
     gpm_supported: bool = True
     # GPM metric ID -> value in percent (graphics, SM, occupancy, any tensor, HMMA tensor, DRAM bandwidth)
@@ -165,7 +177,7 @@ def l40s(index: int, **overrides: Any) -> FakeGpu:
 
 
 def b200(index: int, **overrides: Any) -> FakeGpu:
-    """A B200: GPM, NVLink 5 and the PCIe byte counter fields."""
+    """A B200: GPM, NVLink 5, the PCIe byte counter fields and the newer NVLink error counters."""
     return FakeGpu(
         **{
             "name": "NVIDIA B200",
@@ -173,7 +185,12 @@ def b200(index: int, **overrides: Any) -> FakeGpu:
             "pci_bus_id": f"00000000:{HGX_BUS_IDS[index % 8]}:00.0",
             "memory_total": 183359 * MIB,
             "power_limit_mw": 1_000_000,
-            "fields": set(NVLINK_FIELDS) | set(PCIE_FIELDS),
+            # The newer per-link NVLink error counters only (the older per-lane totals are not asked for there).
+            "fields": set(NVLINK_FIELDS)
+            | set(PCIE_FIELDS)
+            | set(THROTTLE_FIELDS)
+            | {NVLINK_LINK_COUNT}
+            | set(NVLINK_ERROR_FIELDS_NEWER),
             **overrides,
         }
     )
@@ -249,6 +266,9 @@ class FakeNvml:
             gpu.nvlink_rx_bytes += gpu.nvlink_rx_rate * seconds
             gpu.pcie_tx_bytes += gpu.pcie_tx_rate * seconds
             gpu.pcie_rx_bytes += gpu.pcie_rx_rate * seconds
+            for field_id, bit in THROTTLE_FIELDS.items():
+                if gpu.clocks_event_reasons & bit:
+                    gpu.throttle_ns[field_id] = gpu.throttle_ns.get(field_id, 0) + int(seconds * 1e9)
 
     def xid(self, index: int, code: int) -> None:
         """The driver reports Xid ``code`` on GPU ``index``: each event set registered for that GPU gets it."""
@@ -443,7 +463,16 @@ class FakeNvml:
             if field_id not in gpu.fields:
                 value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 continue
-            if field_id in NVLINK_FIELDS:
+            if field_id == NVLINK_LINK_COUNT:
+                number = gpu.nvlink_links
+            elif field_id in THROTTLE_FIELDS:
+                number = gpu.throttle_ns.get(field_id, 0)
+            elif field_id in NVLINK_ERROR_FIELDS or field_id in NVLINK_ERROR_FIELDS_NEWER:
+                if not 0 <= scope < gpu.nvlink_links:
+                    value.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+                    continue
+                number = gpu.nvlink_errors.get((field_id, scope), 0)
+            elif field_id in NVLINK_FIELDS:
                 if scope != ALL_LINKS and scope >= gpu.nvlink_links:
                     value.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
                     continue

@@ -54,6 +54,26 @@ THROTTLE_REASONS = (
     ("hw_power_brake", 0x80),
 )
 
+# Cumulative time the SM clock was held down, per reason: (reason, nvml.h field ID, clock-event bit). The fields are
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP (= NVML_FI_DEV_PERF_POLICY_POWER), _SW_THERM_SLOWDOWN, _HW_THERM_SLOWDOWN
+# and _HW_POWER_BRAKE_SLOWDOWN. Four reasons, not seven: 32 series on an 8-GPU node (issue 28's budget, with NVLink).
+# Where the driver lacks a field, that reason's time is the bit integrated over samples instead (``_integrate``).
+THROTTLE_TIME = (
+    ("sw_power_cap", 74, 0x4),
+    ("sw_thermal_slowdown", 269, 0x20),
+    ("hw_thermal_slowdown", 270, 0x40),
+    ("hw_power_brake", 271, 0x80),
+)
+# The perf-policy counters count nanoseconds, as nvmlDeviceGetViolationStatus's violationTime and DCGM's *_VIOLATION
+# fields do (docs/benchmarks.md "On a real H200" says what the H200 showed).
+THROTTLE_FIELD_SECONDS = 1e-9
+NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
+# NVLink error counters, read per link (scopeId = link) and summed per GPU: nvml.h's per-link totals over all lanes
+# (NVML_FI_DEV_NVLINK_CRC_FLIT/CRC_DATA/REPLAY/RECOVERY_ERROR_COUNT_TOTAL), or, where a driver has none of those, the
+# newer per-link counters (NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS, _LOCAL_LINK_INTEGRITY_ERRORS, _LINK_RECOVERY_EVENTS).
+NVLINK_ERRORS = (("crc_flit", 38), ("crc_data", 45), ("replay", 52), ("recovery", 59))
+NVLINK_ERRORS_NEWER = (("receive", 208), ("link_integrity", 211), ("link_recovery", 215))
+
 ALL_LINKS = 0xFFFFFFFF  # nvml.h: a scopeId of UINT_MAX sums an NVLink throughput field over all links
 # Cumulative byte counters read as NVML field values: (reading key, field ID, scope ID, bytes per unit).
 # IDs are nvml.h's NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB) and NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES.
@@ -120,6 +140,12 @@ COUNTERS = (
     ("mfu_gpu_nvlink_receive_bytes", "NVLink data bytes received, all links.", "nvlink_receive_bytes"),
     ("mfu_gpu_pcie_transmit_bytes", "PCIe bytes sent by the GPU.", "pcie_transmit_bytes"),
     ("mfu_gpu_pcie_receive_bytes", "PCIe bytes received by the GPU.", "pcie_receive_bytes"),
+    # series level: standard (issue 28: one series per GPU, summed over links and kinds)
+    (
+        "mfu_gpu_nvlink_errors",
+        "NVLink CRC (flit and data), replay and recovery errors, summed over the GPU's links (NVML's counters).",
+        "nvlink_errors",
+    ),
 )
 
 # A reading's figures (every GAUGES and COUNTERS key among them): the GpuReading fields that are None until NVML
@@ -183,6 +209,7 @@ class _Gpu:
         self.labels = (label,)
         self.identity = {"uuid": uuid, "name": name, "pci_bus_id": pci_bus_id}
         self.throttle_labels = tuple((label, reason) for reason, _ in THROTTLE_REASONS)
+        self.throttle_time_labels = {reason: (label, reason) for reason, _, _ in THROTTLE_TIME}
         self.ecc_labels = ((label, "corrected"), (label, "uncorrected"))
         model = gpu_model(name)
         self.peak_rows = (
@@ -204,6 +231,15 @@ class _Gpu:
         self.field_specs: tuple = ()
         self.field_request: list = []
         self.planned = False
+        # Throttle time: each reason's counter from its field (seconds), or its bit integrated over samples.
+        self.throttle_field: dict[str, float] = {}
+        self.throttle_integrated: dict[str, float] = {}
+        self.mask_at: float | None = None  # when the clock-event bitmask was last read (the integration's step)
+        # NVLink errors: the links NVML reports, the counters asked for, and each (field, link)'s last value.
+        self.nvlink_links: int | None = None
+        self.nvlink_kinds: tuple[tuple[str, int], ...] = NVLINK_ERRORS
+        self.nvlink_absent: set[tuple[int, int]] = set()
+        self.nvlink_values: dict[tuple[int, int], float] = {}
 
     @property
     def up(self) -> bool:
@@ -347,6 +383,7 @@ class GpuSource:
             if count is not None:
                 reading[key] = float(count)
         self._read_fields(gpu, reading)
+        throttle_seconds = self._throttle_time(gpu, mask, now)
         self._read_gpm(gpu, now, reading)
         tensor, sm_clock = reading["tensor_active"], reading["sm_clock_hz"]
         if tensor is not None and sm_clock is not None and gpu.peak_clock_hz:
@@ -359,6 +396,7 @@ class GpuSource:
             up=True,
             mig=gpu.mig,
             throttle_reasons=throttle_reasons,
+            throttle_seconds=throttle_seconds,
             xid_count=gpu.xid_total,
             **reading,
         )
@@ -413,9 +451,18 @@ class GpuSource:
             pass
 
     def _plan(self, gpu: _Gpu) -> None:
-        """Which field values and GPM metrics to request, given what this GPU refused so far."""
-        gpu.field_specs = tuple(spec for spec in FIELD_COUNTERS if spec[0] not in gpu.unsupported)
-        gpu.field_request = [(field_id, scope) for _, field_id, scope, _ in gpu.field_specs]
+        """Which field values and GPM metrics to request, given what this GPU refused so far. Every field goes into
+        one nvmlDeviceGetFieldValues call a cycle: (tag, key, field ID, scope ID, scale) per field."""
+        specs = [("counter", key, field_id, scope, scale) for key, field_id, scope, scale in FIELD_COUNTERS]
+        specs += [("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME]
+        specs += [
+            ("nvlink", kind, field_id, link, 1)
+            for link in range(self._nvlink_links(gpu))
+            for kind, field_id in gpu.nvlink_kinds
+            if (field_id, link) not in gpu.nvlink_absent
+        ]
+        gpu.field_specs = tuple(spec for spec in specs if _field_key(spec) not in gpu.unsupported)
+        gpu.field_request = [(field_id, scope) for _, _, field_id, scope, _ in gpu.field_specs]
         if gpu.gpm is not None:
             metrics = [(key, metric_id) for key, metric_id in GPM_ACTIVITY if f"gpm:{key}" not in gpu.unsupported]
             metrics += [
@@ -429,22 +476,90 @@ class GpuSource:
                 self._close_gpm(gpu, "no GPM metric wanted here is supported by this GPU")
         gpu.planned = True
 
+    def _nvlink_links(self, gpu: _Gpu) -> int:
+        """How many NVLink links NVML reports for the GPU (0 without NVLink), asked once per open."""
+        if gpu.nvlink_links is None:
+            gpu.nvlink_links = 0
+            if "nvlink_errors" not in gpu.unsupported:
+                try:
+                    (value,) = self._nvml.nvmlDeviceGetFieldValues(gpu.handle, [(NVLINK_LINK_COUNT, 0)])
+                except self._nvml.NVMLError as exc:
+                    self._refused(gpu, "nvlink_errors", exc, self._absent_id_codes)
+                    return 0
+                if value.nvmlReturn == self._nvml.NVML_SUCCESS:
+                    gpu.nvlink_links = int(_field_number(value))
+                else:
+                    gpu.unsupported["nvlink_errors"] = f"link count: {self._nvml.NVMLError(value.nvmlReturn)}"
+                if gpu.nvlink_links == 0:
+                    gpu.unsupported.setdefault("nvlink_errors", "no NVLink links")
+        return gpu.nvlink_links
+
     def _read_fields(self, gpu: _Gpu, reading: dict[str, Any]) -> None:
         if gpu.field_request:
             try:
                 values = self._nvml.nvmlDeviceGetFieldValues(gpu.handle, gpu.field_request)
             except self._nvml.NVMLError as exc:
                 if exc.value in self._absent_codes:
-                    for key, _, _, _ in gpu.field_specs:
-                        self._refused(gpu, key, exc)
+                    for spec in gpu.field_specs:
+                        self._refused(gpu, _field_key(spec), exc)
                 else:
                     self._refused(gpu, "fields", exc)
                 return
-            for (key, _, _, scale), value in zip(gpu.field_specs, values):
-                if value.nvmlReturn == self._nvml.NVML_SUCCESS:
-                    reading[key] = float(_field_number(value) * scale)
+            for spec, value in zip(gpu.field_specs, values):
+                tag, key, field_id, scope, scale = spec
+                code = value.nvmlReturn
+                if code == self._nvml.NVML_SUCCESS:
+                    number = float(_field_number(value) * scale)
+                    if tag == "counter":
+                        reading[key] = number
+                    elif tag == "throttle":
+                        gpu.throttle_field[key] = number
+                    else:
+                        gpu.nvlink_values[(field_id, scope)] = number
+                elif tag == "nvlink" and code in self._absent_id_codes:
+                    gpu.nvlink_absent.add((field_id, scope))  # an inactive link, or a counter this driver lacks
+                    gpu.planned = False
+                elif code in self._lost_codes and code != self._nvml.NVML_ERROR_UNKNOWN:
+                    raise self._nvml.NVMLError(code)
+                elif code == self._nvml.NVML_ERROR_UNKNOWN:
+                    # One field's unknown error is that field's problem, not the GPU's: count it, skip it this cycle.
+                    self._errors[self._reason(self._nvml.NVMLError(code))] += 1
                 else:
-                    self._refused(gpu, key, self._nvml.NVMLError(value.nvmlReturn), self._absent_id_codes)
+                    self._refused(gpu, _field_key(spec), self._nvml.NVMLError(code), self._absent_id_codes)
+        self._nvlink_total(gpu, reading)
+
+    def _nvlink_total(self, gpu: _Gpu, reading: dict[str, Any]) -> None:
+        """The GPU's NVLink errors: the sum of its links' last values. A driver with none of the older counters on
+        any link gets the newer ones asked instead, once."""
+        links = gpu.nvlink_links or 0
+        if not links or "nvlink_errors" in gpu.unsupported:
+            return
+        wanted = [(field_id, link) for _, field_id in gpu.nvlink_kinds for link in range(links)]
+        if all(key in gpu.nvlink_absent for key in wanted):
+            if gpu.nvlink_kinds is NVLINK_ERRORS:
+                gpu.nvlink_kinds = NVLINK_ERRORS_NEWER
+            else:
+                gpu.unsupported["nvlink_errors"] = "no NVLink error counter answers on any link"
+            gpu.planned = False
+            return
+        if gpu.nvlink_values:
+            reading["nvlink_errors"] = sum(gpu.nvlink_values.values())
+
+    def _throttle_time(self, gpu: _Gpu, mask: int | None, now: float) -> tuple[tuple[str, float], ...]:
+        """Each reason's cumulative throttle seconds: its field where the driver answers it, else its bit integrated
+        over samples (the state a sample reads is taken to have held since the previous sample)."""
+        elapsed = now - gpu.mask_at if gpu.mask_at is not None and mask is not None else 0.0
+        if mask is not None:
+            gpu.mask_at = now
+        out = []
+        for reason, _, bit in THROTTLE_TIME:
+            if reason in gpu.throttle_field:
+                out.append((reason, gpu.throttle_field[reason]))
+            elif f"throttle:{reason}" in gpu.unsupported and mask is not None:
+                total = gpu.throttle_integrated.get(reason, 0.0) + (elapsed if mask & bit else 0.0)
+                gpu.throttle_integrated[reason] = total
+                out.append((reason, total))
+        return tuple(out)
 
     # --- GPM ------------------------------------------------------------------------------------------------
 
@@ -631,6 +746,7 @@ class GpuSource:
                 log.warning("GPU %d (%s) answers NVML again", gpu.index, gpu.uuid)
             gpu.handle = handle
             gpu.lost_reason = None
+            gpu.nvlink_links, gpu.nvlink_kinds, gpu.nvlink_absent = None, NVLINK_ERRORS, set()  # asked anew per open
             max_clock = self._call(gpu, "sm_clock_max", nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM)
             gpu.sm_clock_max_hz = max_clock * 1e6 if max_clock is not None else None
             mig = self._call(gpu, "mig_mode", nvml.nvmlDeviceGetMigMode, handle)
@@ -665,6 +781,7 @@ class GpuSource:
 
     def _lose(self, gpu: _Gpu, why: Exception | str, now: float) -> None:
         gpu.handle = None
+        gpu.mask_at = None  # the time it was away is not integrated into throttle seconds
         gpu.lost_reason = str(why)
         self._errors["gpu_lost"] += 1
         log.warning(
@@ -740,6 +857,13 @@ class GpuSource:
                     "temperature_celsius": reading.temperature,
                     "power_watts": reading.power_watts,
                     "throttle": list(reading.throttle_reasons),
+                    "throttle_seconds": dict(reading.throttle_seconds),
+                    "throttle_time_from": {
+                        reason: "field" if reason in gpu.throttle_field else "samples"
+                        for reason, _ in reading.throttle_seconds
+                    },
+                    "nvlink_links": gpu.nvlink_links,
+                    "nvlink_errors": _nvlink_by_kind(gpu),
                 }
             )
             if not reading.up:
@@ -772,6 +896,24 @@ class GpuSource:
         }
 
 
+def _nvlink_by_kind(gpu: _Gpu) -> dict[str, float]:
+    """The GPU's NVLink errors by kind (summed over links), for the status page: the metric has only the sum."""
+    kinds = {field_id: kind for kind, field_id in (*NVLINK_ERRORS, *NVLINK_ERRORS_NEWER)}
+    out: dict[str, float] = {}
+    for (field_id, _), value in gpu.nvlink_values.items():
+        out[kinds[field_id]] = out.get(kinds[field_id], 0.0) + value
+    return out
+
+
+def _field_key(spec: tuple) -> str:
+    """The ``unsupported`` key of a field spec: the reading key of a counter, ``throttle:<reason>``,
+    ``nvlink:<field>:<link>``."""
+    tag, key, field_id, scope, _ = spec
+    if tag == "counter":
+        return key
+    return f"throttle:{key}" if tag == "throttle" else f"nvlink:{field_id}:{scope}"
+
+
 def _field_number(value: Any) -> float:
     """The number in an nvmlFieldValue_t, read through the union member its valueType names."""
     return getattr(value.value, _VALUE_MEMBERS[value.valueType])
@@ -794,6 +936,13 @@ def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
     counters = [(CounterMetricFamily(name, text, labels=gpu_label), _FIGURE[key]) for name, text, key in COUNTERS]
     throttle = GaugeMetricFamily(
         "mfu_gpu_throttle_active", "1 while this clock-event reason holds the SM clock down.", labels=["gpu", "reason"]
+    )
+    # series level: standard (issue 28: four reasons per GPU)
+    throttle_time = CounterMetricFamily(
+        "mfu_gpu_throttle_seconds",
+        "Time this reason held the SM clock down: NVML's counter since the driver loaded where the driver has it, "
+        "else the clock-event bit integrated over the exporter's samples since it started.",
+        labels=["gpu", "reason"],
     )
     xid = CounterMetricFamily(
         "mfu_gpu_xid_errors", "Xid errors NVML reported for the GPU since the exporter started.", labels=["gpu", "xid"]
@@ -825,6 +974,8 @@ def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
         if mask is not None:
             for labels, (_, bit) in zip(gpu.throttle_labels, THROTTLE_REASONS):
                 throttle.add_metric(labels, 1.0 if mask & bit else 0.0)
+        for reason, seconds in reading.throttle_seconds:
+            throttle_time.add_metric(gpu.throttle_time_labels[reason], seconds)
         for labels, value in zip(gpu.ecc_labels, (reading.ecc_corrected, reading.ecc_uncorrected)):
             if value is not None:
                 ecc.add_metric(labels, value)
@@ -836,7 +987,7 @@ def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
         yield family
     for family, _ in counters:
         yield family
-    yield from (throttle, xid, ecc, peak)
+    yield from (throttle, throttle_time, xid, ecc, peak)
     if driver is not None:
         driver_info = InfoMetricFamily("mfu_exporter_driver", "NVIDIA driver and the CUDA version it supports.")
         driver_info.add_metric([], {"driver_version": driver[0], "cuda_driver_version": driver[1]})

@@ -176,8 +176,9 @@ def test_handles_event_sets_and_gpm_samples_are_opened_once():
     assert calls["nvmlEventSetCreate"] == 8
     assert calls["nvmlGpmSampleAlloc"] == 16 and node.nvml.live_gpm_samples == 16
     assert calls["nvmlGpmMetricsGet"] == 4 * 8  # the first cycle opened GPM: its first sample was only just taken
-    # One field-values call per GPU and cycle; the PCIe fields H100 refused on the first cycle are not asked again.
-    assert calls["nvmlDeviceGetFieldValues"] == 5 * 8
+    # One field-values call per GPU and cycle (byte counters, throttle time and NVLink errors together), plus one per
+    # GPU at open for its NVLink link count; the PCIe fields H100 refused on the first cycle are not asked again.
+    assert calls["nvmlDeviceGetFieldValues"] == 5 * 8 + 8
 
 
 def test_nvlink_counters_are_summed_over_all_links_not_link_zero():
@@ -649,3 +650,78 @@ async def test_hanging_nvml_call_leaves_metrics_answering_from_the_last_snapshot
     finally:
         release.set()
     await wait_for(lambda: state.up)
+
+
+# --- issue 28: throttle time and NVLink errors ---------------------------------------------------------------------
+
+
+def test_throttle_seconds_come_from_nvml_counters_in_nanoseconds():
+    node = h100_node(count=2)
+    node.nvml.gpus[0].clocks_event_reasons = 0x4  # power capped, as under training load
+    for _ in range(3):
+        snapshot = node.tick()
+    _, values = exposition(snapshot)
+    throttle = series_of(values, "mfu_gpu_throttle_seconds_total")
+    assert throttle[gpu(0, reason="sw_power_cap")] == 3.0  # 3 s of 1e9 ns each, from field 74
+    assert throttle[gpu(0, reason="hw_thermal_slowdown")] == 0.0
+    assert len(throttle) == 2 * 4  # four reasons per GPU: the series budget of issue 28
+    assert snapshot.status["gpus"][0]["throttle_time_from"]["sw_power_cap"] == "field"
+
+
+def test_throttle_seconds_integrate_the_bit_where_the_driver_has_no_counter():
+    node = Node(fake.node(fake.l40s, count=1))  # no field values at all
+    node.nvml.gpus[0].clocks_event_reasons = 0x20  # SW thermal slowdown
+    for _ in range(4):
+        snapshot = node.tick(0.5)
+    _, values = exposition(snapshot)
+    throttle = series_of(values, "mfu_gpu_throttle_seconds_total")
+    # The first sample starts the integration; each later one adds the 0.5 s since the one before.
+    assert throttle[gpu(0, reason="sw_thermal_slowdown")] == 1.5
+    assert throttle[gpu(0, reason="sw_power_cap")] == 0.0
+    assert snapshot.status["gpus"][0]["throttle_time_from"]["sw_thermal_slowdown"] == "samples"
+    node.nvml.gpus[0].clocks_event_reasons = 0x1  # idle now: the counter stands
+    _, values = exposition(node.tick(0.5))
+    assert values[("mfu_gpu_throttle_seconds_total", gpu(0, reason="sw_thermal_slowdown"))] == 1.5
+
+
+def test_nvlink_errors_are_summed_over_links_and_kinds_per_gpu():
+    nvml = fake.node(fake.h100(0), fake.a100(1), fake.l40s(2), fake.b200(3))
+    nvml.gpus[0].nvlink_errors = {(38, 0): 5, (52, 17): 2}  # CRC flit on link 0, replay on link 17
+    nvml.gpus[1].nvlink_errors = {(59, 11): 1}  # recovery on the A100's last link
+    nvml.gpus[3].nvlink_errors = {(215, 3): 4, (38, 3): 99}  # B200: the newer counter (the older one it lacks)
+    node = Node(nvml)
+    node.tick()
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    errors = series_of(values, "mfu_gpu_nvlink_errors_total")
+    assert errors == {gpu(0): 7.0, gpu(1): 1.0, gpu(3): 4.0}  # the L40S has no NVLink: no series
+    status = snapshot.status["gpus"]
+    assert status[0]["nvlink_errors"] == {"crc_flit": 5.0, "replay": 2.0, "crc_data": 0.0, "recovery": 0.0}
+    assert status[3]["nvlink_errors"] == {"receive": 0.0, "link_integrity": 0.0, "link_recovery": 4.0}
+    assert status[2]["unsupported"]["nvlink_errors"]
+    nvml.gpus[0].nvlink_errors[(45, 3)] = 1  # a new CRC data error: the counter grows
+    _, values = exposition(node.tick())
+    assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 8.0
+
+
+def test_an_unknown_error_on_one_field_degrades_that_series_only(caplog):
+    node = h100_node(count=1)
+    node.nvml.gpus[0].clocks_event_reasons = 0x4
+    node.tick()
+    node.nvml.gpus[0].field_errors[74] = pynvml.NVML_ERROR_UNKNOWN
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_up", gpu(0))] == 1  # not lost
+    assert snapshot.errors["nvml_unknown"] == 1
+    assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 0.0
+    # The counter keeps its last value through the failing cycle (never absent, never backwards).
+    assert values[("mfu_gpu_throttle_seconds_total", gpu(0, reason="sw_power_cap"))] == 1.0
+    del node.nvml.gpus[0].field_errors[74]
+    _, values = exposition(node.tick())
+    assert values[("mfu_gpu_throttle_seconds_total", gpu(0, reason="sw_power_cap"))] == 3.0
+
+
+def test_issue_28_adds_at_most_40_series_to_an_8_gpu_node():
+    _, values = exposition(h100_node().tick())
+    added = [k for k in values if k[0] in ("mfu_gpu_throttle_seconds_total", "mfu_gpu_nvlink_errors_total")]
+    assert len(added) == 40
