@@ -95,7 +95,8 @@ ALL_LINKS = 0xFFFFFFFF
 class Report:
     """The checks with their verdicts and figures, and the raw measurements, as one JSON-able dict."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, path: Path | None = None):
+        self.path = path  # written after every check, so a run cut short still leaves what it measured
         self.data: dict[str, Any] = {
             "mode": mode,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -108,9 +109,16 @@ class Report:
         verdict = "SKIP" if ok is None else "PASS" if ok else "FAIL"
         self.data["checks"].append({"name": name, "verdict": verdict, "detail": detail, "figures": figures})
         print(f"  {verdict:4}  {name}: {detail}", flush=True)
+        self.save()
 
     def figure(self, section: str, value: Any) -> None:
         self.data["figures"][section] = value
+        self.save()
+
+    def save(self) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(jsonable(self.data), indent=1) + "\n")
 
     @property
     def failed(self) -> list[str]:
@@ -208,6 +216,34 @@ def serve_fake(config_path: str, listen: str) -> int:
 # --- 1. the GPU source on this node's NVML ----------------------------------------------------------------------
 
 
+class TimedNvml:
+    """The NVML module with every function call timed: where the GPU source's sample time goes, call by call."""
+
+    def __init__(self, nvml: Any):
+        self._nvml = nvml
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._nvml, name)
+        if not name.startswith("nvml") or not callable(value) or isinstance(value, type):
+            return value
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return value(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+                self.calls[name] = self.calls.get(name, 0) + 1
+
+        return timed
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
 def check_gpu_source(report: Report, nvml: Any, samples: int, pause: float) -> list[dict]:
     """Sample the GPU source as the daemon builds it; returns the status's GPU list (empty when NVML is down)."""
     from prometheus_client.exposition import choose_encoder
@@ -223,6 +259,7 @@ def check_gpu_source(report: Report, nvml: Any, samples: int, pause: float) -> l
     }
     config["sources"]["gpu"] = {"enabled": True, "interval": "1s"}
     config = validate(config)
+    nvml = TimedNvml(nvml)
     (source,) = [s for s in build_sources(config, SourceContext(config, nvml=nvml)) if s.name == "gpu"]
     timings: list[float] = []
     errors: dict[str, int] = {}
@@ -234,6 +271,7 @@ def check_gpu_source(report: Report, nvml: Any, samples: int, pause: float) -> l
             report.check("gpu_source_core_series", False, f"NVML did not start: {exc}")
             return []
         open_ms = (time.perf_counter() - started) * 1e3
+        nvml.reset()  # from here: the steady cycle's calls
         for _ in range(samples):
             time.sleep(pause)
             started = time.perf_counter()
@@ -290,9 +328,26 @@ def check_gpu_source(report: Report, nvml: Any, samples: int, pause: float) -> l
         samples=len(timings),
         per_gpu_median_ms=rounded(median(timings) / len(gpus), 3) if timings and gpus else None,
     )
+    per_call = {
+        name: {"calls_per_sample": nvml.calls[name] / samples, "ms_per_call": round(sec / nvml.calls[name] * 1e3, 4)}
+        for name, sec in sorted(nvml.seconds.items(), key=lambda item: -item[1])
+    }
+    families = sorted({name for name, _ in values if name.startswith("mfu_gpu_")})
     report.figure(
         "gpu_source",
-        {"status_notes": snapshot.status["notes"], "errors": errors, "gpus": gpus, "sample_ms": timings},
+        {
+            "status_notes": snapshot.status["notes"],
+            "errors": errors,
+            "gpus": gpus,
+            "sample_ms": timings,
+            "nvml_calls": per_call,
+            "families": families,
+            "series": {
+                n + json.dumps(dict(labels), sort_keys=True): v
+                for (n, labels), v in values.items()
+                if n.startswith("mfu_gpu_") and "gpu" in dict(labels)
+            },
+        },
     )
     return gpus
 
@@ -840,7 +895,7 @@ def trainer_child(log_records: str, seconds: float, standin: bool) -> int:
         report_to="none",
         bf16=True,
         include_num_input_tokens_seen=True,
-        dataloader_num_workers=2,
+        dataloader_num_workers=0,
         disable_tqdm=False,
         learning_rate=1e-4,
     )
@@ -862,7 +917,12 @@ def run_trainer(report: Report, daemon: Daemon, work: Path, seconds: float, wind
             env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )
         scrapes: list[dict] = []
+        give_up = time.monotonic() + seconds + 180  # imports, model set-up and the first step come before the clock
         while child.poll() is None:
+            if time.monotonic() > give_up:
+                child.kill()
+                child.wait()
+                break
             view = daemon.job(TRAINER_JOB)
             if view is not None:
                 scrapes.append({"at": time.time(), **{k: view.get(k) for k in ("mfu", "last_report_time", "reason")}})
@@ -919,7 +979,7 @@ def run_trainer(report: Report, daemon: Daemon, work: Path, seconds: float, wind
 class Smi:
     """nvidia-smi's own sampling of GPU 0 every 500 ms, each line stamped with the wall time it arrived."""
 
-    QUERY = "index,utilization.gpu,clocks.sm,power.draw,memory.used,clocks_event_reasons.active"
+    QUERY = "index,utilization.gpu,clocks.sm,power.draw,memory.used"
 
     def __init__(self) -> None:
         self.rows: list[tuple[float, dict]] = []
@@ -1083,7 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
     # trains a few windows' worth past its first step, so several scrape windows lie wholly inside training.
     window = (gemm_seconds + 2.0) if fake else (gemm_seconds + 10.0)
     trainer_seconds = args.trainer_seconds or (window + (4.0 if fake else 25.0))
-    report = Report("fake" if fake else "real")
+    report = Report("fake" if fake else "real", args.json)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-truth-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -1255,8 +1315,7 @@ def finish(report: Report, path: Path | None) -> int:
     counts = {v: sum(c["verdict"] == v for c in checks) for v in ("PASS", "FAIL", "SKIP")}
     print(f"gpu-truth: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped", flush=True)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(jsonable(report.data), indent=1) + "\n")
+        report.save()
         print(f"gpu-truth: report written to {path}")
     return 1 if report.failed else 0
 
