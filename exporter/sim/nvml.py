@@ -90,6 +90,10 @@ class FakeGpu:
     throttle_ns: dict[int, int] = field(default_factory=dict)  # throttle field ID -> ns, grown by advance
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error field ID, link) -> count
     field_errors: dict[int, int] = field(default_factory=dict)  # field ID -> NVML_ERROR_* in that field's nvmlReturn
+    # Field ID -> NVML_VALUE_TYPE_* it answers in (else unsigned long long); a 32-bit one wraps as on the H200, whose
+    # PCIe byte fields 197/198 answer UNSIGNED_INT.
+    field_value_types: dict[int, int] = field(default_factory=dict)
+    memory_reserved: int = 0  # what the driver reserves: in v1's used, apart in v2's (615 MiB on an idle H200)
     gpm_supported: bool = True
     # GPM metric ID -> value in percent (graphics, SM, occupancy, any tensor, HMMA tensor, DRAM bandwidth)
     gpm: dict[int, float] = field(default_factory=lambda: {1: 0.0, 2: 0.0, 3: 0.0, 5: 0.0, 7: 0.0, 10: 0.0})
@@ -134,8 +138,22 @@ def h100(index: int, **overrides: Any) -> FakeGpu:
 
 
 def h200(index: int, **overrides: Any) -> FakeGpu:
+    """An H200 SXM as a real one answered (driver 580.159.04, 2026-12-04): the PCIe byte fields 197/198 present but
+    32-bit (UNSIGNED_INT, wrapping every 4 GiB), 615 MiB reserved by the driver at idle."""
     return h100(
-        index, **{"name": "NVIDIA H200", "uuid": _uuid(0x200, index), "memory_total": 143771 * MIB, **overrides}
+        index,
+        **{
+            "name": "NVIDIA H200",
+            "uuid": _uuid(0x200, index),
+            "memory_total": 143771 * MIB,
+            "memory_reserved": 644_939_776,
+            "fields": set(NVLINK_FIELDS)
+            | set(THROTTLE_FIELDS)
+            | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
+            | set(PCIE_FIELDS),
+            "field_value_types": {197: pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 198: pynvml.NVML_VALUE_TYPE_UNSIGNED_INT},
+            **overrides,
+        },
     )
 
 
@@ -400,10 +418,16 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return pynvml.c_nvmlUtilization_t(gpu=gpu.utilization, memory=gpu.memory_utilization)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> pynvml.c_nvmlMemory_t:
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Any:
+        """v1 (no version): ``used`` includes what the driver reserves; v2: ``used`` is what processes allocated."""
         gpu = self._enter("nvmlDeviceGetMemoryInfo", handle)
-        return pynvml.c_nvmlMemory_t(
-            total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used, used=gpu.memory_used
+        free = gpu.memory_total - gpu.memory_used - gpu.memory_reserved
+        if not version:
+            return pynvml.c_nvmlMemory_t(total=gpu.memory_total, free=free, used=gpu.memory_used + gpu.memory_reserved)
+        if version != pynvml.nvmlMemory_v2:
+            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return pynvml.c_nvmlMemory_v2_t(
+            version=version, total=gpu.memory_total, reserved=gpu.memory_reserved, free=free, used=gpu.memory_used
         )
 
     def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
@@ -480,8 +504,11 @@ class FakeNvml:
                 number = total if scope == ALL_LINKS else total / gpu.nvlink_links
             else:
                 number = getattr(gpu, PCIE_FIELDS[field_id])
-            value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-            value.value.ullVal = int(number)
+            value.valueType = gpu.field_value_types.get(field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+            if value.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+                value.value.uiVal = int(number) % 2**32
+            else:
+                value.value.ullVal = int(number)
             value.nvmlReturn = pynvml.NVML_SUCCESS
         return values
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import operator
 import re
 import time
@@ -222,6 +223,7 @@ class _Gpu:
         self.sm_clock_max_hz: float | None = None
         self.unsupported: dict[str, str] = {}  # call or field key -> why NVML refused it
         self.event_set: Any = None
+        self.memory_reserved: float | None = None  # what the driver reserves (v2 memory call), for the status
         self.xids: dict[int, list] = {}  # Xid -> [label tuple, count]
         self.xid_rows: tuple = ()  # frozen (labels, count) pairs, replaced on change so snapshots can share it
         self.xid_total = 0
@@ -349,10 +351,11 @@ class GpuSource:
         if utilization is not None:
             reading["utilization"] = utilization.gpu / 100
             reading["memory_utilization"] = utilization.memory / 100
-        memory = call(gpu, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+        memory = self._memory(gpu)
         if memory is not None:
             reading["memory_used_bytes"] = float(memory.used)
             reading["memory_total_bytes"] = float(memory.total)
+            gpu.memory_reserved = float(getattr(memory, "reserved", 0.0)) or None
         clock = call(gpu, "sm_clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
         if clock is not None:
             reading["sm_clock_hz"] = clock * 1e6
@@ -433,6 +436,20 @@ class GpuSource:
             return "nvml_" + _snake(name[len("NVMLError_") :])
         return f"nvml_error_{exc.value}"
 
+    def _memory(self, gpu: _Gpu) -> Any:
+        """Memory from the v2 call, whose ``used`` leaves out what the driver reserves (v1's ``used`` counts it: 615
+        MiB on an idle H200); v1 on a driver without v2 (FUNCTION_NOT_FOUND, or a version it does not know)."""
+        nvml = self._nvml
+        if "memory_v2" not in gpu.unsupported:
+            try:
+                return nvml.nvmlDeviceGetMemoryInfo(gpu.handle, version=nvml.nvmlMemory_v2)
+            except nvml.NVMLError as exc:
+                if exc.value not in self._absent_codes | {nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH}:
+                    self._refused(gpu, "memory", exc)
+                    return None
+                gpu.unsupported["memory_v2"] = str(exc)
+        return self._call(gpu, "memory", nvml.nvmlDeviceGetMemoryInfo, gpu.handle)
+
     def _clock_event_reasons(self, handle: Any) -> int:
         try:
             return self._clock_reasons_call(handle)
@@ -510,7 +527,12 @@ class GpuSource:
                 code = value.nvmlReturn
                 if code == self._nvml.NVML_SUCCESS:
                     number = float(_field_number(value) * scale)
-                    if tag == "counter":
+                    if tag == "counter" and value.valueType in _NARROW_TYPES:
+                        # A 32-bit byte counter wraps every 4 GiB (the H200's PCIe fields 197/198 do): sampled once a
+                        # second it can wrap several times between samples, so GPM's rate integrated stands in.
+                        gpu.unsupported[key] = "a 32-bit counter that wraps every 4 GiB; GPM's rate integrated instead"
+                        gpu.planned = False
+                    elif tag == "counter":
                         reading[key] = number
                     elif tag == "throttle":
                         gpu.throttle_field[key] = number
@@ -634,6 +656,9 @@ class GpuSource:
             metric = gpm.request.metrics[slot]
             if metric.nvmlReturn != nvml.NVML_SUCCESS:
                 self._refused(gpu, f"gpm:{key}", nvml.NVMLError(metric.nvmlReturn), self._absent_id_codes)
+                gpm.ratios.pop(key, None)
+            elif not math.isfinite(metric.value):
+                # The H200 answered SUCCESS with NaN (DRAM_BW_UTIL, samples under 100 ms apart): nothing this time.
                 gpm.ratios.pop(key, None)
             elif key in GPM_RATES:
                 gpu.integrated[key] = gpu.integrated.get(key, 0.0) + metric.value * MIB * elapsed
@@ -862,6 +887,7 @@ class GpuSource:
                         reason: "field" if reason in gpu.throttle_field else "samples"
                         for reason, _ in reading.throttle_seconds
                     },
+                    "memory_reserved_bytes": gpu.memory_reserved,
                     "nvlink_links": gpu.nvlink_links,
                     "nvlink_errors": _nvlink_by_kind(gpu),
                 }
@@ -922,6 +948,7 @@ def _field_number(value: Any) -> float:
 # nvml.h nvmlValueType_t: DOUBLE, UNSIGNED_INT, UNSIGNED_LONG, UNSIGNED_LONG_LONG, SIGNED_LONG_LONG, SIGNED_INT,
 # UNSIGNED_SHORT.
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_NARROW_TYPES = frozenset({1, 5, 6})  # 32- and 16-bit value types: counters that wrap too soon to be rated
 
 
 _FIGURE = {key: operator.attrgetter(key) for key in READING_KEYS}

@@ -725,3 +725,53 @@ def test_issue_28_adds_at_most_40_series_to_an_8_gpu_node():
     _, values = exposition(h100_node().tick())
     added = [k for k in values if k[0] in ("mfu_gpu_throttle_seconds_total", "mfu_gpu_nvlink_errors_total")]
     assert len(added) == 40
+
+
+# --- what the real H200 showed (docs/benchmarks.md "On a real H200") ------------------------------------------------
+
+
+def test_a_32_bit_pcie_field_is_not_exported_the_gpm_rate_is_integrated_instead():
+    # The H200 answers fields 197/198 as UNSIGNED_INT: at PCIe Gen5 rates they wrap many times a second.
+    node = Node(fake.node(fake.h200, count=1))
+    fake_gpu = node.nvml.gpus[0]
+    fake_gpu.pcie_tx_bytes = 5 * 2**32 + 100  # already wrapped five times
+    fake_gpu.pcie_tx_rate = 10 * 2**20  # 10 MiB/s, which GPM reports
+    node.tick()
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_pcie_transmit_bytes_total", gpu(0))] == pytest.approx(10 * 2**20)  # one second of GPM
+    assert "32-bit" in snapshot.status["gpus"][0]["unsupported"]["pcie_transmit_bytes"]
+
+
+def test_memory_used_leaves_out_what_the_driver_reserves():
+    node = Node(fake.node(fake.h200, count=1))
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_memory_used_bytes", gpu(0))] == 0  # idle: v1 would say 615 MiB
+    assert snapshot.status["gpus"][0]["memory_reserved_bytes"] == 644_939_776
+
+
+def test_memory_falls_back_to_v1_on_a_driver_without_the_v2_call():
+    node = h100_node(count=1)
+    node.nvml.gpus[0].memory_used = 2**30
+    original = node.nvml.nvmlDeviceGetMemoryInfo
+
+    def v1_only(handle, version=None):
+        if version:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return original(handle)
+
+    node.nvml.nvmlDeviceGetMemoryInfo = v1_only
+    _, values = exposition(node.tick())
+    assert values[("mfu_gpu_memory_used_bytes", gpu(0))] == 2**30
+
+
+def test_a_gpm_metric_answered_as_nan_is_left_out_not_exported():
+    # The H200 answered DRAM_BW_UTIL = NaN with SUCCESS for samples 20 and 50 ms apart: nothing non-finite is served.
+    node = h100_node(count=1)
+    node.nvml.gpus[0].set_activity(40.0)
+    node.nvml.gpus[0].gpm[pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL] = float("nan")
+    node.tick()
+    _, values = exposition(node.tick())
+    assert ("mfu_gpu_dram_active_ratio", gpu(0)) not in values
+    assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == pytest.approx(0.4)
