@@ -7,8 +7,13 @@ structs and error classes are the real module's; a function the fake does not im
 rather than silently reaching the real library.
 
 Behaviour worth knowing:
-- ``nvmlInit`` enumerates the GPUs that are not lost; a GPU lost later keeps its index until the next init, and
-  every call on its handle raises ``NVMLError_GpuIsLost``. Handles from before ``nvmlShutdown`` stop working.
+- ``nvmlInit``/``nvmlShutdown`` are reference-counted as nvml.h says: only the shutdown that brings the count to
+  zero ends the session, and only an init from zero enumerates the GPUs anew. Handles from before the session's end
+  stop working.
+- A lost GPU (fallen off the bus) keeps its index, as in real NVML: ``nvmlDeviceGetCount`` still counts it and
+  ``nvmlDeviceGetHandleByIndex`` and every call on its handle raise ``NVMLError_GpuIsLost``. A GPU ``unbound`` from
+  the driver is not enumerated by the next session (the GPUs after it move up).
+- ``fail_all``: every call for that GPU (its handle too) raises that code, as when a container lost access to it.
 - In MIG mode utilization is not supported, as on a real GPU.
 - GPM: ``nvmlGpmMetricsGet`` reports, for each requested ID, the value in ``FakeGpu.gpm`` when ``sample2`` was
   taken (a simulation sets the table each tick), or ``NOT_SUPPORTED`` for an ID the GPU lacks. PCIe and NVLink
@@ -18,8 +23,9 @@ Behaviour worth knowing:
   does: an Xid raised while no set is registered reaches nobody, and ``nvmlEventSetFree`` drops what its set still
   holds. ``nvmlEventSetWait`` returns queued events and raises ``NVMLError_Timeout`` when none is left (it never
   sleeps).
-- ``fail`` maps a function name to an error code raised for that GPU; ``hang(name)`` makes that function block
-  until the returned event is set.
+- ``fail`` maps a function name to an error code raised for that GPU; ``field_errors`` and ``gpm_errors`` map a
+  field or GPM metric ID to the code in its own ``nvmlReturn`` (the rest of the call succeeds); ``hang(name)`` makes
+  that function block until the returned event is set.
 """
 
 from __future__ import annotations
@@ -100,7 +106,10 @@ class FakeGpu:
     mig_mode: int | None = 0  # None: the GPU has no MIG (NVML answers NOT_SUPPORTED)
     persistence_mode: bool = True  # on, as on a tuned training node
     fail: dict[str, int] = field(default_factory=dict)  # NVML function name -> NVML_ERROR_* raised for this GPU
+    fail_all: int | None = None  # NVML_ERROR_* raised by every call for this GPU, its handle included
+    gpm_errors: dict[int, int] = field(default_factory=dict)  # GPM metric ID -> NVML_ERROR_* in its nvmlReturn
     lost: bool = False
+    unbound: bool = False  # unbound from the driver: the next session does not enumerate it
     minor: int | None = None  # /dev/nvidia<minor>; None: NVML answers NOT_SUPPORTED
     processes: list[int] = field(default_factory=list)  # host PIDs with a CUDA context on this GPU
 
@@ -331,6 +340,8 @@ class FakeNvml:
         gpu = handle.gpu
         if gpu.lost:
             raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if gpu.fail_all is not None:
+            raise _error(gpu.fail_all)
         code = gpu.fail.get(function)
         if code is not None:
             raise _error(code)
@@ -346,7 +357,7 @@ class FakeNvml:
             raise _error(self.init_error)
         if self._refcount == 0:
             self._session += 1
-            self._enumerated = [g for g in self.gpus if not g.lost]
+            self._enumerated = [g for g in self.gpus if not g.unbound]
         self._refcount += 1
 
     def nvmlShutdown(self) -> None:
@@ -372,6 +383,10 @@ class FakeNvml:
         gpu = self._enumerated[index]
         if gpu.lost:
             raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if gpu.fail_all is not None:
+            raise _error(gpu.fail_all)
+        if "nvmlDeviceGetHandleByIndex" in gpu.fail:
+            raise _error(gpu.fail["nvmlDeviceGetHandleByIndex"])
         return _Handle(gpu, self._session)
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
@@ -599,7 +614,10 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         for j in range(request.numMetrics):
             metric = request.metrics[j]
-            if metric.metricId in second.values:
+            if metric.metricId in second.gpu.gpm_errors:
+                metric.value = 0.0
+                metric.nvmlReturn = second.gpu.gpm_errors[metric.metricId]
+            elif metric.metricId in second.values:
                 metric.value = second.values[metric.metricId]
                 metric.nvmlReturn = pynvml.NVML_SUCCESS
             else:

@@ -6,13 +6,17 @@ Cheap by construction: NVML is initialised once; handles, Xid event sets, GPM sa
 are opened once per GPU and reused; a call NVML answers NOT_SUPPORTED, FUNCTION_NOT_FOUND or NO_PERMISSION is
 remembered per GPU and not made again; label tuples are built once per GPU.
 
-Faults stay local to one GPU: a GPU that answers GPU_IS_LOST, RESET_REQUIRED or UNKNOWN is marked down (its
-readings disappear, ``mfu_gpu_up`` is 0, a ``gpu_lost`` error is counted) while the others keep reporting; every
-``retry_interval`` while a GPU is missing, NVML is shut down and initialised again to find it (a new session
-enumerates the GPUs anew, which finds one that was reset or re-bound to the driver). The re-initialisation costs the
-healthy GPUs nothing: the old session's queued Xid events and GPM interval are read before it closes (``_reopen``).
-GPUs are keyed by UUID, so a GPU keeps its ``gpu`` label (the index NVML gave it when first seen) across
-re-initialisations.
+Faults stay local to one GPU: a GPU that answers GPU_IS_LOST or RESET_REQUIRED, or UNKNOWN and then fails its UUID
+too, is marked down (its readings disappear, ``mfu_gpu_up`` is 0, a ``gpu_lost`` error is counted once) while the
+others keep reporting; an UNKNOWN from a GPU that still answers degrades only that call, field, GPM metric or Xid
+registration. Every ``retry_interval`` while a GPU is missing, NVML is shut down and initialised again to find it (a
+new session enumerates the GPUs anew, which finds one that was reset or re-bound to the driver). NVML counts its inits
+(nvml.h), so the session is the process's one (``exporter.node.nvml.NvmlSession``), borrowed by discovery and
+preflight too: the restart really ends it. Real NVML keeps a GPU that fell off the bus at its index, so the failing
+index is that same lost GPU, never a second one. A GPU this process may not open (NO_PERMISSION) is listed once and
+not re-initialised for. The re-initialisation costs the healthy GPUs nothing: the old session's queued Xid events
+and GPM interval are read before it closes (``_reopen``). GPUs are keyed by UUID, so a GPU keeps its ``gpu`` label
+(the index NVML gave it when first seen) across re-initialisations.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from exporter.config import GpuConfig
 from exporter.model.flops import gpu_model
 from exporter.model.jobs import GpuInfo
 from exporter.model.readings import GpuReading
+from exporter.node.nvml import NvmlSession, clock_event_reasons
 from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -261,6 +266,7 @@ class GpuSource:
         retry_interval: float = 60.0,
         gpm: bool = True,
         monotonic: Callable[[], float] = time.monotonic,
+        session: NvmlSession | None = None,
     ):
         self.interval = interval
         self.timeout = timeout
@@ -282,15 +288,18 @@ class GpuSource:
             nvml.NVML_ERROR_NO_PERMISSION: "no_permission",
             nvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_library_mismatch",
         }
-        self._clock_reasons_call = (
-            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        )
-        self._initialized = False
+        # NVML is borrowed from the process's one session (discovery and preflight borrow it too): see exporter.node.nvml.
+        self._session = session or NvmlSession(nvml)
+        self._initialized = False  # whether this source holds a reference to the session
+        self._no_permission = nvml.NVML_ERROR_NO_PERMISSION
+        self._clock_memo: dict[str, bool] = {}  # which clock-event call this driver has (exporter.node.nvml)
         self._gpus: dict[str, _Gpu] = {}
         self._ordered: list[_Gpu] = []
         self._inventory: list[GpuInfo] = []
-        self._unreachable: dict[int, str] = {}
+        # NVML indices this session could not open: index -> (why, NVML error code). A GPU NVML keeps listing after
+        # it fell off the bus (nvml.h: it keeps its index) is not here: it is a lost GPU, listed once as such.
+        self._unreachable: dict[int, tuple[str, int]] = {}
+        self._uuid_at: dict[int, str] = {}  # the UUID each NVML index had when it last opened
         self._driver: tuple[str, str] | None = None
         self._reinit_at: float | None = None
         self._logged: set[str] = set()
@@ -306,6 +315,7 @@ class GpuSource:
             retry_interval=section.retry_interval,
             gpm=section.gpm,
             monotonic=ctx.monotonic,
+            session=ctx.nvml_session,
         )
 
     # --- the cycle ------------------------------------------------------------------------------------------
@@ -371,7 +381,7 @@ class GpuSource:
         temperature = call(gpu, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
         if temperature is not None:
             reading["temperature"] = float(temperature)
-        mask = call(gpu, "clocks_event_reasons", self._clock_event_reasons, handle)
+        mask = call(gpu, "clocks_event_reasons", clock_event_reasons, nvml, handle, self._clock_memo)
         if mask is not None:
             reading["clocks_event_reasons"] = mask
             throttle_reasons = tuple(decode_throttle_reasons(mask))
@@ -420,14 +430,27 @@ class GpuSource:
             return None
 
     def _refused(self, gpu: _Gpu, key: str, exc: Exception, absent: frozenset | None = None) -> None:
-        """File an NVML error on ``key``: remember it as unsupported, count it, or raise it when the GPU is lost."""
+        """File an NVML error on ``key``: remember it as unsupported, count it, or raise it when the GPU is lost.
+        UNKNOWN ("on any unexpected error", nvml.h) means lost only when the GPU fails a cheap call too: an unknown
+        error on one call, field, GPM metric or the Xid registration degrades that series alone."""
         if exc.value in self._lost_codes:
+            if exc.value == self._nvml.NVML_ERROR_UNKNOWN and self._answers(gpu):
+                self._errors[self._reason(exc)] += 1
+                return
             raise exc
         if exc.value in (absent or self._absent_codes):
             gpu.unsupported[key] = str(exc)
             gpu.planned = False
         else:
             self._errors[self._reason(exc)] += 1
+
+    def _answers(self, gpu: _Gpu) -> bool:
+        """Whether the GPU still answers NVML at all (its UUID, the cheapest call)."""
+        try:
+            self._nvml.nvmlDeviceGetUUID(gpu.handle)
+        except self._nvml.NVMLError:
+            return False
+        return True
 
     def _reason(self, exc: Exception) -> str:
         """A bounded error label from the NVML error class: NVMLError_Timeout -> nvml_timeout."""
@@ -449,16 +472,6 @@ class GpuSource:
                     return None
                 gpu.unsupported["memory_v2"] = str(exc)
         return self._call(gpu, "memory", nvml.nvmlDeviceGetMemoryInfo, gpu.handle)
-
-    def _clock_event_reasons(self, handle: Any) -> int:
-        try:
-            return self._clock_reasons_call(handle)
-        except self._nvml.NVMLError as exc:
-            older = self._nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-            if exc.value != self._nvml.NVML_ERROR_FUNCTION_NOT_FOUND or self._clock_reasons_call is older:
-                raise
-            self._clock_reasons_call = older  # drivers before R535 know only the older name
-            return older(handle)
 
     def _quietly(self, function: Callable, *args: Any) -> None:
         """Release calls during cleanup: a GPU that is gone may refuse them, which changes nothing for us."""
@@ -714,11 +727,19 @@ class GpuSource:
             log.log(level, "no GPU metrics: %s; retrying every %gs", detail, self.retry_interval)
         return SourceUnavailable(reason, detail, retry_after=self.retry_interval)
 
-    def _open(self, now: float) -> None:
+    def _open(self, now: float, restart: bool = False) -> None:
+        """Take a reference to the NVML session (``restart``: end NVML and start it again for every borrower, so it
+        enumerates the GPUs anew) and open every GPU it lists."""
         nvml = self._nvml
         try:
-            nvml.nvmlInit()
+            if restart:
+                self._session.restart()
+            else:
+                self._session.acquire()
         except nvml.NVMLError as exc:
+            if restart:  # the reference taken before stays ours to give back
+                self._session.release()
+                self._initialized = False
             reason = self._init_reasons.get(exc.value, "nvml_init_failed")
             detail = (
                 "NVML library libnvidia-ml.so.1 not found"
@@ -736,7 +757,7 @@ class GpuSource:
             self._driver = (nvml.nvmlSystemGetDriverVersion(), _cuda_version(nvml.nvmlSystemGetCudaDriverVersion()))
         except nvml.NVMLError as exc:
             self._errors[self._reason(exc)] += 1
-        self._unreachable = {}
+        self._unreachable = {i: entry for i, entry in self._unreachable.items() if i < count}
         for nvml_index in range(count):
             self._open_gpu(nvml_index, now)
         for gpu in self._gpus.values():
@@ -744,7 +765,10 @@ class GpuSource:
                 self._lose(gpu, "not found after NVML was re-initialised", now)
         self._ordered = sorted(self._gpus.values(), key=lambda g: g.index)
         self._inventory = [GpuInfo(g.index, g.uuid, g.name) for g in self._ordered]
-        missing = self._unreachable or any(not g.up for g in self._ordered)
+        # A GPU this process may not open (NO_PERMISSION: a cgroup device rule) is not ours: no re-initialisation
+        # for it, which would cut every healthy GPU's Xid registration and GPM interval each retry_interval.
+        unreachable = [code for _, code in self._unreachable.values() if code != nvml.NVML_ERROR_NO_PERMISSION]
+        missing = unreachable or any(not g.up for g in self._ordered)
         self._reinit_at = now + self.retry_interval if missing else None
         if not self._gpus:
             self._close_session()
@@ -752,7 +776,7 @@ class GpuSource:
                 "no_gpus",
                 "NVML found no GPU"
                 if not self._unreachable
-                else "NVML lists GPUs but none answers: " + "; ".join(self._unreachable.values()),
+                else "NVML lists GPUs but none answers: " + "; ".join(why for why, _ in self._unreachable.values()),
             )
         self._logged.clear()  # a later outage is news again
 
@@ -780,12 +804,22 @@ class GpuSource:
             self._open_gpm(gpu, now)
             gpu.planned = False
         except nvml.NVMLError as exc:
-            self._unreachable[nvml_index] = f"NVML index {nvml_index}: {exc}"
-            if gpu is not None:
-                self._lose(gpu, exc, now)
-            else:
+            # NVML keeps a GPU that fell off the bus at its index: the GPU known there is the one failing.
+            known = gpu or self._gpus.get(self._uuid_at.get(nvml_index, ""))
+            if known is not None:
+                if known.lost_reason is None:
+                    self._lose(known, exc, now)  # counted once per loss, not at every re-initialisation
+                else:
+                    known.handle, known.lost_reason = None, str(exc)
+                return
+            first = nvml_index not in self._unreachable
+            self._unreachable[nvml_index] = (f"NVML index {nvml_index}: {exc}", exc.value)
+            if first:
                 self._errors["gpu_lost" if exc.value in self._lost_codes else self._reason(exc)] += 1
                 log.warning("GPU at NVML index %d cannot be opened: %s", nvml_index, exc)
+            return
+        self._uuid_at[nvml_index] = gpu.uuid
+        self._unreachable.pop(nvml_index, None)
 
     def _free_index(self, nvml_index: int) -> int:
         """NVML's index for a GPU first seen now, unless a known (lost) GPU holds that label already."""
@@ -835,13 +869,14 @@ class GpuSource:
                         raise
                     self._lose(gpu, exc, now)
         activity = {gpu.uuid: gpu.gpm.ratios for gpu in self._ordered if gpu.up and gpu.gpm is not None}
-        self._close_session()
-        self._open(now)
+        self._release_handles()
+        self._open(now, restart=True)
         for gpu in self._ordered:
             if gpu.gpm is not None and gpu.uuid in activity:
                 gpu.gpm.ratios = activity[gpu.uuid]
 
-    def _close_session(self) -> None:
+    def _release_handles(self) -> None:
+        """Free what this session gave: GPM samples and Xid event sets; handles are void after it."""
         nvml = self._nvml
         for gpu in self._gpus.values():
             self._close_gpm(gpu, "not opened")
@@ -849,8 +884,11 @@ class GpuSource:
                 self._quietly(nvml.nvmlEventSetFree, gpu.event_set)
                 gpu.event_set = None
             gpu.handle = None
+
+    def _close_session(self) -> None:
+        self._release_handles()
         if self._initialized:
-            self._quietly(nvml.nvmlShutdown)
+            self._session.release()
             self._initialized = False
 
     def close(self) -> None:
@@ -913,7 +951,11 @@ class GpuSource:
             f"GPU{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}: {text}"
             for text, indices in notes.items()
         ]
-        lines += [f"cannot open {detail}" for detail in self._unreachable.values()]
+        lines += [
+            f"cannot open {why}"
+            + (" (not this process's: no re-initialisation for it)" if code == self._no_permission else "")
+            for why, code in self._unreachable.values()
+        ]
         return {
             "driver_version": self._driver[0] if self._driver else None,
             "cuda_driver_version": self._driver[1] if self._driver else None,

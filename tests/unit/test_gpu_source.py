@@ -344,7 +344,8 @@ def test_passing_call_failure_is_counted_and_retried_next_cycle():
 
 
 def lose_by_unknown(nvml, index):
-    nvml.gpus[index].fail["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_UNKNOWN
+    # Every call answers UNKNOWN, as when a container lost access to the GPU: one call's UNKNOWN is not a loss.
+    nvml.gpus[index].fail_all = pynvml.NVML_ERROR_UNKNOWN
 
 
 def lose_by_falling_off_the_bus(nvml, index):
@@ -377,18 +378,21 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(lose):
     assert any(note.startswith("GPU 2: lost") for note in snapshot.status["notes"])
 
     assert node.tick(10).errors == {}  # counted once per loss, not every cycle
-    if lose is lose_by_unknown:
-        del node.nvml.gpus[2].fail["nvmlDeviceGetUtilizationRates"]
-        node.nvml.gpus[2].lost = True  # a GPU answering UNKNOWN is not enumerated after re-init either
     inits = node.nvml.calls["nvmlInit"]
     snapshot = node.tick(25)  # retry_interval after the loss: NVML re-initialised, GPU 2 still gone
     assert node.nvml.calls["nvmlInit"] == inits + 1
     _, values = exposition(snapshot)
     assert values[("mfu_gpu_up", gpu(2))] == 0
-    # NVML now numbers the GPU that was 3 as 2; the label follows the UUID, not NVML's index
+    # Real NVML keeps the failing GPU at its index: it is the same lost GPU, not counted again, listed once.
+    assert snapshot.errors == {}
+    assert [note for note in snapshot.status["notes"] if "2" in note.split(":")[0]] == [
+        note for note in snapshot.status["notes"] if note.startswith("GPU 2: lost")
+    ]
+    assert not any(note.startswith("cannot open") for note in snapshot.status["notes"])
     assert snapshot.data["gpus"][3].uuid == fake.h100(3).uuid and snapshot.data["gpus"][3].up is True
 
     node.nvml.gpus[2].lost = False  # back on the bus
+    node.nvml.gpus[2].fail_all = None
     node.tick(10)
     snapshot = node.tick(25)
     _, values = exposition(snapshot)
@@ -775,3 +779,114 @@ def test_a_gpm_metric_answered_as_nan_is_left_out_not_exported():
     _, values = exposition(node.tick())
     assert ("mfu_gpu_dram_active_ratio", gpu(0)) not in values
     assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == pytest.approx(0.4)
+
+
+# --- issue 28: NVML's lifecycle as the real library has it ----------------------------------------------------------
+
+
+def test_one_call_answering_unknown_degrades_that_call_only():
+    node = h100_node(count=2)
+    node.tick()
+    node.nvml.gpus[1].fail["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_UNKNOWN
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_up", gpu(1))] == 1  # the GPU still answers its UUID: not lost
+    assert snapshot.errors == {"nvml_unknown": 1}
+    assert set(series_of(values, "mfu_gpu_temperature_celsius")) == {gpu(0)}
+    assert values[("mfu_gpu_power_watts", gpu(1))] == 70.0
+
+
+def test_an_unknown_gpm_metric_degrades_that_metric_only():
+    node = h100_node(count=1)
+    node.nvml.gpus[0].set_activity(30.0)
+    node.nvml.gpus[0].gpm_errors[pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL] = pynvml.NVML_ERROR_UNKNOWN
+    node.tick()
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_up", gpu(0))] == 1 and snapshot.errors == {"nvml_unknown": 1}
+    assert ("mfu_gpu_tensor_active_ratio", gpu(0)) not in values
+    assert values[("mfu_gpu_sm_active_ratio", gpu(0))] == pytest.approx(0.3)
+    del node.nvml.gpus[0].gpm_errors[pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL]
+    _, values = exposition(node.tick())  # asked again: an unknown error is not "unsupported"
+    assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == pytest.approx(0.3)
+
+
+def test_an_unknown_error_registering_for_xids_degrades_xids_only():
+    nvml = fake.node(fake.h100, count=2)
+    nvml.gpus[0].fail["nvmlDeviceRegisterEvents"] = pynvml.NVML_ERROR_UNKNOWN
+    node = Node(nvml)
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_up", gpu(0))] == 1 and snapshot.errors == {"nvml_unknown": 1}
+    assert nvml.calls["nvmlEventSetFree"] == 1  # nvml.h: the set is in an undefined state and must be freed
+    nvml.xid(1, 13)
+    assert exposition(node.tick())[1][("mfu_gpu_xid_errors_total", gpu(1, xid="13"))] == 1
+
+
+def test_a_gpu_this_process_may_not_open_is_listed_once_and_never_reinitialised_for():
+    nvml = fake.node(fake.h100, count=3)
+    nvml.gpus[1].fail["nvmlDeviceGetHandleByIndex"] = pynvml.NVML_ERROR_NO_PERMISSION  # a cgroup device rule
+    node = Node(nvml, retry_interval=30)
+    snapshot = node.tick()
+    assert snapshot.errors == {"nvml_no_permission": 1}
+    assert [g.index for g in snapshot.data["inventory"]] == [0, 2]
+    assert snapshot.status["notes"] == [
+        "cannot open NVML index 1: Insufficient Permissions (not this process's: no re-initialisation for it)"
+    ]
+    for _ in range(4):
+        assert node.tick(30).errors == {}
+    assert nvml.calls["nvmlInit"] == 1  # the healthy GPUs' Xid registrations and GPM intervals are never cut
+
+
+def test_a_gpu_unbound_from_the_driver_leaves_the_enumeration_and_labels_follow_the_uuid():
+    node = h100_node(count=4, retry_interval=30)
+    node.tick()
+    node.nvml.lose(2)
+    node.nvml.gpus[2].unbound = True  # then unbound: the next session no longer enumerates it
+    node.tick()
+    snapshot = node.tick(30)
+    assert node.nvml.nvmlDeviceGetCount() == 3  # NVML now numbers the GPU that was 3 as 2
+    assert snapshot.data["gpus"][2].up is False and snapshot.data["gpus"][3].up is True
+    assert snapshot.data["gpus"][3].uuid == fake.h100(3).uuid
+    assert snapshot.errors == {}  # still the one loss, counted when it happened
+
+
+def test_gpu_source_discovery_and_preflight_share_one_nvml_session_so_a_reinit_enumerates_anew():
+    from exporter.config import typed_config
+    from exporter.node.nvml import NvmlSession
+    from exporter.preflight.checks import read_gpus
+    from exporter.sources.discovery import DiscoverySource
+
+    nvml = fake.node(fake.h100, count=4)
+    session = NvmlSession(nvml)
+    clock = Clock()
+    source = GpuSource(nvml, retry_interval=30, monotonic=clock, session=session)
+    section = typed_config(validate({"discovery": {"kubernetes": {"enabled": False}}})).discovery
+    discovery = DiscoverySource(section, nvml=nvml, nvml_session=session, clock=clock)
+
+    def tick(seconds):
+        nvml.advance(seconds)
+        clock.now += seconds
+        try:
+            discovery.sample()  # holds its reference from its first answer on
+        except SourceUnavailable:
+            pass
+        assert len(read_gpus(nvml, session).devices) == nvml.nvmlDeviceGetCount()  # preflight borrows it too
+        return source.sample()
+
+    tick(1)
+    assert nvml.calls["nvmlInit"] == 1  # one nvmlInit for the three of them
+    nvml.lose(3)
+    nvml.gpus[3].unbound = True
+    tick(1)
+    nvml.gpus[3].lost = nvml.gpus[3].unbound = False  # reset and re-bound to the driver
+    snapshot = tick(30)
+    # The re-initialisation really ended NVML (its reference count reached zero: the fake started a second session,
+    # enumerating anew) though discovery held a reference throughout; with an nvmlInit of discovery's own, the count
+    # would have stayed above zero and the "re-initialisation" would have enumerated nothing.
+    assert nvml.calls["nvmlInit"] == 2 and nvml.calls["nvmlShutdown"] == 1
+    assert nvml._session == 2
+    assert snapshot.data["gpus"][3].up is True
+    discovery.close()
+    source.close()
+    assert not nvml.initialized and not session.initialized
