@@ -814,7 +814,39 @@ def run_gemm(
             **figures,
         )
     report.figure("gemm_under_load", under_load)
+    check_throttle_time(report, scraper.between(first_report, last_report + 1.0))
     return first_report, last_report
+
+
+def check_throttle_time(report: Report, scrapes: list[tuple[float, dict]]) -> None:
+    """GPU 0's throttle seconds over the run against the share of scrapes its clock-event bit was set: the counter
+    (nanoseconds from NVML, or the bit integrated) must grow at that share of wall time, for each reason."""
+    figures, problems = {}, []
+    if len(scrapes) < 3:
+        report.check("throttle_seconds", None, "fewer than 3 scrapes during the products")
+        return
+    (t0, first), (t1, last) = scrapes[0], scrapes[-1]
+    for reason in ("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake"):
+        key = ("mfu_gpu_throttle_seconds_total", (("gpu", "0"), ("reason", reason)))
+        if key not in first or key not in last:
+            problems.append(f"{reason}: no mfu_gpu_throttle_seconds_total series")
+            continue
+        grew = (last[key] - first[key]) / (t1 - t0)
+        active = [v.get(("mfu_gpu_throttle_active", (("gpu", "0"), ("reason", reason))), 0.0) for _, v in scrapes]
+        share = statistics.mean(active)
+        figures[reason] = {"seconds_per_second": round(grew, 4), "share_of_scrapes_active": round(share, 4)}
+        if abs(grew - share) > 0.15:
+            problems.append(f"{reason}: grew {grew:.3f} s/s while active in {share:.0%} of scrapes")
+    report.check(
+        "throttle_seconds",
+        not problems,
+        "; ".join(problems)
+        or "each reason's throttle seconds grew at the share of time its clock-event bit was set: "
+        + ", ".join(
+            f"{r} {f['seconds_per_second']:.3f} s/s vs {f['share_of_scrapes_active']:.0%}" for r, f in figures.items()
+        ),
+        **figures,
+    )
 
 
 def gpu_name_of(daemon: Daemon) -> str:

@@ -23,6 +23,7 @@ MUST_PASS = (
     "gpu_source_sample_time",
     "gemm_formula_mfu",
     "gemm_hardware_estimate",
+    "throttle_seconds",
     "log_mfu_standin",
     "daemon_cpu",
 )
