@@ -201,9 +201,9 @@ def serve_fake(config_path: str, listen: str) -> int:
     nvml = fake_nvml()
     stop = threading.Event()
 
-    def tick() -> None:
-        while not stop.wait(0.5):
-            nvml.advance(0.5)
+    def tick() -> None:  # energy, byte and throttle-time counters move in steps finer than the 1 s samples
+        while not stop.wait(0.1):
+            nvml.advance(0.1)
 
     threading.Thread(target=tick, daemon=True).start()
     ctx = SourceContext(config, Paths(args.sysfs, args.procfs), nvml=nvml)
@@ -825,7 +825,13 @@ def check_throttle_time(report: Report, scrapes: list[tuple[float, dict]]) -> No
     if len(scrapes) < 3:
         report.check("throttle_seconds", None, "fewer than 3 scrapes during the products")
         return
-    (t0, first), (t1, last) = scrapes[0], scrapes[-1]
+    (_, first), (_, last) = scrapes[0], scrapes[-1]
+    # Time between the GPU source's samples the two scrapes show, not between the scrapes: the counters are as of those.
+    taken = ("mfu_exporter_source_last_success_timestamp_seconds", (("source", "gpu"),))
+    t0, t1 = first.get(taken, 0.0), last.get(taken, 0.0)
+    if t1 <= t0:
+        report.check("throttle_seconds", None, "the GPU source did not sample between the first and last scrape")
+        return
     for reason in ("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake"):
         key = ("mfu_gpu_throttle_seconds_total", (("gpu", "0"), ("reason", reason)))
         if key not in first or key not in last:
@@ -1173,8 +1179,8 @@ def main(argv: list[str] | None = None) -> int:
     idle_seconds = args.idle_seconds or (3.0 if fake else 10.0)
     # The daemon's MFU window: longer than the products run (its MFU then covers exactly that run); the Trainer
     # trains a few windows' worth past its first step, so several scrape windows lie wholly inside training.
-    window = (gemm_seconds + 2.0) if fake else (gemm_seconds + 10.0)
-    trainer_seconds = args.trainer_seconds or (window + (4.0 if fake else 25.0))
+    window = (gemm_seconds + 1.5) if fake else (gemm_seconds + 10.0)
+    trainer_seconds = args.trainer_seconds or (window + (3.0 if fake else 25.0))
     report = Report("fake" if fake else "real", args.json)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-truth-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -1194,7 +1200,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         import pynvml as nvml
     report.figure("machine", machine(nvml, fake))
-    gpus = check_gpu_source(report, nvml, samples=8 if fake else 20, pause=0.15 if fake else 0.25)
+    gpus = check_gpu_source(report, nvml, samples=6 if fake else 20, pause=0.12 if fake else 0.25)
     if not gpus:
         return finish(report, args.json)
     probes = Probes(nvml)
