@@ -866,6 +866,24 @@ def gpu_name_of(daemon: Daemon) -> str:
 # --- 4. the framework run ---------------------------------------------------------------------------------------
 
 
+TRAINER_SEQ = 1024
+
+
+def trainer_model_config() -> Any:
+    """The Trainer's model: a 199.8 M-parameter Llama (8 layers, hidden 1024), random weights, nothing downloaded."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        max_position_embeddings=TRAINER_SEQ,
+    )
+
+
 def trainer_child(log_records: str, seconds: float, standin: bool) -> int:
     """The training process: its stdout/stderr go to the file the daemon follows; a callback writes the Trainer's
     own token count with the wall time to ``log_records`` (JSON lines), at every step."""
@@ -884,18 +902,10 @@ def trainer_child(log_records: str, seconds: float, standin: bool) -> int:
                 sys.stdout.flush()
         return 0
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-    seq, batch = 1024, 8
-    config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=8,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        max_position_embeddings=seq,
-    )
+    seq, batch = TRAINER_SEQ, 8
+    config = trainer_model_config()
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     params = float(model.num_parameters())
@@ -1133,20 +1143,11 @@ def trainer_params_for(standin: bool) -> float:
     """The params the daemon is told for the Trainer's job: the model's own count (what the callback multiplies)."""
     if standin:
         return 1.0e9
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=8,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        max_position_embeddings=1024,
-    )
     import torch
+    from transformers import LlamaForCausalLM
 
-    with torch.device("meta"):
+    config = trainer_model_config()
+    with torch.device("meta"):  # counted without allocating or initialising anything
         return float(LlamaForCausalLM(config).num_parameters())
 
 

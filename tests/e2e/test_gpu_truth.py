@@ -5,7 +5,6 @@ logs source follow an HF-format log; here we check that every comparison it make
 and that its checks can fail (a GPU without a core series, NVML that does not start).
 """
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import nvml as sim
+from tests.support import scripts
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 SCRIPT = REPOSITORY / "scripts" / "gpu-truth.py"
@@ -31,10 +31,7 @@ MUST_SKIP = ("trainer_log_mfu", "nvidia_smi_reference")  # transformers and nvid
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_truth", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return scripts.load_script(SCRIPT.name)
 
 
 @pytest.fixture(scope="module")
