@@ -554,12 +554,7 @@ class GpuSource:
                 elif tag == "nvlink" and code in self._absent_id_codes:
                     gpu.nvlink_absent.add((field_id, scope))  # an inactive link, or a counter this driver lacks
                     gpu.planned = False
-                elif code in self._lost_codes and code != self._nvml.NVML_ERROR_UNKNOWN:
-                    raise self._nvml.NVMLError(code)
-                elif code == self._nvml.NVML_ERROR_UNKNOWN:
-                    # One field's unknown error is that field's problem, not the GPU's: count it, skip it this cycle.
-                    self._errors[self._reason(self._nvml.NVMLError(code))] += 1
-                else:
+                else:  # UNKNOWN from a GPU that still answers: counted, this field skipped this cycle (_refused)
                     self._refused(gpu, _field_key(spec), self._nvml.NVMLError(code), self._absent_id_codes)
         self._nvlink_total(gpu, reading)
 
