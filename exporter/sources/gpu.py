@@ -92,7 +92,7 @@ FIELD_COUNTERS = (
 # GPM metrics (nvml.h nvmlGpmMetricId_t), in percent: ANY_TENSOR_UTIL, SM_UTIL, SM_OCCUPANCY, DRAM_BW_UTIL.
 GPM_ACTIVITY = (("tensor_active", 5), ("sm_active", 2), ("sm_occupancy", 3), ("dram_active", 10))
 # GPM rates in MiB/s (PCIE_TX/RX_PER_SEC, NVLINK_TOTAL_TX/RX_PER_SEC), integrated into byte counters on GPUs
-# whose NVML field values lack that counter (Hopper has no PCIe byte fields).
+# whose NVML field values lack that counter or give it in 32 bits (the H200 answers 197/198 as UNSIGNED_INT).
 GPM_RATES = {
     "pcie_transmit_bytes": 20,
     "pcie_receive_bytes": 21,
