@@ -18,6 +18,7 @@ from prometheus_client.metrics_core import Metric
 from exporter.config import Config, typed_config
 from exporter.node.ethtool import StatsReader
 from exporter.node.nic_qos import NicQos
+from exporter.node.nvml import NvmlSession
 
 
 class SourceUnavailable(Exception):
@@ -91,3 +92,9 @@ class SourceContext:
     @functools.cached_property
     def settings(self) -> Config:
         return typed_config(self.config)
+
+    @functools.cached_property
+    def nvml_session(self) -> NvmlSession:
+        """The one NVML session of the sources built on this context: the GPU source, discovery and preflight
+        borrow it, so NVML's reference count never keeps a re-initialisation from enumerating the GPUs anew."""
+        return NvmlSession(self.nvml)

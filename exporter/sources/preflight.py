@@ -15,6 +15,7 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.config import PreflightConfig
 from exporter.node.nic_qos import KernelNicQos, NicQos
+from exporter.node.nvml import NvmlSession
 from exporter.preflight.checks import (
     CheckResult,
     PreflightSettings,
@@ -60,11 +61,13 @@ class PreflightSource:
         nccl_env_file: str | None = None,
         interval: float = 300.0,
         timeout: float = 30.0,
+        nvml_session: NvmlSession | None = None,
     ):
         self.settings = settings
         self.sysfs = sysfs
         self.procfs = procfs
         self.nvml = nvml
+        self.nvml_session = nvml_session or NvmlSession(nvml)  # borrowed: the daemon's one session (exporter.node.nvml)
         self.qos = qos or KernelNicQos()
         self.nccl_env_file = nccl_env_file
         self.interval = interval
@@ -81,6 +84,7 @@ class PreflightSource:
             nccl_env_file=section.nccl_env_file,
             interval=section.interval,
             timeout=section.timeout,
+            nvml_session=ctx.nvml_session,
         )
 
     def sample(self) -> Snapshot:
@@ -91,7 +95,15 @@ class PreflightSource:
                 env = read_env_file(self.nccl_env_file)
             except (OSError, UnicodeDecodeError):  # missing, unreadable, or not UTF-8 text
                 errors["nccl_env_file_unreadable"] += 1  # the NCCL checks SKIP, saying no environment was given
-        facts = gather(self.settings, self.sysfs, self.procfs, nvml=self.nvml, qos=self.qos, nccl_env=env)
+        facts = gather(
+            self.settings,
+            self.sysfs,
+            self.procfs,
+            nvml=self.nvml,
+            qos=self.qos,
+            nccl_env=env,
+            nvml_session=self.nvml_session,
+        )
         results = run_checks(facts, self.settings)
         return Snapshot(
             render=lambda: check_families(results),

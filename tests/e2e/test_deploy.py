@@ -7,7 +7,6 @@ schemas, every cross-reference holds (labels, ports, names, flags, config keys),
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from exporter.config import DEFAULT_LISTEN_ADDRESS, load_config
 from exporter.quantities import parse_duration
 from exporter.service import build_service
 from exporter.web.app import create_app
+from tests.support.scripts import load_script
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,10 +40,7 @@ KUBERNETES_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
 
 
 def load_generator():
-    spec = importlib.util.spec_from_file_location("gen_prometheusrule", GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GENERATOR.name)
 
 
 @pytest.fixture(scope="module")

@@ -289,3 +289,22 @@ def test_demo_config_applies_the_files_discovery_section(tmp_path):
     assert config["discovery"]["slurm"]["job_mapping_dir"] == str(mapping)
     default = demo_config(None, node, kubelet_socket="/tmp/demo-kubelet.sock")
     assert default["discovery"]["kubernetes"]["socket"] == "/tmp/demo-kubelet.sock"
+
+
+def test_a_lost_gpu_does_not_stop_discovery_for_the_others_nor_reinitialise_nvml(sock, nvml):
+    # Real NVML keeps a GPU that fell off the bus at its index, and its handle call fails: the other seven are still
+    # matched to their pods, and NVML is initialised once, not again every cycle.
+    nvml.lose(5)
+    with PodResourcesServer(sock, training_pods(nvml)):
+        clock = [0.0]
+        source = DiscoverySource(k8s_only(sock), nvml=nvml, clock=lambda: clock[0])
+        snapshot = source.sample()
+        assert snapshot.errors["nvml_gpu_NVMLError_GpuIsLost"] == 1
+        jobs = snapshot.data["jobs"]
+        assert jobs["llama"].gpus == (0, 1, 2, 3) and jobs["bert"].gpus == (4, 6, 7)
+        for _ in range(3):
+            clock[0] += 61  # past the inventory's refresh
+            source.sample()
+        assert nvml.calls["nvmlInit"] == 1 and nvml.initialized
+        source.close()
+        assert not nvml.initialized
