@@ -32,7 +32,7 @@ from inotify_simple import flags as IN
 from exporter.config import CheckpointConfig, Enabled, WatchConfig
 from exporter.model.checkpoints import MAX_OPEN_PER_JOB, CheckpointTracker, checkpoint_families
 from exporter.node.fswatch import Tree, filesystem_type, is_network_filesystem, measure
-from exporter.sources.base import Snapshot, SourceContext
+from exporter.sources.base import Snapshot, SourceContext, levelled
 
 log = logging.getLogger(__name__)
 
@@ -442,6 +442,20 @@ class CheckpointWatch:
         write.watch_descriptors.clear()
 
 
+# The lowest series level (sources.checkpoint.series) at which each family is on: minimal has what the central rules
+# read (a write in progress, failures, the last success and duration, the duration histogram for the p95).
+FAMILY_LEVELS = {
+    "mfu_checkpoint_write_duration_seconds": "minimal",
+    "mfu_checkpoint_writes": "standard",
+    "mfu_checkpoint_write_failures": "minimal",
+    "mfu_checkpoint_written_bytes": "standard",
+    "mfu_checkpoint_in_progress": "minimal",
+    "mfu_checkpoint_last_success_timestamp_seconds": "minimal",
+    "mfu_checkpoint_last_duration_seconds": "minimal",
+    "mfu_checkpoint_last_write_bandwidth_bytes_per_second": "standard",
+}
+
+
 class CheckpointSource:
     """The ``checkpoint`` source: each sample polls the watches, ends quiet writes, times out stale ones and
     renders the tracker's totals. The tracker itself is shared with the ingest API through the Service."""
@@ -458,6 +472,7 @@ class CheckpointSource:
     ):
         self.interval = section.interval
         self.timeout = section.timeout
+        self.series = section.series
         self.tracker = tracker
         self._clock = clock
         self._lock = threading.Lock()
@@ -491,7 +506,7 @@ class CheckpointSource:
             watches = [watch.status() for watch in self._watches]
         totals = self.tracker.totals()
         return Snapshot(
-            render=lambda: checkpoint_families(totals),
+            render=lambda: levelled(checkpoint_families(totals), FAMILY_LEVELS, self.series),
             errors=errors,
             status={
                 "watches": watches,

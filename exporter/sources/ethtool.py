@@ -20,14 +20,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from exporter.config import EthtoolConfig
-from exporter.node.counters import Changes, CounterHistory
+from exporter.node.counters import Changes, CounterHistory, Totals, WindowedRates
 from exporter.node.ethtool import EthtoolIoctlReader, StatsReader
 from exporter.node.rdma import NameFilter, discover_ports, is_representor, natural_key
-from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports
 
 MICROSECONDS = 1e-6
 REDISCOVER_INTERVAL = 30.0
@@ -251,6 +251,7 @@ class EthtoolSource:
         rdma_devices_include: Iterable[str] = (".*",),
         rdma_devices_exclude: Iterable[str] = (),
         representors: bool = False,
+        series: str = "full",  # every family; the config (sources.ethtool.series) defaults to standard
     ):
         self.interval = interval
         self.timeout = timeout
@@ -268,6 +269,9 @@ class EthtoolSource:
         self._missing: set[str] = set()  # interfaces the reader did not find: not read until the next discovery
         self._next_discovery = float("-inf")
         self._extra: dict[str, bool] = {}
+        self._kinds = frozenset(kind for kind, spec in _FAMILIES.items() if exports(series, spec[4]))
+        self._totals = Totals()
+        self._pauses = WindowedRates(SUMMARY_WINDOW)
 
     def _discover(self, now: float) -> None:
         by_netdev: dict[str, list[str]] = {}
@@ -327,6 +331,7 @@ class EthtoolSource:
         readings: list[InterfaceReading] = []
         rows: list[tuple[str, tuple[str, ...], int]] = []
         extras: list[tuple[tuple[str, str], int]] = []
+        kinds = self._kinds
         for name, state in self._interfaces.items():
             if state.unsupported or name in self._missing:
                 continue
@@ -349,7 +354,8 @@ class EthtoolSource:
                 kind = classify(stat)
                 if kind is not None:
                     curated[stat] = value
-                    rows.append((kind[0], state.curated_labels_of(stat, kind[1]), value))
+                    if kind[0] in kinds:
+                        rows.append((kind[0], state.curated_labels_of(stat, kind[1]), value))
                 if self._stats_include is not None and self._is_extra(stat):
                     extras.append((state.extra_labels_of(stat), value))
             readings.append(InterfaceReading(name, state.rdma_ports, stats, state.history.update(read_at, curated)))
@@ -361,17 +367,57 @@ class EthtoolSource:
             )
             reason = (errors or skipped).most_common(1)[0][0]
             raise SourceUnavailable(reason, f"no statistics could be read from {', '.join(self._interfaces)}")
+        summary = self._summarize(readings)
         return Snapshot(
-            render=lambda: _render(rows, extras),
+            render=lambda: _render(rows, extras, summary),
             errors=errors,
             status={"interfaces": [reading.as_json() for reading in readings]},
             data={"interfaces": {reading.interface: reading for reading in readings}},
         )
 
+    def _summarize(self, readings: list[InterfaceReading]) -> tuple[dict[str, float], float | None]:
+        """The node summaries: pause-storm events, discards, ECN marks and 802.3x pause frames summed over the
+        interfaces, and the largest share of time any interface was paused on any priority over the window."""
+        totals = self._totals
+        paused: dict[str, float] = {}
+        for reading in readings:
+            if reading.changes.elapsed is None:
+                # First sample of the interface: no increase yet, but its totals exist (at 0) from now on.
+                for stat in reading.stats:
+                    if (curated := classify(stat)) is not None and (key := _total_key(*curated)) is not None:
+                        totals.add_increase(key, 0)
+                continue
+            for kind, labels, delta in reading._classified_deltas:
+                if kind == PFC_DURATION or kind == PAUSE_DURATION:
+                    paused[f"{reading.interface}/{'/'.join(labels)}"] = delta * MICROSECONDS
+                elif (key := _total_key(kind, labels)) is not None:
+                    totals.add_increase(key, delta)
+        self._pauses.add(self._clock(), paused)
+        ratio = self._pauses.max_rate()
+        return dict(totals.totals), None if ratio is None else min(ratio, 1.0)
+
     def close(self) -> None:
         self._reader.close()
 
 
+def _total_key(kind: str, labels: tuple[str, ...]) -> str | None:
+    """Which node total a curated stat adds to: "family" or "family|label value"; None for the ones summed nowhere."""
+    if kind == STORM:
+        return f"mfu_node_nic_pause_storm_events|{labels[0]}"
+    if kind == PAUSE_FRAMES:
+        return f"mfu_node_nic_pause_frames|{labels[0]}"
+    if kind == DISCARDS:
+        return "mfu_node_nic_discards"
+    if kind == ECN_MARKED:
+        return "mfu_node_nic_ecn_marked_packets"
+    return None
+
+
+SUMMARY_WINDOW = 60.0  # seconds over which mfu_node_nic_max_pause_ratio takes each interface's share of time paused
+
+# Each kind: (family, help, labels, scale, the lowest series level it is on). At standard, per interface, the PFC
+# families the fabric dashboard and the node-tier rules read; storms, discards, ECN marks and 802.3x pause reach rules
+# and dashboards as node totals (mfu_node_nic_*), each interface's at full.
 _FAMILIES = {
     PFC_FRAMES: (
         "mfu_nic_pfc_pause_frames",
@@ -379,6 +425,7 @@ _FAMILIES = {
         "rx: the link partner paused us, tx: we paused it.",
         ["interface", "priority", "direction"],
         1.0,
+        "standard",
     ),
     PFC_DURATION: (
         "mfu_nic_pfc_pause_duration_seconds",
@@ -386,24 +433,28 @@ _FAMILIES = {
         "rx: time we could not send, tx: time we held the partner.",
         ["interface", "priority", "direction"],
         MICROSECONDS,
+        "standard",
     ),
     PFC_TRANSITIONS: (
         "mfu_nic_pfc_pause_transitions",
         "XOFF to XON transitions per priority (rx_prio{p}_pause_transition).",
         ["interface", "priority"],
         1.0,
+        "standard",
     ),
     PAUSE_FRAMES: (
         "mfu_nic_pause_frames",
         "Link-level pause frames (rx_pause_ctrl_phy / tx_pause_ctrl_phy).",
         ["interface", "direction"],
         1.0,
+        "full",
     ),
     PAUSE_DURATION: (
         "mfu_nic_pause_duration_seconds",
         "Time paused by 802.3x global pause (*_global_pause_duration).",
         ["interface", "direction"],
         MICROSECONDS,
+        "full",
     ),
     STORM: (
         "mfu_nic_pause_storm_events",
@@ -411,28 +462,53 @@ _FAMILIES = {
         "stopped sending pause frames and drops could follow.",
         ["interface", "level"],
         1.0,
+        "full",
     ),
     DISCARDS: (
         "mfu_nic_discards",
         "Packets the NIC dropped, by mlx5 counter (rx_discards_phy, rx_out_of_buffer, rx_prio{p}_discards...).",
         ["interface", "counter"],
         1.0,
+        "full",
     ),
     ECN_MARKED: (
         "mfu_nic_ecn_marked_packets",
         "Packets ECN-marked for congestion per priority (rx_prio{p}_marked).",
         ["interface", "priority"],
         1.0,
+        "full",
+    ),
+}
+
+
+_NODE_TOTALS = {
+    "mfu_node_nic_pause_storm_events": (
+        "Pause-storm watermark events summed over the node's interfaces, by level, since the exporter started.",
+        ["level"],
+    ),
+    "mfu_node_nic_pause_frames": (
+        "802.3x link-level pause frames summed over the node's interfaces, by direction, since the exporter started.",
+        ["direction"],
+    ),
+    "mfu_node_nic_discards": (
+        "Packets the node's NICs dropped (every mfu_nic_discards counter), since the exporter started.",
+        [],
+    ),
+    "mfu_node_nic_ecn_marked_packets": (
+        "Packets ECN-marked on the node's NICs, all priorities, since the exporter started.",
+        [],
     ),
 }
 
 
 def _render(
-    rows: list[tuple[str, tuple[str, ...], int]], extras: list[tuple[tuple[str, ...], int]]
+    rows: list[tuple[str, tuple[str, ...], int]],
+    extras: list[tuple[tuple[str, ...], int]],
+    summary: tuple[dict[str, float], float | None],
 ) -> Iterator[Metric]:
     families = {
         kind: CounterMetricFamily(name, help_text, labels=labels)
-        for kind, (name, help_text, labels, _) in _FAMILIES.items()
+        for kind, (name, help_text, labels, _, _) in _FAMILIES.items()
     }
     scales = {kind: spec[3] for kind, spec in _FAMILIES.items()}
     for kind, labels, value in rows:
@@ -450,6 +526,20 @@ def _render(
         for labels, value in extras:
             stat.add_metric(labels, value)
         yield stat
+    totals, paused = summary
+    nodes = {name: CounterMetricFamily(name, text, labels=labels) for name, (text, labels) in _NODE_TOTALS.items()}
+    for key, total in sorted(totals.items()):
+        name, _, value = key.partition("|")
+        nodes[name].add_metric([value] if value else [], total)
+    yield from (family for family in nodes.values() if family.samples)
+    if paused is not None:
+        ratio = GaugeMetricFamily(
+            "mfu_node_nic_max_pause_ratio",
+            f"Largest share of time any of the node's interfaces was paused, on any priority (PFC) or by 802.3x "
+            f"pause, either direction, over the last {SUMMARY_WINDOW:g} s.",
+        )
+        ratio.add_metric([], paused)
+        yield ratio
 
 
 def ethtool_source(section: EthtoolConfig, ctx: SourceContext) -> EthtoolSource:
@@ -467,4 +557,5 @@ def ethtool_source(section: EthtoolConfig, ctx: SourceContext) -> EthtoolSource:
         clock=ctx.monotonic,
         rdma_devices_include=rdma.devices_include,
         rdma_devices_exclude=rdma.devices_exclude,
+        series=section.series,
     )

@@ -135,3 +135,51 @@ def names_by_source(service: Service) -> dict[str, set[str]]:
         for name, state in service.daemon.states.items()
         if state.snapshot is not None
     }
+
+
+BUDGET_JOB = "budget-job"
+
+
+async def one_job_node(root: Path, cycles: int = 3) -> Service:
+    """The fixture's node as the series budget counts it: every default, eight GPUs and eight NICs, one job holding
+    all eight GPUs with two progress reports and one checkpoint write, and every source sampled ``cycles`` times
+    (more than once, so the rates, GPM ratios and windowed node summaries exist, as on a node running for a while)."""
+    clock = Clock(NOW)
+    fabric = fixture.build_fabric(root)
+    write_procfs(root / "proc")
+    config = fixture.node_config()
+    qos = tuned_qos([nic.netdev for nic in fabric.nics])
+    ctx = fixture.node_context(config, root, fixture.build_gpus(), procfs=str(root / "proc"), qos=qos)
+    sources = build_sources(config, ctx)
+    for source in sources:
+        source.interval = 0.15  # over NVML's 100 ms between two GPM samples
+    service = build_service(config, sources, clock=clock)
+    assert service.checkpoints is not None, "the fixture runs the checkpoint source"
+    service.checkpoints.record(
+        parse_checkpoint_event({**fixture.checkpoint_event(BUDGET_JOB), "time": NOW}, NOW)
+    )
+    daemon = service.daemon
+    await daemon.start()
+    try:
+        while not all(state.cycles >= cycles for state in daemon.states.values()):
+            fabric.tick(0.15)
+            await asyncio.sleep(0.05)
+    finally:
+        await daemon.stop()
+    for step in (1, 2):
+        clock.now = NOW + step * REPORT_SECONDS
+        body = {
+            **fixture.progress_report(0, BUDGET_JOB, step * fixture.TOKENS_PER_REPORT, step),
+            "gpus": list(range(fixture.GPUS)),
+            "time": clock.now,
+        }
+        service.jobs.report(parse_progress(body, clock.now))
+    service.evaluate_once()
+    return service
+
+
+async def render_one_job_node(root: Path) -> tuple[str, Service]:
+    """The text body of a scrape of ``one_job_node``."""
+    service = await one_job_node(root)
+    body, _ = await service.cache.render(None, None)
+    return body.decode(), service
