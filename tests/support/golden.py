@@ -155,9 +155,7 @@ async def one_job_node(root: Path, cycles: int = 3) -> Service:
         source.interval = 0.15  # over NVML's 100 ms between two GPM samples
     service = build_service(config, sources, clock=clock)
     assert service.checkpoints is not None, "the fixture runs the checkpoint source"
-    service.checkpoints.record(
-        parse_checkpoint_event({**fixture.checkpoint_event(BUDGET_JOB), "time": NOW}, NOW)
-    )
+    service.checkpoints.record(parse_checkpoint_event({**fixture.checkpoint_event(BUDGET_JOB), "time": NOW}, NOW))
     daemon = service.daemon
     await daemon.start()
     try:

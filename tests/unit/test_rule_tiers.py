@@ -52,7 +52,9 @@ def test_central_rules_read_no_per_device_series(path):
         names = selected(rule["expr"]) & raw
         if names:
             offending[rule.get("alert") or rule["record"]] = sorted(names)
-    assert not offending, f"{path.name} reads per-GPU/port/interface series (move to {NODE_RULE_FILE.name}): {offending}"
+    assert not offending, (
+        f"{path.name} reads per-GPU/port/interface series (move to {NODE_RULE_FILE.name}): {offending}"
+    )
 
 
 def test_the_check_catches_a_raw_selector():
