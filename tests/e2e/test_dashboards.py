@@ -204,9 +204,7 @@ def test_counters_and_buckets_only_inside_rates(where, expr):
 def test_queries_read_documented_or_recorded_series(where, expr):
     known = set(documented_metrics()) | recorded_names()
     for selector, _ in selectors(expr):
-        assert selector.name in known, (
-            f"{selector.name} is neither in docs/metrics.md nor recorded by alerts/"
-        )
+        assert selector.name in known, f"{selector.name} is neither in docs/metrics.md nor recorded by alerts/"
 
 
 @pytest.mark.parametrize("where, expr", QUERIES)
