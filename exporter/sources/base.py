@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import pynvml
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from exporter.config import SERIES_LEVELS, Config, typed_config
@@ -72,6 +73,14 @@ def exports(level: str, family_level: str) -> bool:
 def levelled(families: Iterable[Metric], levels: Mapping[str, str], series: str) -> Iterator[Metric]:
     """The families a source set to ``series: level`` exports, by the level its table tags each with."""
     return (family for family in families if exports(series, levels[family.name]))
+
+
+def node_gauge(name: str, text: str, value: float | None) -> Iterator[Metric]:
+    """A node summary that is one gauge without labels, absent while ``value`` is None (no window yet)."""
+    if value is not None:
+        family = GaugeMetricFamily(name, text)
+        family.add_metric([], value)
+        yield family
 
 
 @dataclass

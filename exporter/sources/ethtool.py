@@ -20,14 +20,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from exporter.config import EthtoolConfig
 from exporter.node.counters import Changes, CounterHistory, Totals, WindowedRates
 from exporter.node.ethtool import EthtoolIoctlReader, StatsReader
 from exporter.node.rdma import NameFilter, discover_ports, is_representor, natural_key
-from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports, node_gauge
 
 MICROSECONDS = 1e-6
 REDISCOVER_INTERVAL = 30.0
@@ -532,14 +532,12 @@ def _render(
         name, _, value = key.partition("|")
         nodes[name].add_metric([value] if value else [], total)
     yield from (family for family in nodes.values() if family.samples)
-    if paused is not None:
-        ratio = GaugeMetricFamily(
-            "mfu_node_nic_max_pause_ratio",
-            f"Largest share of time any of the node's interfaces was paused, on any priority (PFC) or by 802.3x "
-            f"pause, either direction, over the last {SUMMARY_WINDOW:g} s.",
-        )
-        ratio.add_metric([], paused)
-        yield ratio
+    yield from node_gauge(
+        "mfu_node_nic_max_pause_ratio",
+        f"Largest share of time any of the node's interfaces was paused, on any priority (PFC) or by 802.3x "
+        f"pause, either direction, over the last {SUMMARY_WINDOW:g} s.",
+        paused,
+    )
 
 
 def ethtool_source(section: EthtoolConfig, ctx: SourceContext) -> EthtoolSource:

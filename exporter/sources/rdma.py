@@ -44,7 +44,7 @@ from exporter.node.rdma import (
     parse_rate_gbps,
     state_name,
 )
-from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports, node_gauge
 
 # port_rcv_data / port_xmit_data count 4-octet words: the kernel ABI says "divided by 4 (lanes)", and mlx5
 # literally shifts the octet count right by 2. The factor is always 4, never the link width.
@@ -613,14 +613,12 @@ def _render(
         errors.add_metric([name], total)
     if errors.samples:
         yield errors
-    if cnps is not None:
-        busiest = GaugeMetricFamily(
-            "mfu_node_rdma_max_cnps_per_second",
-            f"CNPs per second (np_cnp_sent + rp_cnp_handled) of the node's busiest RDMA port over the last "
-            f"{SUMMARY_WINDOW:g} s.",
-        )
-        busiest.add_metric([], cnps)
-        yield busiest
+    yield from node_gauge(
+        "mfu_node_rdma_max_cnps_per_second",
+        f"CNPs per second (np_cnp_sent + rp_cnp_handled) of the node's busiest RDMA port over the last "
+        f"{SUMMARY_WINDOW:g} s.",
+        cnps,
+    )
 
 
 def rdma_source(section: RdmaConfig, ctx: SourceContext) -> RdmaSource:
