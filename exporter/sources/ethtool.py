@@ -113,16 +113,19 @@ class InterfaceReading:
     changes: Changes  # of the curated stats
 
     @functools.cached_property
-    def _classified_deltas(self) -> list[tuple[str, tuple[str, ...], int]]:
-        """(kind, labels, delta) of the curated deltas, classified once for the several views the status shows."""
-        return [
-            (curated[0], curated[1], delta)
-            for name, delta in self.changes.deltas.items()
-            if (curated := classify(name)) is not None
-        ]
+    def _deltas_by_kind(self) -> dict[str, list[tuple[str, tuple[str, ...], int]]]:
+        """(kind, labels, delta) of the curated deltas by kind, classified once for the several views the status
+        and the attribution read (each reads one or two kinds of the ~60 curated stats)."""
+        grouped: dict[str, list[tuple[str, tuple[str, ...], int]]] = {}
+        for name, delta in self.changes.deltas.items():
+            curated = classify(name)
+            if curated is not None:
+                grouped.setdefault(curated[0], []).append((curated[0], curated[1], delta))
+        return grouped
 
     def _by_kind(self, kinds: set[str]) -> Iterator[tuple[str, tuple[str, ...], int]]:
-        return (item for item in self._classified_deltas if item[0] in kinds)
+        grouped = self._deltas_by_kind
+        return (item for kind in kinds for item in grouped.get(kind, ()))
 
     @property
     def pfc_priorities(self) -> tuple[int, ...]:
@@ -197,28 +200,30 @@ class InterfaceReading:
 
 
 class _Interface:
-    """Per-interface state kept across samples while discovery keeps finding the interface: counter history, the
-    label tuples its series reuse, and whether its driver has no statistics (counted once, then not read)."""
+    """Per-interface state kept across samples while discovery keeps finding the interface: counter history, what
+    to do with each of its stats, and whether its driver has no statistics (counted once, then not read).
+
+    The driver names the same stats sample after sample (mlx5's set changes only with the PFC configuration), so
+    each name is classified once per stat set (``plan``), not once per sample: that was most of the source's time."""
 
     def __init__(self, name: str, rdma_ports: tuple[str, ...]):
         self.name = name
         self.rdma_ports = rdma_ports
         self.unsupported = False
         self.history = CounterHistory(STAT_WIDTHS)
-        self.curated_labels: dict[str, tuple[str, ...]] = {}
-        self.extra_labels: dict[str, tuple[str, str]] = {}
+        self.names: tuple[str, ...] = ()
+        self.curated: tuple[tuple[str, str, tuple[str, ...], bool], ...] = ()  # (stat, kind, labels, exported)
+        self.extras: tuple[tuple[str, tuple[str, str]], ...] = ()  # (stat, labels) selected by stats_include
 
-    def curated_labels_of(self, stat: str, suffix: tuple[str, ...]) -> tuple[str, ...]:
-        labels = self.curated_labels.get(stat)
-        if labels is None:
-            labels = self.curated_labels[stat] = (self.name, *suffix)
-        return labels
-
-    def extra_labels_of(self, stat: str) -> tuple[str, str]:
-        labels = self.extra_labels.get(stat)
-        if labels is None:
-            labels = self.extra_labels[stat] = (self.name, stat)
-        return labels
+    def plan(self, names: tuple[str, ...], kinds: frozenset[str], is_extra: Callable[[str], bool] | None) -> None:
+        """What to do with each stat of this stat set: ``names``, in the order the driver gives them."""
+        self.names = names
+        self.curated = tuple(
+            (stat, curated[0], (self.name, *curated[1]), curated[0] in kinds)
+            for stat in names
+            if (curated := classify(stat)) is not None
+        )
+        self.extras = tuple((stat, (self.name, stat)) for stat in names if is_extra is not None and is_extra(stat))
 
 
 class EthtoolSource:
@@ -268,7 +273,6 @@ class EthtoolSource:
         self._interfaces: dict[str, _Interface] = {}
         self._missing: set[str] = set()  # interfaces the reader did not find: not read until the next discovery
         self._next_discovery = float("-inf")
-        self._extra: dict[str, bool] = {}
         self._kinds = frozenset(kind for kind, spec in _FAMILIES.items() if exports(series, spec[4]))
         self._totals = Totals()
         self._pauses = WindowedRates(SUMMARY_WINDOW)
@@ -311,11 +315,7 @@ class EthtoolSource:
         self._next_discovery = now + self._rediscover_interval
 
     def _is_extra(self, name: str) -> bool:
-        try:
-            return self._extra[name]
-        except KeyError:
-            extra = self._extra[name] = bool(self._stats_include.search(name))
-            return extra
+        return self._stats_include is not None and bool(self._stats_include.search(name))
 
     def sample(self) -> Snapshot:
         now = self._clock()
@@ -349,15 +349,16 @@ class EthtoolSource:
                     errors["read_failed"] += 1
                 continue
             read_at = self._clock()
+            names = tuple(stats)
+            if names != state.names:
+                state.plan(names, kinds, self._is_extra if self._stats_include is not None else None)
             curated: dict[str, int] = {}
-            for stat, value in stats.items():
-                kind = classify(stat)
-                if kind is not None:
-                    curated[stat] = value
-                    if kind[0] in kinds:
-                        rows.append((kind[0], state.curated_labels_of(stat, kind[1]), value))
-                if self._stats_include is not None and self._is_extra(stat):
-                    extras.append((state.extra_labels_of(stat), value))
+            for stat, kind, labels, exported in state.curated:
+                value = curated[stat] = stats[stat]
+                if exported:
+                    rows.append((kind, labels, value))
+            for stat, labels in state.extras:
+                extras.append((labels, stats[stat]))
             readings.append(InterfaceReading(name, state.rdma_ports, stats, state.history.update(read_at, curated)))
         if not readings:
             skipped = Counter(
@@ -378,26 +379,39 @@ class EthtoolSource:
     def _summarize(self, readings: list[InterfaceReading]) -> tuple[dict[str, float], float | None]:
         """The node summaries: pause-storm events, discards, ECN marks and 802.3x pause frames summed over the
         interfaces, and the largest share of time any interface was paused on any priority over the window."""
-        totals = self._totals
+        totals = self._totals.totals
         paused: dict[str, float] = {}
         for reading in readings:
-            if reading.changes.elapsed is None:
-                # First sample of the interface: no increase yet, but its totals exist (at 0) from now on.
-                for stat in reading.stats:
-                    if (curated := classify(stat)) is not None and (key := _total_key(*curated)) is not None:
-                        totals.add_increase(key, 0)
-                continue
-            for kind, labels, delta in reading._classified_deltas:
-                if kind == PFC_DURATION or kind == PAUSE_DURATION:
-                    paused[f"{reading.interface}/{'/'.join(labels)}"] = delta * MICROSECONDS
-                elif (key := _total_key(kind, labels)) is not None:
-                    totals.add_increase(key, delta)
+            first = reading.changes.elapsed is None
+            # The first sample of an interface has no increase yet, but its totals exist (at 0) from now on.
+            for stat, delta in dict.fromkeys(reading.stats, 0).items() if first else reading.changes.deltas.items():
+                route = _summary_route(stat)
+                if route is None:
+                    continue
+                if route[0]:
+                    paused[f"{reading.interface}/{route[1]}"] = delta * MICROSECONDS
+                else:
+                    totals[route[1]] = totals.get(route[1], 0) + delta
         self._pauses.add(self._clock(), paused)
         ratio = self._pauses.max_rate()
-        return dict(totals.totals), None if ratio is None else min(ratio, 1.0)
+        return dict(totals), None if ratio is None else min(ratio, 1.0)
 
     def close(self) -> None:
         self._reader.close()
+
+
+@functools.lru_cache(maxsize=16384)
+def _summary_route(stat: str) -> tuple[bool, str] | None:
+    """Where a stat goes in the node summaries: (True, "direction/priority") for a pause duration, (False, the node
+    total's key) for a counter summed over the interfaces, None for neither."""
+    curated = classify(stat)
+    if curated is None:
+        return None
+    kind, labels = curated
+    if kind == PFC_DURATION or kind == PAUSE_DURATION:
+        return True, "/".join(labels)
+    key = _total_key(kind, labels)
+    return None if key is None else (False, key)
 
 
 def _total_key(kind: str, labels: tuple[str, ...]) -> str | None:

@@ -118,7 +118,7 @@ FAMILY_LEVELS = {
 }
 # Node summaries, on at every level. The error counters summed over the node's ports: the link errors the fabric
 # dashboard and the RDMA alerts read, and the transport errors and retransmissions (the attribution's set among them).
-NODE_ERROR_COUNTERS = (
+NODE_PORT_ERROR_COUNTERS = (  # counters/
     "symbol_error",
     "port_rcv_errors",
     "port_rcv_remote_physical_errors",
@@ -127,6 +127,8 @@ NODE_ERROR_COUNTERS = (
     "link_error_recovery",
     "local_link_integrity_errors",
     "excessive_buffer_overrun_errors",
+)
+NODE_HW_ERROR_COUNTERS = (  # hw_counters/
     "local_ack_timeout_err",
     "rnr_nak_retry_err",
     "packet_seq_err",
@@ -138,7 +140,17 @@ NODE_ERROR_COUNTERS = (
     "roce_adp_retrans",
     "roce_adp_retrans_to",
 )
-CNP_COUNTERS = ("np_cnp_sent", "rp_cnp_handled")  # what a port's CNP rate is, as in the attribution
+NODE_ERROR_COUNTERS = NODE_PORT_ERROR_COUNTERS + NODE_HW_ERROR_COUNTERS
+# A port's CNP rate is np_cnp_sent + rp_cnp_handled, as in the attribution.
+# The files read at every series level: data counters, and the error and congestion counters the attribution, the
+# node summaries and the status page read.
+READ_ALWAYS = (
+    frozenset(DATA_COUNTERS)
+    | PORT_ERROR_COUNTERS
+    | HW_ERROR_COUNTERS
+    | CONGESTION_COUNTERS
+    | frozenset(NODE_ERROR_COUNTERS)
+)
 SUMMARY_WINDOW = 60.0  # seconds over which mfu_node_rdma_max_cnps_per_second takes each port's rate
 
 # Counters narrower than 64 bits, which wrap. mlx5 Q-counters are 32-bit (read with be32_to_cpu); the
@@ -294,8 +306,16 @@ class _OpenPort:
     opened. The source keeps the set across rediscoveries of the port, and this port adds to it.
     """
 
-    def __init__(self, port: RdmaPort, budget: _FileBudget, errors: Counter, known_bad: set[str]):
+    def __init__(
+        self,
+        port: RdmaPort,
+        budget: _FileBudget,
+        errors: Counter,
+        known_bad: set[str],
+        wanted: frozenset[str] | None = None,
+    ):
         self.port = port
+        self.wanted = wanted
         self.known_bad = known_bad
         self.labels = (port.device, str(port.port))
         self.state_file = self._open("state", os.path.join(port.path, "state"), budget, errors)
@@ -326,7 +346,7 @@ class _OpenPort:
             return []  # Broadcom bnxt_re has no counters/; older kernels no hw_counters/
         files = []
         for name in names:
-            if name in NOT_COUNTERS:
+            if name in NOT_COUNTERS or (self.wanted is not None and name not in self.wanted):
                 continue
             opened = self._open(name, os.path.join(path, name), budget, errors)
             if opened is not None:
@@ -425,6 +445,15 @@ class RdmaSource:
         self._families = frozenset(name for name, level in FAMILY_LEVELS.items() if exports(series, level))
         # None: every hw_counters file (series: full, or no list given).
         self._hw_allowed = None if series == "full" or hw_counters is None else frozenset(hw_counters)
+        # The files read: below full, only those something uses (exported, summed per node, read by the attribution
+        # or shown on the status page), a third fewer reads a second; every file at full.
+        self._wanted = (
+            None
+            if self._hw_allowed is None or "mfu_rdma_port_counters" in self._families
+            else READ_ALWAYS
+            | self._hw_allowed
+            | (frozenset(PACKET_COUNTERS) if "mfu_rdma_port_packets_received" in self._families else frozenset())
+        )
         self._errors_total = Totals()
         self._cnps = WindowedRates(SUMMARY_WINDOW)
 
@@ -441,7 +470,9 @@ class RdmaSource:
             representors=self._representors,
         )
         self._known_bad = {port.key: self._known_bad.get(port.key, set()) for port in discovered}
-        self._ports = {port.key: _OpenPort(port, budget, errors, self._known_bad[port.key]) for port in discovered}
+        self._ports = {
+            port.key: _OpenPort(port, budget, errors, self._known_bad[port.key], self._wanted) for port in discovered
+        }
         removed = len(previous - set(self._ports))
         if removed:
             errors["port_removed"] += removed
@@ -490,21 +521,20 @@ class RdmaSource:
 
     def _summarize(self, readings: list[PortReading]) -> tuple[dict[str, float], float | None]:
         """The node summaries: error counters summed over the ports, and the busiest port's CNP rate."""
-        totals = self._errors_total
+        totals = self._errors_total.totals
         cnps: dict[str, float] = {}
         for reading in readings:
-            for changes, values in (
-                (reading.counter_changes, reading.counters),
-                (reading.hw_counter_changes, reading.hw_counters),
-            ):
-                deltas = changes.deltas
-                for name in NODE_ERROR_COUNTERS:
-                    if name in values:
-                        totals.add_increase(name, deltas.get(name, 0))
             hw = reading.hw_counter_changes.deltas
-            cnps[reading.port.key] = sum(hw.get(name, 0) for name in CNP_COUNTERS)
+            for deltas, values, names in (
+                (reading.counter_changes.deltas, reading.counters, NODE_PORT_ERROR_COUNTERS),
+                (hw, reading.hw_counters, NODE_HW_ERROR_COUNTERS),
+            ):
+                for name in names:
+                    if name in values:  # a file the port has: its total is exported, 0 until it grows
+                        totals[name] = totals.get(name, 0) + deltas.get(name, 0)
+            cnps[reading.port.key] = hw.get("np_cnp_sent", 0) + hw.get("rp_cnp_handled", 0)
         self._cnps.add(self._clock(), cnps)
-        return dict(totals.totals), self._cnps.max_rate()
+        return dict(totals), self._cnps.max_rate()
 
     def _read_port(self, key: str, opened: _OpenPort, errors: Counter) -> PortReading:
         now = self._clock()
