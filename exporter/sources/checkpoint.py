@@ -473,6 +473,7 @@ class CheckpointSource:
         self.interval = section.interval
         self.timeout = section.timeout
         self.series = section.series
+        self._previous: tuple[dict, Snapshot] | None = None  # the last sample's totals and snapshot
         self.tracker = tracker
         self._clock = clock
         self._lock = threading.Lock()
@@ -505,17 +506,25 @@ class CheckpointSource:
             errors, self._errors = self._errors, Counter()
             watches = [watch.status() for watch in self._watches]
         totals = self.tracker.totals()
-        return Snapshot(
+        status = {
+            "watches": watches,
+            "jobs": {
+                job: {"writes": t.writes, "failures": t.failures, "in_progress": t.in_progress}
+                for job, t in totals.items()
+            },
+        }
+        previous = self._previous
+        # Checkpoints come minutes apart: most samples find what the last one did. The same snapshot again keeps its
+        # encoding (render/encode caches it per snapshot), instead of encoding the job's histogram every second.
+        if not errors and previous is not None and previous[0] == totals and previous[1].status == status:
+            return previous[1]
+        snapshot = Snapshot(
             render=lambda: levelled(checkpoint_families(totals), FAMILY_LEVELS, self.series),
             errors=errors,
-            status={
-                "watches": watches,
-                "jobs": {
-                    job: {"writes": t.writes, "failures": t.failures, "in_progress": t.in_progress}
-                    for job, t in totals.items()
-                },
-            },
+            status=status,
         )
+        self._previous = None if errors else (totals, snapshot)
+        return snapshot
 
     def close(self) -> None:
         with self._lock:
