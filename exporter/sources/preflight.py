@@ -25,7 +25,11 @@ from exporter.preflight.checks import (
     results_json,
     run_checks,
 )
-from exporter.sources.base import Snapshot, SourceContext
+from exporter.sources.base import Snapshot, SourceContext, levelled
+
+# The lowest series level (sources.preflight.series) at which each family is on: a failure is what the central
+# MfuPreflightFailed reads; warnings (MfuPfcOtherPriorities) are on by default too.
+FAMILY_LEVELS = {"mfu_preflight_check_ok": "minimal", "mfu_preflight_check_warning": "standard"}
 
 
 def check_families(results: list[CheckResult]) -> Iterable[Metric]:
@@ -62,7 +66,9 @@ class PreflightSource:
         interval: float = 300.0,
         timeout: float = 30.0,
         nvml_session: NvmlSession | None = None,
+        series: str = "standard",
     ):
+        self.series = series
         self.settings = settings
         self.sysfs = sysfs
         self.procfs = procfs
@@ -85,6 +91,7 @@ class PreflightSource:
             interval=section.interval,
             timeout=section.timeout,
             nvml_session=ctx.nvml_session,
+            series=section.series,
         )
 
     def sample(self) -> Snapshot:
@@ -106,7 +113,7 @@ class PreflightSource:
         )
         results = run_checks(facts, self.settings)
         return Snapshot(
-            render=lambda: check_families(results),
+            render=lambda: levelled(check_families(results), FAMILY_LEVELS, self.series),
             errors=errors,
             status=results_json(results),
             data={"results": results},
