@@ -22,6 +22,6 @@ def run_daemon(args: argparse.Namespace) -> int:
     ctx = SourceContext(config, Paths(args.sysfs, args.procfs))  # the real NVML, ethtool ioctl and clocks
     sources = build_sources(config, ctx)
     require_sources(config, sources, args.config)
-    runtime = build_service(config, sources, paths=ctx.paths)
+    runtime = build_service(config, sources, paths=ctx.paths, monotonic=ctx.monotonic)
     asyncio.run(serve(runtime))
     return 0

@@ -82,7 +82,7 @@ async def full_node(root: Path) -> Service:
     sources = build_sources(config, ctx)
     for source in sources:
         source.interval = ONCE
-    service = build_service(config, sources, clock=clock)
+    service = build_service(config, sources, clock=clock, monotonic=clock)
     assert service.checkpoints is not None, "the fixture runs the checkpoint source"
     for job in fixture.JOBS:
         service.checkpoints.record(parse_checkpoint_event({**fixture.checkpoint_event(job), "time": NOW}, NOW))
