@@ -20,6 +20,10 @@ no attention term), and prints no parameter count, sequence length or world size
 Checkpoints, ``Trainer._save``: ``logger.info(f"Saving model checkpoint to {output_dir}")`` (INFO: shown only with
 ``log_level="info"``), under ``f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"``; 5.25.0's handler prefixes
 ``[transformers] ``. No end line: the save ends at the next progress record.
+
+Resuming, ``Trainer._load_from_checkpoint``: ``logger.info(f"Loading model from {resume_from_checkpoint}.")``
+(the directory is ``checkpoint-{step}``), then in ``_inner_training_loop``
+``logger.info(f"  Continuing training from global step {self.state.global_step}")`` once the state is restored.
 """
 
 from __future__ import annotations
@@ -28,16 +32,18 @@ import ast
 import re
 
 from exporter.logs.base import Parser, number
-from exporter.logs.records import Checkpoint, Line, Progress, Record
+from exporter.logs.records import Checkpoint, Line, Progress, Record, Restore
 
 BAR = re.compile(r"^\s*\d+%\|[^|]*\| (\d+)/(\d+) \[")
 SAVE = re.compile(r"Saving model checkpoint to (\S+)")
 STEP_DIR = re.compile(r"checkpoint-(\d+)")
+LOAD_START = re.compile(r"Loading model from (\S+?)\)?\.$")
+LOAD_END = re.compile(r"Continuing training from global step (\d+)")
 
 
 class HfParser(Parser):
     name = "hf"
-    keywords = ("{'", "%|", "Saving model checkpoint")
+    keywords = ("{'", "%|", "Saving model checkpoint", "Loading model from", "Continuing training from global step")
     anchor = re.compile(r"^\{'(?:loss|train_runtime|num_input_tokens_seen)': ")
     ends_saves_at_next_step = True
 
@@ -69,4 +75,11 @@ class HfParser(Parser):
             return Checkpoint(
                 "start", step=int(step.group(1)) if step else None, path=match.group(1) if match else None
             )
+        if "Loading model from" in text:
+            match = LOAD_START.search(text)
+            step = STEP_DIR.search(match.group(1)) if match else None
+            return Restore("start", step=int(step.group(1)) if step else None) if match else None
+        if "Continuing training from global step" in text:
+            match = LOAD_END.search(text)
+            return Restore("end", step=int(match.group(1))) if match else None
         return None

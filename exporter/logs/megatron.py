@@ -27,6 +27,11 @@ saved ' f'checkpoint from iteration {int(iteration):7d} to {args.save} ' f'[ t {
 (with ``--async-save`` printed when the write is durable); older ``'saving checkpoint at iteration {:7d} to {}'``
 and ``'  successfully saved checkpoint at iteration {:7d} to {}'``; local ``saved local checkpoint from
 iteration``. The duration is the end line's time minus the start line's.
+
+Checkpoint load, ``megatron/training/checkpointing.py`` ``load_checkpoint`` / ``_load_base_checkpoint`` (rank 0):
+``print_rank_0(f' loading checkpoint from {load_dir} at iteration {iteration}')`` and, once loaded,
+``print_rank_0(f'  successfully loaded checkpoint from {load_dir} ' f'[ t {...}/{...}, ' f'p {...}/{...} ] '
+f'at iteration {iteration}')`` (older: ``[ t {tp rank}, p {pp rank} ]``). Neither prints a duration.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import re
 
 from exporter.logs.base import Parser, integer, local_time, number
-from exporter.logs.records import Checkpoint, Line, Progress, Record, Startup
+from exporter.logs.records import Checkpoint, Line, Progress, Record, Restore, Startup
 
 STAMP = r"(?:\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] )?"
 ITERATION = re.compile(r"^\s*" + STAMP + r"iteration\s+(\d+)/\s*\d+ \| consumed samples:\s+(\d+) \|(.*)$")
@@ -48,6 +53,8 @@ SAVE_START = re.compile(r"^\s*" + STAMP + r"saving checkpoint at iteration\s+(\d
 SAVE_END = re.compile(
     r"^\s*" + STAMP + r"successfully saved (?:local )?checkpoint (?:from|at) iteration\s+(\d+)(?: to (\S+))?"
 )
+LOAD_START = re.compile(r"^\s*" + STAMP + r"loading checkpoint from \S+ at iteration (\d+)\s*$")
+LOAD_END = re.compile(r"^\s*" + STAMP + r"successfully loaded checkpoint from \S+ \[[^\]]*\] at iteration (\d+)\s*$")
 FIELDS = {
     "seq_length": "seq_len",
     "world_size": "world_size",
@@ -87,6 +94,10 @@ class MegatronParser(Parser):
                     global_batch=integer(batch.group(1)) if batch else None,
                 )
             if "checkpoint" in text:
+                for pattern, phase in ((LOAD_START, "start"), (LOAD_END, "end")):
+                    match = pattern.match(text)
+                    if match:
+                        return Restore(phase, local_time(match.group(1)), step=int(match.group(2)))
                 match = SAVE_START.match(text)
                 if match:
                     return Checkpoint(

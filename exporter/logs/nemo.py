@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 
 from exporter.logs.base import Parser, integer, local_time, number
-from exporter.logs.records import Checkpoint, Line, Progress, Record
+from exporter.logs.records import Checkpoint, Line, Progress, Record, Restore
 
 HEADER = re.compile(r"^\[NeMo [A-Z] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) [^\]]*\] ")
 STEP = re.compile(r"^\S+ epoch (\d+), iteration (\d+)/(\d+)((?: \| [^|]+)+)$")
@@ -45,9 +45,20 @@ SAVE = re.compile(
 )
 
 
+# Restoring at start (NeMo 2 resumes through Lightning's ``_CheckpointConnector``, ``rank_zero_info``):
+# ``f"Restoring states from the checkpoint path at {self._ckpt_path}"`` and, once restored,
+# ``f"Restored all states from the checkpoint at {self._ckpt_path}"`` (Lightning-AI/pytorch-lightning,
+# ``src/lightning/pytorch/trainer/connectors/checkpoint_connector.py``; real lines in public logs read
+# ``INFO:lightning.pytorch.utilities.rank_zero:Restored all states from the checkpoint at .../last.ckpt``).
+# NeMo's checkpoint names carry ``step=N`` (``...-step=1250-...``).
+LOAD_START = re.compile(r"Restoring states from the checkpoint path at (\S+)")
+LOAD_END = re.compile(r"Restored all states from the checkpoint at (\S+)")
+CKPT_STEP = re.compile(r"step=(\d+)")
+
+
 class NemoParser(Parser):
     name = "nemo"
-    keywords = (", iteration ", "Global Checkpoint Save", "[NeMo ")
+    keywords = (", iteration ", "Global Checkpoint Save", "[NeMo ", "states from the checkpoint")
     anchor = re.compile(r"^\S+ epoch \d+, iteration \d+/\d+ \| |^\[NeMo [A-Z] \d{4}-\d\d-\d\d ")
 
     def parse(self, line: Line) -> Record | None:
@@ -84,4 +95,10 @@ class NemoParser(Parser):
             if start is None or duration is None:
                 return None
             return Checkpoint("end", start + duration, step=integer(match.group(1)), duration=duration)
+        if "states from the checkpoint" in text:
+            for pattern, phase in ((LOAD_START, "start"), (LOAD_END, "end")):
+                match = pattern.search(text)
+                if match:
+                    step = CKPT_STEP.search(match.group(1))
+                    return Restore(phase, stamp, step=int(step.group(1)) if step else None)
         return None
