@@ -308,6 +308,7 @@ class JobView:
             "implausible_mfu": self.implausible_mfu,
             "framework_mfu": self.framework_mfu,
             "framework_tflops_per_gpu": self.framework_tflops_per_gpu,
+            "ledger": self.ledger.as_json() if self.ledger is not None else None,
             "model": {k: self.facts.get(k) for k in MODEL_KEYS},
             **{k: self.facts.get(k) for k in FACT_KEYS},
         }
