@@ -625,7 +625,11 @@ class JobTracker:
                 if job.discovered != discovered:
                     job.discovered = discovered
                     changed = True
-                pods = frozenset((p.scheduler, p.namespace, p.pod, p.slurm_job_id) for p in discovered.pods)
+                pods = frozenset(
+                    (p.scheduler, p.namespace, p.pod, p.slurm_job_id, step)
+                    for p in discovered.pods
+                    for step in (p.slurm_steps.split(",") if p.slurm_steps else [""])
+                )
                 if pods != job.pods:
                     # Found again, or in a pod (a Slurm step) it was not in before: a new process, a new run.
                     # Found for the first time: the run it is in, whose start we did not see.

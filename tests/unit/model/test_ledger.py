@@ -307,3 +307,20 @@ def test_gpu_seconds_follow_the_gpu_count_over_time():
     clocks.advance(10)
     jobs._jobs["llama"].ledger.finish(clocks.mono, 0.0)
     assert jobs._jobs["llama"].ledger.gpu_seconds["startup"] == pytest.approx(10 * 2 + 10 * 6)
+
+
+def test_a_new_slurm_step_on_the_jobs_gpus_is_a_new_run():
+    clocks = Clocks()
+    jobs = job_tracker(clocks)
+
+    def found(steps):
+        pod = DiscoveredPod("slurm", slurm_job_id="4242", slurm_steps=steps)
+        return {"llama": DiscoveredJob("llama", "slurm", (0, 1, 2, 3), (pod,))}
+
+    jobs.set_discovered(found("0"))
+    jobs.report(parse_progress({"job": "llama", "tokens_total": 1, "step": 1}, clocks.wall))
+    clocks.advance(5)
+    jobs.set_discovered(found("0"))  # the same step: the same run
+    jobs.set_discovered(found("1"))  # srun again in the same allocation: step 1
+    view = ledger_of(jobs)
+    assert view.restarts == 1 and [r["source"] for r in view.runs] == ["discovery", "discovery"]
