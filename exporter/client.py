@@ -235,6 +235,16 @@ class ProgressReporter:
             self._wake.notify()
         self._thread.join(timeout)
 
+    def abandon(self) -> None:
+        """Stop at once, sending nothing more and saying nothing of how the job ended: what a killed process does.
+        For simulations and tests of crashes (the demo's ``crash-restart`` incident); a real job calls ``close``."""
+        with self._wake:
+            self._closing = True
+            self._pending = None
+            self._run_events.clear()
+            self._checkpoint_events.clear()
+            self._wake.notify()
+
     def __enter__(self) -> "ProgressReporter":
         return self
 

@@ -16,7 +16,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import requests
 
 from exporter.client import ProgressReporter
 from exporter.config import validate
@@ -122,13 +121,6 @@ async def delivered(reporter: ProgressReporter, before: int) -> None:
     await until(lambda: reporter.sent > before, "the reporter's request")
 
 
-def crash(reporter: ProgressReporter) -> None:
-    """The process dies: nothing it would send arrives any more (its thread keeps failing, as a dead host's would)."""
-    session = requests.Session()
-    session.post = lambda *a, **k: (_ for _ in ()).throw(requests.ConnectionError("the process is gone"))
-    reporter._session = session
-
-
 async def client_run(daemon: Daemon, clock: SimTime, announce: bool = True, on_crash=None, on_restart=None) -> None:
     """The script through the real ProgressReporter: its start event, updates, a timed save and a timed load.
     ``announce`` False: a reporter without start events and heartbeats; ``on_crash`` and ``on_restart`` run at 160 s
@@ -163,7 +155,7 @@ async def client_run(daemon: Daemon, clock: SimTime, announce: bool = True, on_c
     if announce:
         await delivered(first, 0)
     await steps(first, 1, 130, 1)
-    crash(first)
+    first.abandon()  # the process dies: nothing more from it, not even how it ended
     if on_crash is not None:
         await on_crash()
     for seconds in range(165, 220, 5):  # gone 60 s: the daemon's tick runs on
@@ -367,3 +359,24 @@ async def test_the_known_truth_run_through_discovery_a_pod_restart(tmp_path: Pat
     finally:
         kubelet.stop()
         Path(socket).unlink(missing_ok=True)
+
+
+def test_the_demo_job_crashes_and_restarts_and_its_ledger_shows_the_runs():
+    """``mfu-exporter demo --incident crash-restart``: the job's process dies after the warm-up (its reporter goes
+    silent, its pod leaves the demo's kubelet), is gone a minute, and a new one loads the last checkpoint."""
+    from tests.support.demo_harness import get_json, running_demo
+    from tests.support.wait import wait_until
+
+    with running_demo("--incident", "crash-restart", speed=20) as base:
+        url = base + "api/v1/jobs/llama3-70b/ledger"
+
+        def restarted():
+            ledger = get_json(url)
+            return ledger if len(ledger["runs"]) == 2 and ledger["kinds"]["checkpoint_load"] > 0 else None
+
+        ledger = wait_until(restarted, 60, "the restart and its checkpoint load", ignore=(OSError,))
+        first, second = ledger["runs"]
+        assert first["end_reason"] in ("restarted", "gone", "lost") and first["end"] is not None
+        assert second["start"] >= first["end"] and ledger["kinds"]["down"] > 0
+        assert {band["kind"] for band in ledger["bands"]} >= {"startup", "down", "checkpoint_load"}
+        wait_until(lambda: get_json(url)["runs"][1]["first_step_time"] is not None, 60, "the new run's first step")
