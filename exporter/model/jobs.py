@@ -377,6 +377,7 @@ class JobTracker:
                     self._end(job, report.state, now)
                 self.generation += 1
                 return self._answer(job, now) if view else None
+            before = job.tokens_total if job.reported else report.tokens_total
             if job.reported and report.tokens_total < job.tokens_total:
                 # Restarted from a checkpoint: a new window, never a negative rate; the exported counters keep
                 # counting up (re-trained tokens are work done again), so rate() sees no false reset spike.
@@ -402,7 +403,7 @@ class JobTracker:
             job.last_arrival = now
             job.reported = True
             self._count_flops(job)
-            self._ledger_report(job, report, at, now)
+            self._ledger_report(job, report, at, now, before)
             if report.state != job.state:
                 self._end(job, report.state, now)
             self.generation += 1
@@ -435,7 +436,8 @@ class JobTracker:
             facts["gpus"] = list(job.discovered.gpus)
         return self._resolve_gpus(facts)[1]
 
-    def _ledger_report(self, job: Job, report: ProgressReport, at: float, now: float) -> None:
+    def _ledger_report(self, job: Job, report: ProgressReport, at: float, now: float, before: float = 0.0) -> None:
+        """The report for the job's ledger; ``before`` is the job's token total before it."""
         when, mono, offset = self._clocks(at, now)
         ledger = self._ledger(job, mono, offset)
         if report.event == "start" or report.run is not None:
@@ -449,6 +451,8 @@ class JobTracker:
         elif report.tokens_total is not None:
             position = report.step if report.step is not None else report.tokens_total
             ledger.progress(when, offset, float(position), "client", steps=report.step is not None)
+            if report.step is not None and report.tokens_total > before:
+                ledger.advanced(when)  # tokens grew within the step: progress, whatever the step says
         if report.state != RUNNING:
             ledger.end_run(when, offset, report.state)
 

@@ -129,6 +129,9 @@ class Ledger:
     high_water: float | None = None  # the highest position ever reached
     position: float | None = None  # the current run's latest position
     position_at: float | None = None  # when it was reached (monotonic)
+    # The last progress of any kind: a step, or tokens growing between steps (a job whose steps take minutes and
+    # reports tokens meanwhile is not hung between them).
+    advanced_at: float | None = None
     last_seen: float | None = None  # the run's last sign of life: an event, a step, a heartbeat, a log line
     heartbeat: float | None = None  # the run's client heartbeat interval, when it sends them
     before_save: str = "training"  # the phase a save interrupted
@@ -170,6 +173,7 @@ class Ledger:
         self.run = Run(self.run_count, at + offset, source, run_id)
         self.runs.append(self.run)
         self.phase, self.position, self.position_at, self.first = "startup", None, None, None
+        self.advanced_at = None
         self.last_seen, self.heartbeat, self.saves_open = at, None, 0
 
     def progress(self, at: float, offset: float, position: float, source: str, steps: bool = True) -> None:
@@ -208,7 +212,7 @@ class Ledger:
             # Progress during a save: it did not block training (an async save seen by the watcher).
             training = min(busy, done * ideal) if ideal else busy
             self._commit_until(at - training, offset, "checkpoint_save")
-        elif ideal and waited > self.stall_after() and done * ideal < busy:
+        elif ideal and at - self._since(at) > self.stall_after() and done * ideal < busy:
             self._commit_until(at - done * ideal, offset, "stalled")
         elif steps and waited > 0 and self.first is None:
             self._observe_steps(waited, done, waited <= self.stall_after())
@@ -268,6 +272,12 @@ class Ledger:
             self.phase = self.before_save
             if self.phase == "training" and self.position is not None:
                 self.position_at = at  # the next step's wait starts after the save
+
+    def advanced(self, at: float) -> None:
+        """The run progressed without a new step (its token total grew): not a stall."""
+        if self.run is not None and self.run.end is None and self.phase == "training":
+            self.advanced_at = max(self.advanced_at or at, at)
+            self.last_seen = max(self.last_seen or at, at)
 
     def alive(self, at: float, heartbeat: float | None = None) -> None:
         """A sign of life of the run (a heartbeat, a log line with no step): not progress, but not dead."""
@@ -386,10 +396,17 @@ class Ledger:
             return "checkpoint_load"
         if self.phase == "save":
             return "checkpoint_save"
-        since = self.position_at if self.position_at is not None else self.last_seen
-        if since is not None and at - since > self.stall_after():
+        since = self._since(at)
+        if at - since > self.stall_after():
             return "stalled"
         return self._training_kind(self.position)
+
+    def _since(self, at: float) -> float:
+        """When the run last progressed (a step or growing tokens), else its last sign of life, else ``at``."""
+        known = [t for t in (self.position_at, self.advanced_at) if t is not None]
+        if known:
+            return max(known)
+        return self.last_seen if self.last_seen is not None else at
 
     def _training_kind(self, position: float | None) -> str:
         if position is not None and self.high_water is not None and position < self.high_water:
@@ -410,9 +427,8 @@ class Ledger:
         if until <= self.settled:
             return
         if kind is None and self.phase == "training":
-            since = self.position_at if self.position_at is not None else self.last_seen
-            if since is not None:
-                onset = since + self.stall_after()
+            if self.position_at is not None or self.last_seen is not None:
+                onset = self._since(until) + self.stall_after()
                 if self.settled < onset < until:
                     self._count(self._training_kind(self.position), self.settled, onset, offset)
         self._count(kind or self._presumed(until), self.settled, until, offset)

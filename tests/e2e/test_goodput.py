@@ -257,10 +257,11 @@ async def test_the_known_truth_run_through_a_torchtitan_log(tmp_path: Path):
             return job.ledger if job is not None and job.ledger is not None else None
 
         async def write(lines: list[str], seconds: float, read, what: str) -> None:
-            """Append the lines, move the clock to the last one's time, and wait until the daemon has read them."""
+            """Move the clock to the last line's time, append the lines, and wait until the daemon has read them (a
+            line is read after it was written, never before its own time)."""
+            clock.at(seconds)
             with open(log, "a") as out:
                 out.write("".join(lines))
-            clock.at(seconds)
             await until(read, what)
 
         def at_step(step):

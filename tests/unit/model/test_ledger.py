@@ -324,3 +324,18 @@ def test_a_new_slurm_step_on_the_jobs_gpus_is_a_new_run():
     jobs.set_discovered(found("1"))  # srun again in the same allocation: step 1
     view = ledger_of(jobs)
     assert view.restarts == 1 and [r["source"] for r in view.runs] == ["discovery", "discovery"]
+
+
+def test_tokens_growing_between_long_steps_are_not_a_stall():
+    """Steps of 60 s with a report of the growing token total every 5 s (the demo's job): never stalled."""
+    clocks = Clocks()
+    jobs = job_tracker(clocks)
+    jobs.report(parse_progress({"job": "llama", "event": "start", "run": "a"}, clocks.wall))
+    for tick in range(1, 121):
+        clocks.advance(5)
+        body = {"job": "llama", "run": "a", "tokens_total": tick * 100, "step": tick // 12}
+        jobs.report(parse_progress(body, clocks.wall))
+        jobs.tick()
+    jobs._jobs["llama"].ledger.finish(clocks.mono, clocks.wall - clocks.mono)
+    seconds = jobs._jobs["llama"].ledger.seconds
+    assert seconds["stalled"] == 0.0 and seconds["productive"] == pytest.approx(600.0)  # training from the start
