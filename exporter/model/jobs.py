@@ -452,7 +452,7 @@ class JobTracker:
             position = report.step if report.step is not None else report.tokens_total
             ledger.progress(when, offset, float(position), "client", steps=report.step is not None)
             if report.step is not None and report.tokens_total > before:
-                ledger.advanced(when)  # tokens grew within the step: progress, whatever the step says
+                ledger.advanced(when, offset)  # tokens grew within the step: progress, whatever the step says
         if report.state != RUNNING:
             ledger.end_run(when, offset, report.state)
 

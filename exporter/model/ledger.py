@@ -135,6 +135,9 @@ class Ledger:
     last_seen: float | None = None  # the run's last sign of life: an event, a step, a heartbeat, a log line
     heartbeat: float | None = None  # the run's client heartbeat interval, when it sends them
     before_save: str = "training"  # the phase a save interrupted
+    # A save blocks training until the run shows progress during it (a step, growing tokens): an async save, or
+    # one the checkpoint watcher saw while the job trained on, is not checkpoint_save time.
+    save_blocks: bool = True
     saves_open: int = 0
     # A run's first step when the step time is still unknown: (its time, the steps it reports) until the next
     # step gives the step time and says how much of the wait before it was start-up.
@@ -208,14 +211,16 @@ class Ledger:
         waited = at - (self.position_at if self.position_at is not None else at)
         ideal = self.ideal_step()
         busy = at - self._settled()
-        if self.phase == "save":
-            # Progress during a save: it did not block training (an async save seen by the watcher).
+        if self.phase == "save" and self.save_blocks:
+            # The first progress during a save: the save blocked until the steps began, then no longer.
             training = min(busy, done * ideal) if ideal else busy
             self._commit_until(at - training, offset, "checkpoint_save")
+            self.save_blocks = False
         elif ideal and at - self._since(at) > self.stall_after() and done * ideal < busy:
             self._commit_until(at - done * ideal, offset, "stalled")
         elif steps and waited > 0 and self.first is None:
-            self._observe_steps(waited, done, waited <= self.stall_after())
+            # Steady: no save, load or stall within the steps (tokens growing meanwhile count as progress).
+            self._observe_steps(waited, done, at - self._since(at) <= self.stall_after())
         self._commit_steps(at, self.position, position, offset)
         self.position, self.position_at = position, at
 
@@ -258,24 +263,30 @@ class Ledger:
         if phase == "started":
             if self.phase != "save":
                 self._settle(at, offset)
-                self.before_save, self.phase = self.phase, "save"
+                self.before_save, self.phase, self.save_blocks = self.phase, "save", True
             self.saves_open += 1
             return
         if self.phase != "save":
             if not duration:
                 return
             self._commit_until(at - duration, offset, None)
-            self.before_save, self.phase, self.saves_open = self.phase, "save", 1
+            self.before_save, self.phase, self.saves_open, self.save_blocks = self.phase, "save", 1, True
         self._settle(at, offset)
         self.saves_open = max(self.saves_open - 1, 0)
         if self.saves_open == 0:
             self.phase = self.before_save
-            if self.phase == "training" and self.position is not None:
-                self.position_at = at  # the next step's wait starts after the save
+            if self.phase == "training" and self.position is not None and self.save_blocks:
+                self.position_at = at  # the next step's wait starts after the blocking save
 
-    def advanced(self, at: float) -> None:
-        """The run progressed without a new step (its token total grew): not a stall."""
-        if self.run is not None and self.run.end is None and self.phase == "training":
+    def advanced(self, at: float, offset: float) -> None:
+        """The run progressed without a new step (its token total grew): not a stall, and a save under way does not
+        block it (the time since the last settled moment was training)."""
+        if self.run is None or self.run.end is not None:
+            return
+        if self.phase == "save" and self.before_save == "training" and self.save_blocks:
+            self.save_blocks = False
+            self._commit_until(self._at(at), offset, self._training_kind(self.position))
+        if self.phase == "training" or self.phase == "save" and not self.save_blocks:
             self.advanced_at = max(self.advanced_at or at, at)
             self.last_seen = max(self.last_seen or at, at)
 
@@ -394,7 +405,7 @@ class Ledger:
             return "startup"
         if self.phase == "load":
             return "checkpoint_load"
-        if self.phase == "save":
+        if self.phase == "save" and self.save_blocks:
             return "checkpoint_save"
         since = self._since(at)
         if at - since > self.stall_after():
@@ -426,7 +437,7 @@ class Ledger:
             return
         if until <= self.settled:
             return
-        if kind is None and self.phase == "training":
+        if kind is None and (self.phase == "training" or self.phase == "save" and not self.save_blocks):
             if self.position_at is not None or self.last_seen is not None:
                 onset = self._since(until) + self.stall_after()
                 if self.settled < onset < until:

@@ -339,3 +339,23 @@ def test_tokens_growing_between_long_steps_are_not_a_stall():
     jobs._jobs["llama"].ledger.finish(clocks.mono, clocks.wall - clocks.mono)
     seconds = jobs._jobs["llama"].ledger.seconds
     assert seconds["stalled"] == 0.0 and seconds["productive"] == pytest.approx(600.0)  # training from the start
+    assert jobs._jobs["llama"].ledger.ideal_step() == 60.0  # its long steps are steady ones
+
+
+def test_a_save_the_job_trains_through_is_not_checkpoint_save():
+    """The checkpoint watcher sees a 40 s write while the job's steps go on (an async save): training, not a save;
+    a save with no step during it blocked training."""
+    ledger = Ledger(gpus=1)
+    ledger.start_run(0.0, 0.0, "client", "a")
+    for step in range(1, 11):
+        ledger.progress(float(step), 0.0, step, "client")
+    ledger.save("started", 10.0, 0.0)
+    for step in range(11, 51):
+        ledger.progress(float(step), 0.0, step, "client")
+    ledger.save("finished", 50.0, 0.0)
+    ledger.save("started", 50.0, 0.0)
+    ledger.save("finished", 60.0, 0.0)  # nothing during this one: it blocked
+    ledger.progress(61.0, 0.0, 51, "client")
+    ledger.finish(61.0, 0.0)
+    assert ledger.seconds["checkpoint_save"] == pytest.approx(10.0)
+    assert ledger.seconds["productive"] == pytest.approx(51.0) and ledger.ideal_step() == 1.0
