@@ -16,6 +16,7 @@ once, it no longer takes a slot under ``max_jobs``, and its counters stay until 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -23,7 +24,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
@@ -469,13 +470,10 @@ class JobTracker:
         """What a log (or another feed) says of the job's run: ``start`` (start-up lines: a new process),
         ``checkpoint_load_started``/``_finished`` (``step``: resumed from), ``training_starts`` (``step``: the
         first step it trains), ``alive`` (a line with nothing else). Needs the job known (observe or touch)."""
-        now = self._clock()
-        with self._lock:
-            job = self._jobs.get(name)
-            if job is None:
+        with self._job_ledger(name, at) as found:
+            if found is None:
                 return
-            when, mono, offset = self._clocks(at, now)
-            ledger = self._ledger(job, mono, offset)
+            ledger, when, offset = found
             if event == "start":
                 ledger.start_run(when, offset, source)
             elif event in ("checkpoint_load_started", "checkpoint_load_finished"):
@@ -485,17 +483,26 @@ class JobTracker:
                 ledger.resume_at(when, offset, float(max(step - 1, 0)), source)
             else:
                 ledger.alive(when)
-            self.generation += 1
 
     def checkpoint_event(self, name: str, phase: str, at: float, duration: float | None) -> None:
         """A checkpoint write of the job started, finished or failed (the checkpoint tracker tells, for every feed)."""
+        with self._job_ledger(name, at) as found:
+            if found is not None:
+                ledger, when, offset = found
+                ledger.save(phase, when, offset, duration)
+
+    @contextlib.contextmanager
+    def _job_ledger(self, name: str, at: float | None) -> Iterator[tuple[Ledger, float, float] | None]:
+        """Under the lock: the job's ledger (its GPU count brought up to date), the event's monotonic time and the
+        clocks' offset; None for a job not known. A change to the model either way."""
         now = self._clock()
         with self._lock:
             job = self._jobs.get(name)
             if job is None:
+                yield None
                 return
             when, mono, offset = self._clocks(at, now)
-            self._ledger(job, mono, offset).save(phase, when, offset, duration)
+            yield self._ledger(job, mono, offset), when, offset
             self.generation += 1
 
     def observe(

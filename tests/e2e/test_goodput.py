@@ -25,20 +25,11 @@ from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sources import Paths, SourceContext, build_sources
 from exporter.web.app import serve
 from tests.support.expo import samples
+from tests.support.known_truth import GOODPUT, TRUTH, step_time
 from tests.support.net import free_port
 
 START = 1_800_000_000.0  # the simulated Unix time the run starts at
 GPUS = 4
-TRUTH = {
-    "startup": 25.0,
-    "productive": 200.0,
-    "checkpoint_save": 10.0,
-    "down": 60.0,
-    "checkpoint_load": 15.0,
-    "wasted": 30.0,
-    "stalled": 0.0,
-}
-GOODPUT = TRUTH["productive"] / sum(TRUTH.values())
 JOB = "llama"
 SOURCES = ("gpu", "rdma", "ethtool", "checkpoint", "preflight", "logs")
 
@@ -55,13 +46,6 @@ class SimTime:
     def at(self, seconds: float) -> None:
         assert START + seconds >= self.now, "the script only goes forward"
         self.now = START + seconds
-
-
-def step_time(step: int, run: int) -> float:
-    """When step ``step`` ends, seconds into the script: run 1 from 20 s (a 10 s save after step 100), run 2 from 240 s."""
-    if run == 1:
-        return 20.0 + step + (10.0 if step > 100 else 0.0)
-    return 240.0 + step - 100
 
 
 class Daemon:

@@ -10,34 +10,10 @@ from hypothesis import strategies as st
 from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
 from exporter.model.jobs import GpuInfo, JobTracker, parse_progress
 from exporter.model.ledger import KINDS, Ledger
+from tests.support.known_truth import END, TRUTH, script
 
 OFFSET = 1_800_000_000.0
 GPUS = 4
-# The issue's run: start-up 20 s, steps of 1 s, a 10 s save after step 100, a crash after step 130, 60 s gone,
-# a restart with 5 s of start-up and a 15 s checkpoint load, steps 101-130 again, then on to step 200.
-TRUTH = {
-    "startup": 25.0,
-    "productive": 200.0,
-    "checkpoint_save": 10.0,
-    "down": 60.0,
-    "checkpoint_load": 15.0,
-    "wasted": 30.0,
-    "stalled": 0.0,
-}
-END = sum(TRUTH.values())
-
-
-def script():
-    """(time, event, argument) of the known-truth run, on a clock starting at 0."""
-    events = [(0.0, "start", "run-a")]
-    for step in range(1, 131):
-        at = 20.0 + step + (10.0 if step > 100 else 0.0)
-        events.append((at, "step", step))
-        if step == 100:
-            events += [(at, "save_started", None), (at + 10.0, "save_finished", None)]
-    events += [(220.0, "start", "run-b"), (225.0, "load_started", None), (240.0, "load_finished", 100)]
-    events += [(240.0 + step - 100, "step", step) for step in range(101, 201)]
-    return events
 
 
 def test_the_known_truth_run_on_the_ledger_alone():
