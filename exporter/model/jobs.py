@@ -346,6 +346,7 @@ class JobTracker:
         self._gpu_readings = gpu_readings
         self._clock = clock
         self._monotonic = monotonic  # the ledgers' clock: a wall-clock step moves no second from one kind to another
+        self._born = monotonic()  # a ledger counts no time before this exporter started
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
@@ -425,7 +426,7 @@ class JobTracker:
         back from now on the monotonic clock, never past it: a report that arrives late keeps its time."""
         mono = self._monotonic()
         when = mono if at is None else mono - min(max(now - at, 0.0), MAX_FUTURE_SECONDS)
-        return when, mono, now - mono
+        return max(when, min(self._born, mono)), mono, now - mono
 
     def _ledger(self, job: Job, mono: float, offset: float) -> Ledger:
         job.ledger.set_gpus(mono, offset, self._job_gpus(job) or 0)

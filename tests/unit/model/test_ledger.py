@@ -335,3 +335,14 @@ def test_a_save_the_job_trains_through_is_not_checkpoint_save():
     ledger.finish(61.0, 0.0)
     assert ledger.seconds["checkpoint_save"] == pytest.approx(10.0)
     assert ledger.seconds["productive"] == pytest.approx(51.0) and ledger.ideal_step() == 1.0
+
+
+def test_no_time_before_the_exporter_started_is_counted():
+    """A job that started an hour before the exporter (its client's start event says so): its ledger begins when
+    the exporter did, not an hour earlier."""
+    clocks = Clocks()
+    jobs = job_tracker(clocks)
+    jobs.report(parse_progress({"job": "llama", "event": "start", "run": "a", "time": clocks.wall - 3600}, clocks.wall))
+    clocks.advance(10)
+    jobs._jobs["llama"].ledger.finish(clocks.mono, clocks.wall - clocks.mono)
+    assert jobs._jobs["llama"].ledger.seconds["startup"] == pytest.approx(10.0)
