@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-unit lint golden soak bench bench-fleet fleet system-deps rules clean
+.PHONY: demo run test test-unit lint golden soak bench bench-fleet fleet system-deps rules clean gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,14 @@ bench-fleet: $(STAMP) system-deps
 # vmalert, the Prometheus receiver's alerts), until Ctrl-C: README "A fleet of 10,000 nodes".
 fleet: $(STAMP) system-deps
 	$(PY) -m tests.support.fleet_harness --nodes $${FLEET_NODES:-64} $(FLEET_ARGS)
+
+# A GPU node's acceptance run (scripts/gpu-truth.py): real NVML through the GPU source, a bf16 GEMM of known FLOP/s and a
+# small transformers Trainer through a real daemon, nvidia-smi beside it; a summary with each verdict and a JSON report
+# in bench/results/. Needs PyTorch with CUDA (not a dependency): GPU_PYTHON=python3 for a system one (with the
+# exporter's dependencies importable there). GPU_CHECK_ARGS=--fake runs it on the fake NVML, as make test does.
+GPU_PYTHON ?= $(PY)
+gpu-check: $(STAMP)
+	$(GPU_PYTHON) scripts/gpu-truth.py --json bench/results/gpu-truth-$$(date -u +%Y%m%dT%H%M%SZ).json $(GPU_CHECK_ARGS)
 
 # Regenerate the Kubernetes PrometheusRule after editing alerts/*.yaml (a test fails while it drifts), and point every
 # runbook_url in alerts/ and the PrometheusRule at RUNBOOK_BASE/runbook.md#<alert> (default: the repository's docs;

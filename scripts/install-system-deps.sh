@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian tools the tests drive for real: promtool/prometheus, ethtool and iproute2 (veth), Chromium (status page),
-# Alertmanager's amtool, VictoriaMetrics with vmagent and vmalert (the fleet test's distributed path). Installs only
-# what is missing, and only as root; otherwise says what is missing.
+# Alertmanager's amtool, VictoriaMetrics with vmagent and vmalert (the fleet test's distributed path), Slurm's
+# controller, node daemon and client with munge (tests/e2e/test_slurm.py: a one-node cluster on loopback). Installs
+# only what is missing, and only as root; otherwise says what is missing.
 set -euo pipefail
 declare -A need=(
   [promtool]=prometheus
@@ -15,6 +16,12 @@ declare -A need=(
   [victoria-metrics]=victoria-metrics
   [vmagent]=victoria-metrics
   [vmalert]=victoria-metrics
+  [munged]=munge
+  [slurmctld]=slurmctld
+  [slurmd]=slurmd
+  [sbatch]=slurm-client
+  [srun]=slurm-client
+  [squeue]=slurm-client
 )
 missing=()
 for tool in "${!need[@]}"; do

@@ -37,3 +37,17 @@ def make_client(aiohttp_client):
         return client
 
     return make
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The share of real pasted training-log progress lines read right (issue 29), after any run that included
+    their tests: in the controller, so it shows under ``make test``'s ``-q -n`` as well."""
+    ran = any(
+        "test_real_pastes.py" in getattr(report, "nodeid", "")
+        for reports in terminalreporter.stats.values()
+        for report in reports
+    )
+    if ran:
+        from tests.unit.logs import real_pastes
+
+        terminalreporter.write_line(real_pastes.summary_line(real_pastes.share()))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+from typing import Any
 
 from exporter.cli.flags import add_daemon_flags, load_daemon_config
 from exporter.service import build_service
@@ -17,9 +19,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     add_daemon_flags(parser)
 
 
-def run_daemon(args: argparse.Namespace) -> int:
+def run_daemon(args: argparse.Namespace, nvml: Any = None) -> int:
+    """The daemon; ``nvml`` replaces the pynvml module only where a test runs it over the fake (exporter/sim/nvml)."""
     config = load_daemon_config(args)
     ctx = SourceContext(config, Paths(args.sysfs, args.procfs))  # the real NVML, ethtool ioctl and clocks
+    if nvml is not None:
+        ctx = dataclasses.replace(ctx, nvml=nvml)
     sources = build_sources(config, ctx)
     require_sources(config, sources, args.config)
     runtime = build_service(config, sources, paths=ctx.paths, monotonic=ctx.monotonic)

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import re
 
-from exporter.logs.base import Parser, local_time, number
+from exporter.logs.base import Parser, leading_time, local_time, number
 from exporter.logs.records import Checkpoint, Line, Progress, Record
 
 HEADER = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[[A-Z]+\] \[[^\]]*\] (?:\[Rank \d+\] )?")
 NUM = r"([0-9.]+(?:[eE][+-]?\d+)?)"
 THROUGHPUT = re.compile(
-    r"^(?:epoch=\d+/micro_step=\d+/global_step=(\d+)|\d+/(\d+)), (?:RunningAvgSamplesPerSec="
+    r"(?:^|\] )(?:epoch=\d+/micro_step=\d+/global_step=(\d+)|\d+/(\d+)), (?:RunningAvgSamplesPerSec="
     + NUM
     + r", CurrSamplesPerSec="
     + NUM
@@ -46,7 +46,13 @@ TAG_STEP = re.compile(r"global_step(\d+)")
 class DeepSpeedParser(Parser):
     name = "deepspeed"
     keywords = ("SamplesPerSec=", "heckpoint")
-    anchor = re.compile(r"(?:^|\] )(?:epoch=\d+/micro_step=\d+/global_step=\d+|\d+/\d+), (?:RunningAvg)?SamplesPerSec=")
+    # The 2020 layout sits behind another logger prefix ("[INFO 2020-06-08 05:26:19] 0/2650, SamplesPerSec="), so
+    # the line is searched, after "] " or at the start, the same way for detection and for reading.
+    candidate = re.compile(
+        r"(?:^|\] )(?:epoch=\d+/micro_step=\d+/global_step=\d+|\d+/\d+), (?:RunningAvg)?SamplesPerSec="
+    )
+    anchor = candidate
+    anchor_keywords = ("SamplesPerSec=",)
     ends_saves_at_next_step = True
 
     def parse(self, line: Line) -> Record | None:
@@ -57,9 +63,11 @@ class DeepSpeedParser(Parser):
             stamp = local_time(header.group(1))
             text = text[header.end() :]
         if "SamplesPerSec=" in text:
-            match = THROUGHPUT.match(text)
+            match = THROUGHPUT.search(text)
             if not match:
                 return None
+            if stamp is None:
+                stamp = leading_time(line.text)
             step = match.group(1) or match.group(2)
             rate = number(match.group(4) or match.group(5))
             return Progress(step=int(step), time=stamp, samples_per_second=rate)

@@ -3,16 +3,22 @@
 The frameworks count in different units, so the total is derived, in this order of preference (a running total
 survives lost lines and restarts; an integrated rate does not):
 
-1. **tokens seen** (HF ``num_input_tokens_seen``, global): node tokens = tokens seen × node GPUs ÷ world size.
+1. **tokens seen** (HF ``num_input_tokens_seen``, TRL ``num_tokens``, Megatron-DeepSpeed ``consumed tokens``, global):
+   node tokens = tokens seen × node GPUs ÷ world size.
 2. **consumed samples** (Megatron, NeMo, global sequences): node tokens = samples × seq_len × node GPUs ÷ world
    size (what Megatron itself does for ``progress.txt``: ``consumed_train_samples * seq_length``).
 3. **step × tokens per step** (torchtitan's init line, or global batch × seq_len): node tokens = step × tokens
    per step × node GPUs ÷ world size.
 4. **a rate integrated between progress lines**: torchtitan's ``tps`` is tokens/s **per GPU** (verified in its
    source), so node tokens/s = tps × the job's GPUs on this node; DeepSpeed's samples/s are global, so node
-   tokens/s = samples/s × seq_len × node GPUs ÷ world size. The total is Σ rate × Δt between consecutive lines
+   tokens/s = samples/s × seq_len × node GPUs ÷ world size (Megatron-DeepSpeed's ``samples per second`` and
+   GPT-NeoX's ``samples/sec`` too; Megatron-DeepSpeed's ``tgs`` and ``tokens-per-second-per-gpu`` are per GPU, like
+   tps). The total is Σ rate × Δt between consecutive lines
    (torchtitan's tps is the mean over exactly that interval). A step that goes backwards takes off the tokens of
    the steps undone, at the mean tokens per step so far, so the job model sees the restart.
+
+A running total the line rounds (NeMo 1.x's bar prints ``consumed_samples=1.63e+6``) moves in jumps of the rounding:
+such a record takes step × tokens per step where that is known, and the rounded total only where it is not.
 
 Node GPUs ÷ world size is this node's share of a synchronous data-parallel job: every GPU processes the same
 tokens per second, so the node's share is exact. Where a fact is missing the update says which and where to set it.
@@ -214,12 +220,14 @@ class JobLog:
         tokens = how = reason = None
         batch = facts.global_batch or record.global_batch or self.startup.global_batch
         per_step = self.startup.tokens_per_step or (batch * seq_len if batch and seq_len else None)
-        if record.tokens_seen is not None:
+        # A rounded running total (NeMo 1.x's bar) yields to the exact step count where tokens per step are known.
+        by_step = record.rounded and record.step is not None and bool(per_step) and share is not None
+        if record.tokens_seen is not None and not by_step:
             if share is not None:
                 tokens, how = record.tokens_seen * share, "tokens seen × node GPUs ÷ world size"
             else:
                 reason = f"the log counts global tokens seen; needs {need_share}"
-        elif record.samples_seen is not None:
+        elif record.samples_seen is not None and not by_step:
             if share is not None and seq_len:
                 tokens, how = (
                     record.samples_seen * seq_len * share,

@@ -24,11 +24,18 @@ Checkpoints, ``Trainer._save``: ``logger.info(f"Saving model checkpoint to {outp
 Resuming, ``Trainer._load_from_checkpoint``: ``logger.info(f"Loading model from {resume_from_checkpoint}.")``
 (the directory is ``checkpoint-{step}``), then in ``_inner_training_loop``
 ``logger.info(f"  Continuing training from global step {self.state.global_step}")`` once the state is restored.
+
+Other trainers print the same dicts with more in them: TRL's SFTTrainer a ``'num_tokens'`` running total (global:
+``accelerator.gather_for_metrics`` of the attention mask's sum, huggingface/trl#3926), read as tokens seen;
+transformers 3.x printed JSON with the step in it (``{"loss": ..., "step": 500}``, huggingface/blog#56), and a dict
+that carries its own ``'step'`` gives it. A dict with neither a step (its own, or the bar's) nor a token count gives
+the job nothing (TRL's GRPO dicts, a loss-only dict before any bar): it is no progress, and the stream says so.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 from exporter.logs.base import Parser, number
@@ -41,10 +48,39 @@ LOAD_START = re.compile(r"Loading model from (\S+?)\)?\.$")
 LOAD_END = re.compile(r"Continuing training from global step (\d+)")
 
 
+DICT = re.compile(r"^\s*\{['\"](?:loss|train_runtime|num_input_tokens_seen)['\"]: ")
+TOKEN_KEYS = ("num_input_tokens_seen", "num_tokens")  # transformers' running total, then TRL's
+
+
+def read_dict(text: str) -> dict | None:
+    """A printed dict: Python's repr (the Trainer's ``str(logs)``), else JSON (transformers 3.x); never eval."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
 class HfParser(Parser):
     name = "hf"
-    keywords = ("{'", "%|", "Saving model checkpoint", "Loading model from", "Continuing training from global step")
-    anchor = re.compile(r"^\{'(?:loss|train_runtime|num_input_tokens_seen)': ")
+    keywords = (
+        "{'",
+        '{"',
+        "%|",
+        "Saving model checkpoint",
+        "Loading model from",
+        "Continuing training from global step",
+    )
+    candidate = DICT
+    anchor_keywords = ("{'", '{"')
+    anchor = DICT
+    unread_hint = (
+        "an HF Trainer dict gives the job something only with a step (its tqdm bar in the same log, or a 'step' "
+        "key) or a token count (TrainingArguments include_num_input_tokens_seen=True)"
+    )
     ends_saves_at_next_step = True
 
     def __init__(self) -> None:
@@ -52,18 +88,18 @@ class HfParser(Parser):
 
     def parse(self, line: Line) -> Record | None:
         text = line.text.strip()
-        if text.startswith("{'"):
-            try:
-                logs = ast.literal_eval(text)
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
-                return None
-            if not isinstance(logs, dict) or not any(
-                k in logs for k in ("loss", "num_input_tokens_seen", "train_runtime")
-            ):
+        if text.startswith(("{'", '{"')):
+            logs = read_dict(text)
+            if logs is None or not any(k in logs for k in ("loss", "num_input_tokens_seen", "train_runtime")):
                 return None
             if any(str(k).startswith("eval_") for k in logs):
                 return None  # an evaluation record: no training progress
-            return Progress(step=self.bar_step, tokens_seen=number(str(logs.get("num_input_tokens_seen"))))
+            tokens = next((number(str(logs[k])) for k in TOKEN_KEYS if k in logs), None)
+            own = logs.get("step")
+            step = own if isinstance(own, int) and not isinstance(own, bool) else self.bar_step
+            if step is None and tokens is None:
+                return None  # nothing for the job: an unread progress line, reported by the stream
+            return Progress(step=step, tokens_seen=tokens)
         if "%|" in text:
             match = BAR.match(text)
             if match:

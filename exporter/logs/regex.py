@@ -48,6 +48,7 @@ def parse_time(text: str | None) -> float | None:
 class RegexParser(Parser):
     name = "regex"
     anchor = re.compile(r"(?!)")  # never chosen by auto: a user pattern is named, not detected
+    candidate = anchor  # a line the pattern matches is always progress
 
     def __init__(self, pattern: str):
         self.pattern = re.compile(pattern)

@@ -9,8 +9,9 @@ Per-step line, ``torchtitan/components/metrics.py`` ``MetricsProcessor.log`` (co
 
 with ``tps = ntokens_since_last_log / (time_delta * parallel_dims.non_data_parallel_size)``: tokens per second
 **per GPU** (``ntokens`` is this DP shard's tokens; ``non_data_parallel_size = cp * tp * pp``), averaged since the
-previous logged step. ``mfu_str`` is ``f"{mfu:.2f}%"`` or ``N/A`` under FP8/MX (#2451). Older layouts: ``wps:``
-before #697 (2024-11), no ``tflops:`` before #847 (2025-02), no ``grad_norm:`` before #1339 (2025-06).
+previous logged step (forks print the step as ``step: N/M = x%``). ``mfu_str`` is ``f"{mfu:.2f}%"`` or ``N/A``
+under FP8/MX (#2451). Older layouts: ``wps:`` before #697 (2024-11), no ``tflops:`` before #847 (2025-02), no
+``grad_norm:`` before #1339 (2025-06).
 
 Logger prefix, ``torchtitan/tools/logging.py``: ``"[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s"``
 (no ``[titan] `` before #861, 2025-02).
@@ -41,11 +42,15 @@ from __future__ import annotations
 
 import re
 
-from exporter.logs.base import Parser, integer, local_time, number
+from exporter.logs.base import AnyOf, Parser, integer, local_time, number
 from exporter.logs.records import Checkpoint, Line, Progress, Record, Restore, Startup
 
 PREFIX = re.compile(r"^(?:\[titan\] )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - \S+ - [A-Z]+ - ")
-STEP = re.compile(r"^step:\s*(\d+)\s+loss:.*?\s(?:tps|wps): ([\d,]+)(?:\s+tflops: ([\d,.]+))?\s+mfu: (?:([\d.]+)%|N/A)")
+# "step: N" (forks print "step: N/M = x%") followed by loss and tps; not the validation line ("validate step:").
+# The pattern begins with its literal word, so a search skips to it.
+STEP_HEAD = r"step:(?<!validate step:)\s*(\d+)(?:\s*/\s*\d+(?:\s*=\s*[\d.]+%)?)?\s+loss:"
+STEP = re.compile(STEP_HEAD + r".*?\s(?:tps|wps): ([\d,]+)(?:\s+tflops: ([\d,.]+))?\s+mfu: (?:([\d.]+)%|N/A)")
+CANDIDATE = re.compile(STEP_HEAD + r".*\s(?:tps|wps): ")
 INIT_HEAD = re.compile(
     r"^Trainer is initialized with (\d+) tokens per DP rank, (\d+) tokens per train step, "
     r"gradient accumulation steps \d+, maximum context length (\d+)"
@@ -70,7 +75,9 @@ SAVE_END = re.compile(
 class TorchtitanParser(Parser):
     name = "torchtitan"
     keywords = ("step:", "checkpoint", "Trainer is initialized", "total parameters", "Peak FLOPS", "Training starts")
-    anchor = re.compile(r"^\[titan\] \d{4}-\d\d-\d\d |^(?:.* - [A-Z]+ - )?step:\s*\d+\s+loss:.*\s(?:tps|wps): [\d,]+")
+    candidate = CANDIDATE
+    anchor_keywords = ("[titan] ", "step:")
+    anchor = AnyOf(r"^\[titan\] \d{4}-\d\d-\d\d ", CANDIDATE.pattern)
 
     def parse(self, line: Line) -> Record | None:
         text = line.text
@@ -79,8 +86,8 @@ class TorchtitanParser(Parser):
         if prefix:
             stamp = local_time(prefix.group(1))
             text = text[prefix.end() :]
-        if text.startswith("step:"):
-            match = STEP.match(text)
+        if "step:" in text:
+            match = STEP.search(text)
             if not match:
                 return None
             mfu = number(match.group(4))

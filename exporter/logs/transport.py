@@ -8,9 +8,20 @@ From the outside in (../shared/reference/framework-logs.md §0):
   one. The comment of the kubelet's ``parseCRILog`` gives the form:
   ``2016-10-06T00:17:09.669794202Z stdout P log content 1``. The same parser reads Docker's json-file lines
   ``{"log":"content 1","stream":"stdout","time":"2016-10-20T18:39:20.57606443Z"}``.
-- **Slurm** ``srun --label``: a leading ``<task>: `` (`` 0: Training epoch 0, ...``).
-- **torchrun** ``--tee``/``--local-ranks-filter``: a leading ``[<role><rank>]:`` such as ``[rank0]:`` or
-  ``[default0]:`` (the elastic agent's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``).
+- **Launchers and job runners**, each a whole-line prefix, nested in any order (``LAUNCHER``), peeled here once for
+  every parser so detection and reading see the same line:
+
+  - Slurm ``srun --label``: ``<task>: `` (`` 0: Training epoch 0, ...``, NVIDIA-NeMo/Speech#14850);
+  - torchrun ``--tee``/``--local-ranks-filter`` and torchelastic's ``--log-line-prefix-template``
+    (``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``, any text in brackets then ``:``): ``[rank0]:`` (torchtitan#3393),
+    ``[default3]:`` (pytorch#75087), ``[trainer1|1]:``;
+  - a job runner's ``stdout: `` / ``stderr: ``;
+  - ``mpirun --tag-output`` (``[1,0]<stdout>:``, with ``--timestamp-output``'s date before it);
+  - Ray's ``(RayTrainWorker pid=1585) `` (kuberay#1891);
+  - Python logging's time and a rank tag before the framework's own line:
+    ``2023-10-26 21:31:16,318 [Rank 15]:  iteration ...``; that time (local) becomes the line's time;
+  - a runner's bracketed ISO 8601 time with its zone, ``[2025-10-17T11:33:02+08:00] Training epoch 0, ...``
+    (DeepLink-org/AIChipBenchmark's NeMo log), which becomes the line's time.
 - **ANSI colour** (torchtitan's step line, NeMo's header): ``ESC [ ... m`` removed everywhere.
 - **tqdm** ``\\r``: a bar redraws itself with carriage returns, so one physical line can hold bar fragments and
   a record written with ``tqdm.write``: each ``\\r`` piece is a line of its own.
@@ -24,6 +35,7 @@ import re
 from collections import Counter
 from typing import Iterator
 
+from exporter.logs.base import local_time
 from exporter.logs.records import Line
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -31,8 +43,16 @@ CRI = re.compile(
     r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (stdout|stderr) ([PF])(?::\S*)? ?(.*)$", re.S
 )
 RFC3339 = re.compile(r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
-SRUN_LABEL = re.compile(r"^\s*(\d+): ")
-TORCHRUN_PREFIX = re.compile(r"^\[([A-Za-z_]*\d+)\]:")
+LAUNCHER = re.compile(
+    r"\s*(?P<task>\d+): "
+    r"|\[(?P<rank>[^\]\s]{1,64})\]:"
+    r"|(?P<stream>stdout|stderr): "
+    r"|(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})?\[(?P<mpi>\d+,\d+)\]<std(?:out|err)>:"
+    r"|\((?P<ray>\w+ pid=\d+(?:, ip=[\d.]+)?)\) "
+    r"|(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \[(?P<tag>[Rr]ank ?\d+)\]:\s?"
+    r"|\[?(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d))\] "
+)
+MAX_PREFIXES = 4  # launcher layers peeled from one line: srun outside torchrun outside a runner is three
 MAX_LINE_CHARS = 1 << 20  # a CRI line joined from P segments past this is dropped (bounded memory), with a count
 
 
@@ -145,14 +165,20 @@ def split_line(text: str, when: float | None) -> Iterator[Line]:
     if "\x1b" in text:
         text = ANSI.sub("", text)
     origin = ""
-    label = SRUN_LABEL.match(text)
-    if label:
-        origin = label.group(1) + ":"
-        text = text[label.end() :]
-    prefix = TORCHRUN_PREFIX.match(text)
-    if prefix:
-        origin += prefix.group(1)
+    for _ in range(MAX_PREFIXES):
+        prefix = LAUNCHER.match(text)
+        if prefix is None:
+            break
         text = text[prefix.end() :]
+        kind = prefix.lastgroup  # the stamp alternative's last group is its rank tag
+        if kind == "tag" and when is None:
+            when = local_time(prefix.group("stamp"))
+        if kind == "iso":  # a runner's own time, with its zone: exact, and no writer's name
+            if when is None:
+                when = parse_rfc3339(prefix.group("iso"))
+            continue
+        if kind != "stream":  # stdout/stderr names no writer: every rank's lines share it
+            origin += prefix.group(kind) + (":" if kind == "task" else "")
     if "\r" in text:
         for piece in text.split("\r"):
             if piece.strip():

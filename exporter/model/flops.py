@@ -20,6 +20,9 @@ class GpuModel:
     key: str
     patterns: tuple[str, ...]
     tflops: dict[str, float]
+    # The reference tensor clock of the hardware estimate (tensor active × SM clock ÷ this): the SM clock at which
+    # tensor activity 1.0 would reach the dense bf16 peak. The datasheet's (peak ÷ SMs ÷ FLOP per clock: 1830 MHz for
+    # H100) unless measured: the H200's is calibrated against a CUDA-event-timed bf16 GEMM (docs/benchmarks.md).
     peak_clock_mhz: float | None = None
 
 
@@ -34,7 +37,9 @@ PEAK_TABLE: tuple[GpuModel, ...] = (
     GpuModel("b100", ("b100",), {"bf16": 1750, "fp16": 1750, "fp8": 3500, "tf32": 875}),
     GpuModel("gh200", ("gh200",), {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7}, 1830),
     GpuModel("h200-nvl", ("h200", "nvl"), {"bf16": 835.5, "fp16": 835.5, "fp8": 1671, "tf32": 417.5}),
-    GpuModel("h200", ("h200",), {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7}, 1830),
+    # Measured 2026-12-04: 8192³ bf16 products at 662.6 TFLOP/s showed tensor active 0.927 at 1485 MHz (power capped),
+    # so 0.927 × 1485 ÷ (662.6 ÷ 989.4) = 2056 MHz; the datasheet's 1830 read 11.6 % high.
+    GpuModel("h200", ("h200",), {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7}, 2056),
     GpuModel("h100-nvl", ("h100", "nvl"), {"bf16": 835.5, "fp16": 835.5, "fp8": 1671, "tf32": 417.5}),
     GpuModel("h100-pcie", ("h100", "pcie"), {"bf16": 756, "fp16": 756, "fp8": 1513, "tf32": 378}),
     GpuModel("h100-sxm", ("h100",), {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7}, 1830),

@@ -541,11 +541,22 @@ class JobTracker:
             self.generation += 1
 
     def gpu_count(self, name: str) -> int | None:
-        """The job's GPUs on this node as its MFU counts them (its gpus fact, else the GPU inventory)."""
+        """The job's GPUs on this node as its MFU counts them: its gpus fact, else the GPUs discovery saw it hold,
+        else the GPU inventory (``_gpu_facts``, the rule the MFU's peak follows)."""
         with self._lock:
             job = self._jobs.get(name)
             facts = {**FACT_DEFAULTS, **(job.facts if job else self._configured.get(name, {}))}
+            facts = self._gpu_facts(facts, job)
         return self._resolve_gpus(facts)[1]
+
+    @staticmethod
+    def _gpu_facts(facts: dict, job: Job | None) -> dict:
+        """``facts`` with the GPUs discovery saw the job hold, where the job named none itself. A log's tokens per
+        GPU are scaled by this count too, so tokens and peak are over the same GPUs (counting every GPU on a shared
+        node made a 2-GPU Slurm job's MFU four times too high on 8)."""
+        if facts.get("gpus") is None and job is not None and job.discovered is not None:
+            return {**facts, "gpus": list(job.discovered.gpus)}
+        return facts
 
     def _admit(self) -> None:
         """Refuse one more running job past the cap; ended jobs keep their counters but take no slot, and jobs only
@@ -669,6 +680,12 @@ class JobTracker:
     def names(self) -> list[str]:
         with self._lock:
             return list(self._jobs)
+
+    def is_discovered(self, name: str) -> bool:
+        """Whether the job model holds the job as discovery last found it (its GPUs known to ``gpu_count``)."""
+        with self._lock:
+            job = self._jobs.get(name)
+            return job is not None and job.discovered is not None
 
     def views(self) -> list[JobView]:
         """Every job as it stands now; a read that changes nothing (scrapes and the status API call it, from the
@@ -808,10 +825,7 @@ class JobTracker:
         fpt = self._flops_per_token(facts)
         if fpt is None:
             reason = "model params unknown: send model.params in a progress report or set jobs.<name>.params"
-        gpu_facts = facts
-        if facts.get("gpus") is None and job.discovered is not None:
-            gpu_facts = {**facts, "gpus": list(job.discovered.gpus)}  # the GPUs discovery saw it hold
-        gpus, count, gpu_reason = self._resolve_gpus(gpu_facts)
+        gpus, count, gpu_reason = self._resolve_gpus(self._gpu_facts(facts, job))
         peak, peak_reason = self._peak(facts, gpus, count)
         reason = reason or gpu_reason or peak_reason
         if reason is None and peak is None:

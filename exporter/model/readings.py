@@ -26,6 +26,8 @@ class GpuReading:
     up: bool = True
     mig: bool = False
     throttle_reasons: tuple[str, ...] = ()  # the clock-event reasons set now, by name
+    # Cumulative seconds the SM clock was held down, per reason: (reason, seconds) pairs, in THROTTLE_TIME order.
+    throttle_seconds: tuple[tuple[str, float], ...] = ()
     xid_count: int = 0  # Xid errors since the exporter started
     utilization: float | None = None
     memory_utilization: float | None = None
@@ -48,6 +50,7 @@ class GpuReading:
     pcie_receive_bytes: float | None = None
     ecc_corrected: float | None = None
     ecc_uncorrected: float | None = None
+    nvlink_errors: float | None = None  # CRC, replay and recovery errors summed over the GPU's links
     clocks_event_reasons: int | None = None  # NVML's bitmask, of which ``throttle_reasons`` names the bits
 
 

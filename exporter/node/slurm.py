@@ -374,6 +374,11 @@ class JobNames:
         threading.Thread(target=self._lookup, args=(job_id,), name="slurm-names", daemon=True).start()
         return hit[1] if hit else None
 
+    def pending(self, job_id: str) -> bool:
+        """Whether the job's first lookup is still running (no answer yet, not even a failed one)."""
+        with self._lock:
+            return job_id in self._inflight and job_id not in self._names
+
     def _lookup(self, job_id: str) -> None:
         argv = [part.replace("{job}", job_id) for part in self.command]
         name = None

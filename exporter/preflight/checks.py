@@ -24,6 +24,7 @@ import pynvml
 
 from exporter.config import DEFAULTS, PreflightConfig
 from exporter.node.nic_qos import KernelNicQos, NicQos
+from exporter.node.nvml import NvmlSession, clock_event_reasons
 from exporter.node.pci import Affinity, GdrLevel, PciTopology, acs_redirects, pci_address_from_nvml, read_attribute
 from exporter.node.rdma import RdmaPort, discover_ports
 
@@ -105,20 +106,23 @@ class GpuFacts:
     unavailable: str | None = None  # why NVML could not be asked; the GPU checks SKIP with it
 
 
-def read_gpus(nvml: Any) -> GpuFacts:
-    """Every GPU NVML enumerates, with what the checks need (``nvml``: ``pynvml`` or a fake of it)."""
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        return GpuFacts(unavailable=f"NVML unavailable: {exc}")
-    try:
+def read_gpus(nvml: Any, session: NvmlSession | None = None) -> GpuFacts:
+    """Every GPU NVML enumerates, with what the checks need (``nvml``: ``pynvml`` or a fake of it), borrowing the
+    process's NVML ``session`` (the daemon's, shared with the GPU source; ``mfu-exporter check``: one of its own)."""
+    session = session or NvmlSession(nvml)
+    with session.lock:  # the GPU source's re-initialisation waits for this read
         try:
-            count = nvml.nvmlDeviceGetCount()
-        except nvml.NVMLError as exc:  # a driver in a bad state can init and still fail to enumerate
-            return GpuFacts(unavailable=f"NVML could not count the GPUs: {exc}")
-        return GpuFacts(tuple(_read_gpu(nvml, index) for index in range(count)))
-    finally:
-        nvml.nvmlShutdown()
+            session.acquire()
+        except nvml.NVMLError as exc:
+            return GpuFacts(unavailable=f"NVML unavailable: {exc}")
+        try:
+            try:
+                count = nvml.nvmlDeviceGetCount()
+            except nvml.NVMLError as exc:  # a driver in a bad state can init and still fail to enumerate
+                return GpuFacts(unavailable=f"NVML could not count the GPUs: {exc}")
+            return GpuFacts(tuple(_read_gpu(nvml, index) for index in range(count)))
+        finally:
+            session.release()
 
 
 def _read_gpu(nvml: Any, index: int) -> GpuDevice:
@@ -135,12 +139,7 @@ def _read_gpu(nvml: Any, index: int) -> GpuDevice:
         name = nvml.nvmlDeviceGetName(handle)
         address = pci_address_from_nvml(nvml.nvmlDeviceGetPciInfo(handle).busId)
         persistence = optional(nvml.nvmlDeviceGetPersistenceMode, handle)
-        # nvidia-ml-py before 12.535 names it ...ClocksThrottleReasons
-        reasons_call = (
-            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        )
-        reasons = optional(reasons_call, handle)
+        reasons = optional(clock_event_reasons, nvml, handle)
     except nvml.NVMLError as exc:
         return GpuDevice(index, lost=str(exc))
     return GpuDevice(
@@ -880,9 +879,11 @@ def gather(
     nvml: Any = pynvml,
     qos: NicQos | None = None,
     nccl_env: Mapping[str, str] | None = None,
+    nvml_session: NvmlSession | None = None,
 ) -> NodeFacts:
     ports = discover_ports(str(sysfs), list(settings.devices_include), list(settings.devices_exclude))
-    return NodeFacts(Path(sysfs), Path(procfs), ports, read_gpus(nvml), qos or KernelNicQos(), nccl_env)
+    gpus = read_gpus(nvml, nvml_session)
+    return NodeFacts(Path(sysfs), Path(procfs), ports, gpus, qos or KernelNicQos(), nccl_env)
 
 
 def run_checks(facts: NodeFacts, settings: PreflightSettings) -> list[CheckResult]:

@@ -7,8 +7,13 @@ structs and error classes are the real module's; a function the fake does not im
 rather than silently reaching the real library.
 
 Behaviour worth knowing:
-- ``nvmlInit`` enumerates the GPUs that are not lost; a GPU lost later keeps its index until the next init, and
-  every call on its handle raises ``NVMLError_GpuIsLost``. Handles from before ``nvmlShutdown`` stop working.
+- ``nvmlInit``/``nvmlShutdown`` are reference-counted as nvml.h says: only the shutdown that brings the count to
+  zero ends the session, and only an init from zero enumerates the GPUs anew. Handles from before the session's end
+  stop working.
+- A lost GPU (fallen off the bus) keeps its index, as in real NVML: ``nvmlDeviceGetCount`` still counts it and
+  ``nvmlDeviceGetHandleByIndex`` and every call on its handle raise ``NVMLError_GpuIsLost``. A GPU ``unbound`` from
+  the driver is not enumerated by the next session (the GPUs after it move up).
+- ``fail_all``: every call for that GPU (its handle too) raises that code, as when a container lost access to it.
 - In MIG mode utilization is not supported, as on a real GPU.
 - GPM: ``nvmlGpmMetricsGet`` reports, for each requested ID, the value in ``FakeGpu.gpm`` when ``sample2`` was
   taken (a simulation sets the table each tick), or ``NOT_SUPPORTED`` for an ID the GPU lacks. PCIe and NVLink
@@ -18,8 +23,9 @@ Behaviour worth knowing:
   does: an Xid raised while no set is registered reaches nobody, and ``nvmlEventSetFree`` drops what its set still
   holds. ``nvmlEventSetWait`` returns queued events and raises ``NVMLError_Timeout`` when none is left (it never
   sleeps).
-- ``fail`` maps a function name to an error code raised for that GPU; ``hang(name)`` makes that function block
-  until the returned event is set.
+- ``fail`` maps a function name to an error code raised for that GPU; ``field_errors`` and ``gpm_errors`` map a
+  field or GPM metric ID to the code in its own ``nvmlReturn`` (the rest of the call succeeds); ``hang(name)`` makes
+  that function block until the returned event is set.
 """
 
 from __future__ import annotations
@@ -41,6 +47,14 @@ NVLINK_FIELDS = {
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "nvlink_rx_bytes",
 }
 PCIE_FIELDS = {197: "pcie_tx_bytes", 198: "pcie_rx_bytes"}  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES
+# Cumulative throttle time in ns (NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = PERF_POLICY_POWER, SW/HW thermal,
+# HW power brake), grown by ``advance`` while the matching clock-event bit is set.
+THROTTLE_FIELDS = {74: 0x4, 269: 0x20, 270: 0x40, 271: 0x80}
+NVLINK_LINK_COUNT = 91
+# Per-link NVLink error counters (scopeId = link): CRC flit, CRC data, replay, recovery totals over lanes; and the
+# newer per-link counters (receive errors, local link integrity errors, link recovery events).
+NVLINK_ERROR_FIELDS = (38, 45, 52, 59)
+NVLINK_ERROR_FIELDS_NEWER = (208, 211, 215)
 # GPM rate metrics in MiB/s, derived from the GPU's byte rates.
 GPM_RATES = {20: "pcie_tx_rate", 21: "pcie_rx_rate", 60: "nvlink_rx_rate", 61: "nvlink_tx_rate"}
 
@@ -76,15 +90,26 @@ class FakeGpu:
     nvlink_rx_rate: float = 0.0
     pcie_tx_rate: float = 0.0
     pcie_rx_rate: float = 0.0
-    fields: set[int] = field(default_factory=lambda: set(NVLINK_FIELDS))
+    fields: set[int] = field(
+        default_factory=lambda: set(NVLINK_FIELDS) | set(THROTTLE_FIELDS) | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
+    )
+    throttle_ns: dict[int, int] = field(default_factory=dict)  # throttle field ID -> ns, grown by advance
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error field ID, link) -> count
     field_errors: dict[int, int] = field(default_factory=dict)  # field ID -> NVML_ERROR_* in that field's nvmlReturn
+    # Field ID -> NVML_VALUE_TYPE_* it answers in (else unsigned long long); a 32-bit one wraps as on the H200, whose
+    # PCIe byte fields 197/198 answer UNSIGNED_INT.
+    field_value_types: dict[int, int] = field(default_factory=dict)
+    memory_reserved: int = 0  # what the driver reserves: in v1's used, apart in v2's (615 MiB on an idle H200)
     gpm_supported: bool = True
     # GPM metric ID -> value in percent (graphics, SM, occupancy, any tensor, HMMA tensor, DRAM bandwidth)
     gpm: dict[int, float] = field(default_factory=lambda: {1: 0.0, 2: 0.0, 3: 0.0, 5: 0.0, 7: 0.0, 10: 0.0})
     mig_mode: int | None = 0  # None: the GPU has no MIG (NVML answers NOT_SUPPORTED)
     persistence_mode: bool = True  # on, as on a tuned training node
     fail: dict[str, int] = field(default_factory=dict)  # NVML function name -> NVML_ERROR_* raised for this GPU
+    fail_all: int | None = None  # NVML_ERROR_* raised by every call for this GPU, its handle included
+    gpm_errors: dict[int, int] = field(default_factory=dict)  # GPM metric ID -> NVML_ERROR_* in its nvmlReturn
     lost: bool = False
+    unbound: bool = False  # unbound from the driver: the next session does not enumerate it
     minor: int | None = None  # /dev/nvidia<minor>; None: NVML answers NOT_SUPPORTED
     processes: list[int] = field(default_factory=list)  # host PIDs with a CUDA context on this GPU
 
@@ -122,8 +147,22 @@ def h100(index: int, **overrides: Any) -> FakeGpu:
 
 
 def h200(index: int, **overrides: Any) -> FakeGpu:
+    """An H200 SXM as a real one answered (driver 580.159.04, 2026-12-04): the PCIe byte fields 197/198 present but
+    32-bit (UNSIGNED_INT, wrapping every 4 GiB), 615 MiB reserved by the driver at idle."""
     return h100(
-        index, **{"name": "NVIDIA H200", "uuid": _uuid(0x200, index), "memory_total": 143771 * MIB, **overrides}
+        index,
+        **{
+            "name": "NVIDIA H200",
+            "uuid": _uuid(0x200, index),
+            "memory_total": 143771 * MIB,
+            "memory_reserved": 644_939_776,
+            "fields": set(NVLINK_FIELDS)
+            | set(THROTTLE_FIELDS)
+            | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
+            | set(PCIE_FIELDS),
+            "field_value_types": {197: pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 198: pynvml.NVML_VALUE_TYPE_UNSIGNED_INT},
+            **overrides,
+        },
     )
 
 
@@ -165,7 +204,7 @@ def l40s(index: int, **overrides: Any) -> FakeGpu:
 
 
 def b200(index: int, **overrides: Any) -> FakeGpu:
-    """A B200: GPM, NVLink 5 and the PCIe byte counter fields."""
+    """A B200: GPM, NVLink 5, the PCIe byte counter fields and the newer NVLink error counters."""
     return FakeGpu(
         **{
             "name": "NVIDIA B200",
@@ -173,7 +212,12 @@ def b200(index: int, **overrides: Any) -> FakeGpu:
             "pci_bus_id": f"00000000:{HGX_BUS_IDS[index % 8]}:00.0",
             "memory_total": 183359 * MIB,
             "power_limit_mw": 1_000_000,
-            "fields": set(NVLINK_FIELDS) | set(PCIE_FIELDS),
+            # The newer per-link NVLink error counters only (the older per-lane totals are not asked for there).
+            "fields": set(NVLINK_FIELDS)
+            | set(PCIE_FIELDS)
+            | set(THROTTLE_FIELDS)
+            | {NVLINK_LINK_COUNT}
+            | set(NVLINK_ERROR_FIELDS_NEWER),
             **overrides,
         }
     )
@@ -249,6 +293,9 @@ class FakeNvml:
             gpu.nvlink_rx_bytes += gpu.nvlink_rx_rate * seconds
             gpu.pcie_tx_bytes += gpu.pcie_tx_rate * seconds
             gpu.pcie_rx_bytes += gpu.pcie_rx_rate * seconds
+            for field_id, bit in THROTTLE_FIELDS.items():
+                if gpu.clocks_event_reasons & bit:
+                    gpu.throttle_ns[field_id] = gpu.throttle_ns.get(field_id, 0) + int(seconds * 1e9)
 
     def xid(self, index: int, code: int) -> None:
         """The driver reports Xid ``code`` on GPU ``index``: each event set registered for that GPU gets it."""
@@ -293,6 +340,8 @@ class FakeNvml:
         gpu = handle.gpu
         if gpu.lost:
             raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if gpu.fail_all is not None:
+            raise _error(gpu.fail_all)
         code = gpu.fail.get(function)
         if code is not None:
             raise _error(code)
@@ -308,7 +357,7 @@ class FakeNvml:
             raise _error(self.init_error)
         if self._refcount == 0:
             self._session += 1
-            self._enumerated = [g for g in self.gpus if not g.lost]
+            self._enumerated = [g for g in self.gpus if not g.unbound]
         self._refcount += 1
 
     def nvmlShutdown(self) -> None:
@@ -334,6 +383,10 @@ class FakeNvml:
         gpu = self._enumerated[index]
         if gpu.lost:
             raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if gpu.fail_all is not None:
+            raise _error(gpu.fail_all)
+        if "nvmlDeviceGetHandleByIndex" in gpu.fail:
+            raise _error(gpu.fail["nvmlDeviceGetHandleByIndex"])
         return _Handle(gpu, self._session)
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
@@ -380,10 +433,16 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return pynvml.c_nvmlUtilization_t(gpu=gpu.utilization, memory=gpu.memory_utilization)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> pynvml.c_nvmlMemory_t:
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Any:
+        """v1 (no version): ``used`` includes what the driver reserves; v2: ``used`` is what processes allocated."""
         gpu = self._enter("nvmlDeviceGetMemoryInfo", handle)
-        return pynvml.c_nvmlMemory_t(
-            total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used, used=gpu.memory_used
+        free = gpu.memory_total - gpu.memory_used - gpu.memory_reserved
+        if not version:
+            return pynvml.c_nvmlMemory_t(total=gpu.memory_total, free=free, used=gpu.memory_used + gpu.memory_reserved)
+        if version != pynvml.nvmlMemory_v2:
+            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return pynvml.c_nvmlMemory_v2_t(
+            version=version, total=gpu.memory_total, reserved=gpu.memory_reserved, free=free, used=gpu.memory_used
         )
 
     def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
@@ -443,7 +502,16 @@ class FakeNvml:
             if field_id not in gpu.fields:
                 value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 continue
-            if field_id in NVLINK_FIELDS:
+            if field_id == NVLINK_LINK_COUNT:
+                number = gpu.nvlink_links
+            elif field_id in THROTTLE_FIELDS:
+                number = gpu.throttle_ns.get(field_id, 0)
+            elif field_id in NVLINK_ERROR_FIELDS or field_id in NVLINK_ERROR_FIELDS_NEWER:
+                if not 0 <= scope < gpu.nvlink_links:
+                    value.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+                    continue
+                number = gpu.nvlink_errors.get((field_id, scope), 0)
+            elif field_id in NVLINK_FIELDS:
                 if scope != ALL_LINKS and scope >= gpu.nvlink_links:
                     value.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
                     continue
@@ -451,8 +519,11 @@ class FakeNvml:
                 number = total if scope == ALL_LINKS else total / gpu.nvlink_links
             else:
                 number = getattr(gpu, PCIE_FIELDS[field_id])
-            value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-            value.value.ullVal = int(number)
+            value.valueType = gpu.field_value_types.get(field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+            if value.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+                value.value.uiVal = int(number) % 2**32
+            else:
+                value.value.ullVal = int(number)
             value.nvmlReturn = pynvml.NVML_SUCCESS
         return values
 
@@ -543,7 +614,10 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         for j in range(request.numMetrics):
             metric = request.metrics[j]
-            if metric.metricId in second.values:
+            if metric.metricId in second.gpu.gpm_errors:
+                metric.value = 0.0
+                metric.nvmlReturn = second.gpu.gpm_errors[metric.metricId]
+            elif metric.metricId in second.values:
                 metric.value = second.values[metric.metricId]
                 metric.nvmlReturn = pynvml.NVML_SUCCESS
             else:

@@ -62,11 +62,12 @@ DiscoveredPods = Callable[[], dict[str, list[tuple[str, str]]]]  # {job: [(names
 
 
 class _Followed:
-    __slots__ = ("path", "job", "stream", "kind", "lines", "generation")
+    __slots__ = ("path", "job", "stream", "kind", "lines", "generation", "announced")
 
     def __init__(self, path: str, job: str, stream: LogStream, kind: str, generation: int):
         self.path, self.job, self.stream, self.kind, self.lines = path, job, stream, kind, 0
         self.generation = generation  # the sample in which the file was first wanted: later files take over
+        self.announced: str | None = None  # the stream's no-progress reason last given to the job and the log
 
 
 def pod_log_glob(root: str, namespace: str, pod: str) -> str:
@@ -164,6 +165,10 @@ class LogsSource:
                 self._counts["discovery_failed"] += 1
                 pods = {}
             for job, refs in sorted(pods.items()):
+                if self._jobs is not None and not self._jobs.is_discovered(job):
+                    # The job model takes discovery's answer on its 1 s tick: until then it does not know the
+                    # job's GPUs, and a per-GPU log (torchtitan's tps) read now would count every GPU of the node.
+                    continue
                 for namespace, pod in refs:
                     for path in sorted(glob.glob(pod_log_glob(self.pods_root, namespace, pod))):
                         wanted.setdefault(path, (job, "auto", None, "cri"))
@@ -198,6 +203,11 @@ class LogsSource:
                         "lines": f.lines,
                         "container": f.kind,
                         "unrecognised": f.stream.unrecognised,
+                        "formats": f.stream.formats,
+                        "progress_lines": f.stream.progress_lines,
+                        "no_progress": f.stream.no_progress,
+                        # A mixed log's progress lines of the poorer framework, left out by the richness rule.
+                        "left_out": f.stream.left_out,
                     }
                 )
             return {
@@ -239,6 +249,10 @@ class LogsSource:
         if stream.unrecognised and batch.path not in self._warned:
             self._warned.add(batch.path)
             log.warning("sources.logs: %s (job %s): %s", batch.path, job, stream.unrecognised)
+        if stream.no_progress != followed.announced:
+            followed.announced = stream.no_progress
+            if stream.no_progress is not None:
+                self._unread(job, batch.path, stream.no_progress)
         updates = [item for item in out if isinstance(item, Update)]
         following = dict(zip(map(id, updates), updates[1:]))
         for item in out:
@@ -257,6 +271,17 @@ class LogsSource:
                 self._save(job, item)
             elif isinstance(item, RunAction):
                 self._run(job, item, batch.read_time)
+
+    def _unread(self, job: str, path: str, reason: str) -> None:
+        """A detected format whose progress lines read nothing: the job's reason and the log say so at once, rather
+        than the job showing no MFU with no word why (the stream counts it as ``no_progress_read``)."""
+        log.warning("sources.logs: %s (job %s): %s", path, job, reason)
+        if self._jobs is None:
+            return
+        try:
+            self._jobs.observe(job, reason=f"{os.path.basename(path)}: {reason}")
+        except TooManyJobs:
+            self._counts["too_many_jobs"] += 1
 
     def _facts(self, job: str) -> Facts:
         configured = self.jobs_config.get(job, {})

@@ -15,6 +15,7 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.config import PreflightConfig
 from exporter.node.nic_qos import KernelNicQos, NicQos
+from exporter.node.nvml import NvmlSession
 from exporter.preflight.checks import (
     CheckResult,
     PreflightSettings,
@@ -24,7 +25,11 @@ from exporter.preflight.checks import (
     results_json,
     run_checks,
 )
-from exporter.sources.base import Snapshot, SourceContext
+from exporter.sources.base import Snapshot, SourceContext, levelled
+
+# The lowest series level (sources.preflight.series) at which each family is on: a failure is what the central
+# MfuPreflightFailed reads; warnings (MfuPfcOtherPriorities) are on by default too.
+FAMILY_LEVELS = {"mfu_preflight_check_ok": "minimal", "mfu_preflight_check_warning": "standard"}
 
 
 def check_families(results: list[CheckResult]) -> Iterable[Metric]:
@@ -60,11 +65,15 @@ class PreflightSource:
         nccl_env_file: str | None = None,
         interval: float = 300.0,
         timeout: float = 30.0,
+        nvml_session: NvmlSession | None = None,
+        series: str = "standard",
     ):
+        self.series = series
         self.settings = settings
         self.sysfs = sysfs
         self.procfs = procfs
         self.nvml = nvml
+        self.nvml_session = nvml_session or NvmlSession(nvml)  # borrowed: the daemon's one session (exporter.node.nvml)
         self.qos = qos or KernelNicQos()
         self.nccl_env_file = nccl_env_file
         self.interval = interval
@@ -81,6 +90,8 @@ class PreflightSource:
             nccl_env_file=section.nccl_env_file,
             interval=section.interval,
             timeout=section.timeout,
+            nvml_session=ctx.nvml_session,
+            series=section.series,
         )
 
     def sample(self) -> Snapshot:
@@ -91,10 +102,18 @@ class PreflightSource:
                 env = read_env_file(self.nccl_env_file)
             except (OSError, UnicodeDecodeError):  # missing, unreadable, or not UTF-8 text
                 errors["nccl_env_file_unreadable"] += 1  # the NCCL checks SKIP, saying no environment was given
-        facts = gather(self.settings, self.sysfs, self.procfs, nvml=self.nvml, qos=self.qos, nccl_env=env)
+        facts = gather(
+            self.settings,
+            self.sysfs,
+            self.procfs,
+            nvml=self.nvml,
+            qos=self.qos,
+            nccl_env=env,
+            nvml_session=self.nvml_session,
+        )
         results = run_checks(facts, self.settings)
         return Snapshot(
-            render=lambda: check_families(results),
+            render=lambda: levelled(check_families(results), FAMILY_LEVELS, self.series),
             errors=errors,
             status=results_json(results),
             data={"results": results},

@@ -7,7 +7,6 @@ schemas, every cross-reference holds (labels, ports, names, flags, config keys),
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from exporter.config import DEFAULT_LISTEN_ADDRESS, load_config
 from exporter.quantities import parse_duration
 from exporter.service import build_service
 from exporter.web.app import create_app
+from tests.support.scripts import load_script
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,10 +40,7 @@ KUBERNETES_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
 
 
 def load_generator():
-    spec = importlib.util.spec_from_file_location("gen_prometheusrule", GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GENERATOR.name)
 
 
 @pytest.fixture(scope="module")
@@ -233,8 +230,10 @@ def test_pod_sees_gpus_and_host_nics_without_privileges(pod, container):
     assert any(
         t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" and "effect" not in t for t in pod["tolerations"]
     ), "tolerate every effect of the GPU taint"
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] != 0
+    # Root for the kubelet's root-only socket and logs, with nothing root could do beyond owning them
+    # (tests/e2e/test_kubernetes_privileges.py runs it so); deploy/kubernetes-nonroot is the non-root variant.
+    assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["runAsNonRoot"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["automountServiceAccountToken"] is False
     security = container["securityContext"]
     assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
@@ -419,7 +418,7 @@ def test_hadolint_catches_what_it_should(tmp_path):
     assert result.returncode != 0 and "DL3007" in result.stdout
 
 
-def test_image_is_multi_stage_pinned_and_unprivileged(pod):
+def test_image_is_multi_stage_pinned_and_unprivileged():
     instructions = dockerfile_instructions()
     args = {
         rest.split("=", 1)[0]: rest.split("=", 1)[1]
@@ -436,7 +435,12 @@ def test_image_is_multi_stage_pinned_and_unprivileged(pod):
     assert not any(keyword == "RUN" and re.search(r"apt-get|gcc|build-essential", rest) for keyword, rest in final)
     (user,) = [rest for keyword, rest in final if keyword == "USER"]
     uid = int(user.split(":")[0])
-    assert uid != 0 and uid == pod["securityContext"]["runAsUser"]
+    # The image alone runs unprivileged; the DaemonSet chooses root for the kubelet's files, its non-root overlay
+    # the image's own user.
+    overlay = yaml.safe_load((ROOT / "deploy" / "kubernetes-nonroot" / "kustomization.yaml").read_text())
+    (patch,) = overlay["patches"]
+    values = {op["path"].rsplit("/", 1)[1]: op["value"] for op in yaml.safe_load(patch["patch"])}
+    assert uid != 0 and uid == values["runAsUser"] == values["runAsGroup"]
     (healthcheck,) = [rest for keyword, rest in final if keyword == "HEALTHCHECK"]
     assert (
         '"mfu-exporter", "healthcheck"' in healthcheck
@@ -498,7 +502,8 @@ def test_unit_runs_sandboxed_as_a_dedicated_user():
     assert daemon_args(argv[1:] if argv[:1] == ["run"] else argv).config == "/etc/mfu-exporter/config.yaml"
 
 
-def test_systemd_analyze_verify_passes(tmp_path):
+def systemd_verify(tmp_path: Path, dropins: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``systemd-analyze verify`` on the unit, with ``dropins`` (name: text) in its ``.d`` directory beside it."""
     analyze = shutil.which("systemd-analyze")
     if not analyze:
         pytest.skip("systemd-analyze not present")
@@ -506,9 +511,74 @@ def test_systemd_analyze_verify_passes(tmp_path):
     entry_point = shutil.which("mfu-exporter", path=str(Path(sys.executable).parent)) or sys.executable
     unit = tmp_path / UNIT.name
     unit.write_text(UNIT.read_text().replace("/opt/mfu-exporter/bin/mfu-exporter", entry_point))
-    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    directory = tmp_path / f"{UNIT.name}.d"
+    directory.mkdir(exist_ok=True)
+    for name, text in (dropins or {}).items():
+        (directory / name).write_text(text)
+    return subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+
+
+def test_systemd_analyze_verify_passes(tmp_path):
+    result = systemd_verify(tmp_path)
     # Unknown or misspelt keys are only warnings (exit 0), so any output at all is a failure.
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+
+
+SLURM_DROPIN = UNIT.parent / "mfu-exporter.service.d" / "slurm.conf"
+SLURM_CONFIG = UNIT.parent / "config-slurm.yaml"
+PROLOG, EPILOG = ROOT / "deploy" / "slurm" / "prolog.sh", ROOT / "deploy" / "slurm" / "epilog.sh"
+
+
+def effective_settings(*paths: Path) -> dict[str, list[str]]:
+    """Each key's values over the unit and its drop-ins in order, as systemd merges them: an empty assignment
+    resets a list, a later single-valued setting wins (the last value)."""
+    merged: dict[str, list[str]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.startswith(("#", "[")):
+                key, value = line.split("=", 1)
+                merged[key] = [] if value == "" else [*merged.get(key, []), value]
+    return merged
+
+
+def test_slurm_node_sandbox_lets_discovery_read_other_users_processes_and_the_mapping_directory():
+    settings = effective_settings(UNIT, SLURM_DROPIN)
+    last = {key: values[-1] for key, values in settings.items() if values}
+    # /proc/<pid>/cgroup (0444) of the jobs' users' processes, NVML's host PIDs: the host's PID namespace and an
+    # unhidden /proc.
+    assert last.get("PrivatePIDs", "no") == "no" and last.get("ProtectProc", "default") == "default"
+    assert last.get("ProcSubset", "all") == "all" and last.get("PrivateUsers", "no") == "no"
+    # The prolog's directory, the cgroup tree and the job's output under /home stay readable.
+    (mapping_dir,) = re.findall(r'MFU_JOB_MAPPING_DIR:-([^}"]+)', PROLOG.read_text())
+    assert re.findall(r'MFU_JOB_MAPPING_DIR:-([^}"]+)', EPILOG.read_text()) == [mapping_dir]
+    readable = (mapping_dir, "/proc/1/cgroup", "/sys/fs/cgroup/x", "/etc/slurm/slurm.conf", "/run/munge/x")
+    for key in ("InaccessiblePaths", "TemporaryFileSystem", "BindPaths", "BindReadOnlyPaths"):
+        for value in settings.get(key, []):
+            for hidden in value.split():
+                hidden = hidden.lstrip("-+").split(":")[0]
+                assert not any(p == hidden or p.startswith(hidden.rstrip("/") + "/") for p in readable), (key, value)
+    assert last["ProtectHome"] == "read-only"  # Slurm output files are often under /home
+    assert {"AF_UNIX", "AF_INET"} <= set(last["RestrictAddressFamilies"].split())  # munged's socket, slurmctld
+    # The config it ships with reads that directory and names jobs with squeue.
+    config = load_config(str(SLURM_CONFIG))
+    slurm = config["discovery"]["slurm"]
+    assert slurm["job_mapping_dir"] == mapping_dir and slurm["processes"] is True
+    assert slurm["name_command"][0] == "squeue" and "{job}" in slurm["name_command"]
+
+
+def test_systemd_analyze_verify_passes_with_the_slurm_drop_in(tmp_path):
+    result = systemd_verify(tmp_path, {SLURM_DROPIN.name: SLURM_DROPIN.read_text()})
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+    # verify reads drop-ins beside the unit: a misspelt key in it is reported, so the clean run above covered it.
+    result = systemd_verify(tmp_path, {SLURM_DROPIN.name: SLURM_DROPIN.read_text() + "ProtectHme=yes\n"})
+    assert "ProtectHme" in result.stdout + result.stderr
+
+
+def test_slurm_prolog_and_epilog_are_posix_sh():
+    for script in (PROLOG, EPILOG):
+        assert script.read_text().startswith("#!/bin/sh\n") and os.access(script, os.X_OK)
+        checked = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, timeout=10)
+        assert checked.returncode == 0, checked.stderr
 
 
 # --- Grafana ------------------------------------------------------------------------------------------------------

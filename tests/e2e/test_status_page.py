@@ -1,8 +1,11 @@
 """The status page in a real browser: Debian's headless Chromium runs the page's own JavaScript against the demo."""
 
+import html
+import json
 import re
 import subprocess
 import threading
+import time
 
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.tools import require_tool
@@ -34,11 +37,31 @@ def chromium(tmp_path, url, *args):
     return result.stdout.decode()
 
 
+def browse(tmp_path, base, poll):
+    """The page's DOM after the browser ran it, with ``poll()`` called every 50 ms meanwhile (and once after), so
+    what the API said all the while the page read it is known, however far the simulated job moved meanwhile."""
+    browsing = threading.Event()
+
+    def polling():
+        while not browsing.wait(0.05):
+            poll()
+
+    poller = threading.Thread(target=polling, daemon=True)
+    poller.start()
+    try:
+        return chromium(tmp_path, base, "--dump-dom")
+    finally:
+        browsing.set()
+        poller.join()
+        poll()
+
+
 def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
     # A long window keeps MFU steady between the browser's read and ours.
     with running_demo("--incident", "thermal", "--mfu.window", "60s", speed=20) as base:
-        throttled = ("mfu_gpu_throttle_active", (("gpu", "1"), ("reason", "hw_thermal_slowdown")))
-        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 1 throttled")
+        # The node's count of GPUs held down by heat (the per-GPU reasons are at series: full); the page names GPU 1.
+        throttled = ("mfu_node_gpus_throttled", (("cause", "thermal"),))
+        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "a GPU throttled for heat")
         readings = []
 
         def settled():
@@ -48,20 +71,8 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         wait_until(settled, 40, "MFU to settle near 30%", interval=0.5)
         # The page reads the API while the browser runs; what the API said all that time is polled beside it, so
         # the comparison holds however far a loaded machine lets the simulated job move meanwhile.
-        during, browsing = [readings[-1]], threading.Event()
-
-        def poll():
-            while not browsing.wait(0.05):
-                during.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0)
-
-        poller = threading.Thread(target=poll, daemon=True)
-        poller.start()
-        try:
-            dom = chromium(tmp_path, base, "--dump-dom")
-        finally:
-            browsing.set()
-            poller.join()
-        during.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0)
+        during = [readings[-1]]
+        dom = browse(tmp_path, base, lambda: during.append(get_json(base + "api/v1/jobs")["jobs"][0]["mfu"] or 0))
 
         assert int(re.search(r'data-updates="(\d+)"', dom).group(1)) >= 1, "the page never updated itself"
         shown_ratio, shown_text = re.search(r'data-mfu="([0-9.]+)">([0-9.]+)%<', dom).groups()
@@ -99,3 +110,144 @@ def test_the_run_timeline_draws_a_band_per_run_coloured_by_kind(tmp_path):
         assert 0 < float(timeline.group(1)) < 1
         bands = set(re.findall(r'<rect class="band [a-z_]+" data-run="(\d+)" data-kind="([a-z_]+)"', card.group(0)))
         assert ("1", "startup") in bands and ("1", "down") in bands and ("2", "checkpoint_load") in bands
+
+
+def test_page_lists_the_training_logs_the_exporter_reads(tmp_path):
+    """--progress logs: the demo's job prints torchtitan's lines; the page's "Training logs" table shows the file,
+    the format detected and that it is read (a detected format that reads nothing would show why instead)."""
+    with running_demo("--progress", "logs", speed=20) as base:
+        wait_until(
+            lambda: any((j.get("step") or 0) >= 2 for j in get_json(base + "api/v1/jobs")["jobs"]), 30, "2 steps"
+        )
+        dom = chromium(tmp_path, base, "--dump-dom")
+    section = re.search(r"<h2>Training logs</h2>(.*?)</section>", dom, re.S)
+    assert section, "the page has no Training logs section"
+    row = re.search(r"<tbody>(.*?)</tbody>", section.group(1), re.S)
+    assert row, section.group(1)[:500]
+    assert "torchtitan" in row.group(1) and "reading" in row.group(1) and "no progress" not in row.group(1)
+
+
+# --- every field the page shows for a job, against /api/v1/jobs ----------------------------------------------------
+
+CARD = re.compile(r'<div class="card" data-job="([^"]*)">(.*?)</dl>', re.S)
+FACT = re.compile(r'<dd data-field="([^"]+)" data-value="([^"]*)">(.*?)</dd>', re.S)
+SI = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def at(job, path):
+    for key in path.split("."):
+        job = (job or {}).get(key)
+    return job
+
+
+def agrees(value, candidates):
+    """``value`` is one the API gave: a number within the range the API's answers spanned while the browser read
+    (the demo's job moves meanwhile), a mapping key by key, anything else equal to one answer."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        numbers = [c for c in candidates if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        slack = 1e-9 * max(abs(n) for n in numbers) if numbers else 0
+        return bool(numbers) and min(numbers) - slack <= value <= max(numbers) + slack
+    if isinstance(value, dict):
+        mappings = [c for c in candidates if isinstance(c, dict)]
+        return bool(mappings) and all(agrees(v, [m.get(k) for m in mappings]) for k, v in value.items())
+    return value in candidates
+
+
+def read_number(text):
+    """The number in a fact the page printed: "3,664", "491.34 k", "3.96 PFLOP/s", "64.9%"."""
+    m = re.fullmatch(r"(-?[0-9][0-9,]*(?:\.[0-9]+)?)(%| ?([kMGTP]?)[A-Za-z/]*)", text.strip())
+    assert m, f"not a number the page's formatters print: {text!r}"
+    number = float(m.group(1).replace(",", ""))
+    return number / 100 if m.group(2) == "%" else number * SI[m.group(3) or ""]
+
+
+def read_duration(text):
+    """Seconds in a duration the page printed: "185.1 d", "3 h 5 m", "12 m 3 s", "45 s"."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    parts = re.findall(r"([0-9.]+) ([dhms])\b", text)
+    assert parts and " ".join(f"{n} {u}" for n, u in parts) == text.strip(), f"not a duration: {text!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def printed_right(field, value, text):
+    """The text is ``value`` as the page's formatters print it (within the digits they keep), never NaN."""
+    if value is None or (field == "gpus" and value == []):
+        return text in ("–", "—")
+    if field == "gpus":
+        return text == str(len(value) if isinstance(value, list) else value)
+    if field in ("found_by", "gpu_indices"):
+        return text == (", ".join(str(v) for v in value) or "—")
+    if field == "eta_seconds":
+        shown = read_duration(text)
+        return abs(shown - value) <= (0.05 * 86400 if text.endswith(" d") else 60)
+    if field == "checkpoint":
+        if value.get("in_progress"):
+            return text.startswith(f"writing {value['in_progress']} for ")
+        if value.get("last_duration_seconds") is not None:
+            return text.startswith("last took ") and abs(read_duration(text[10:]) - value["last_duration_seconds"]) < 60
+        return text == "none yet"
+    shown = read_number(text)
+    if field.startswith("hardware."):
+        return abs(shown - value) <= 0.0005 + 1e-12
+    if field in ("tokens_per_second", "step"):
+        return abs(shown - value) <= 0.5
+    return abs(shown - value) <= 0.005 * abs(value) + 1e-9  # si(): two decimals of the scaled value
+
+
+def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path):
+    """The demo's llama3-70b says its GPUs as a list ([0, 1, 2, 3]) and bert-pretrain says none (discovery found
+    its GPUs): the page shows 4 and "–", never NaN; every other fact, the MFU, the reason and the cause are the API's,
+    and "updated" is the wall clock, not the demo's simulated one that runs minutes ahead."""
+    with running_demo(speed=20) as base:
+        # Until the demo's clock is a minute ahead of the wall clock, so the two "updated" could show differ.
+        wait_until(
+            lambda: (
+                {j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]}.get("llama3-70b", {}).get("mfu")
+                and get_json(base + "api/v1/status")["time"] - time.time() > 60
+            ),
+            30,
+            "llama3-70b to have an MFU, and the demo's clock to run a minute ahead",
+        )
+        answers: list[dict] = []
+
+        def poll():
+            answers.append({j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]})
+
+        started = time.time()
+        poll()
+        dom = browse(tmp_path, base, poll)
+        ended = time.time()
+        simulated = get_json(base + "api/v1/status")["time"]
+
+    assert "NaN" not in dom and "undefined" not in dom
+    updated = float(re.search(r'id="updated"[^>]*data-time="([0-9.]+)"', dom).group(1))
+    # Virtual time may run the page's clock a few seconds ahead of ours (its budget is 5 s), never minutes.
+    assert started - 1 <= updated <= ended + 6, (started, updated, ended)
+    assert simulated - ended > 60, "the demo's clock no longer runs ahead: this check would not tell the two apart"
+
+    cards = {html.unescape(name): body for name, body in CARD.findall(dom)}
+    assert set(cards) == set(answers[-1]) == {"llama3-70b", "bert-pretrain"}, sorted(cards)
+    for name, body in cards.items():
+        seen = [a[name] for a in answers if name in a]
+        assert re.search(rf"<h3>{re.escape(html.escape(name))}</h3>", body)
+        raw_mfu, mfu_text = re.search(r'data-mfu="([^"]*)">([^<]*)<', body).groups()
+        mfu = float(raw_mfu) if raw_mfu else None
+        assert agrees(mfu, [j["mfu"] for j in seen]), (name, mfu)
+        assert mfu_text == ("–" if mfu is None else f"{100 * mfu:.1f}%")
+        reason = re.search(r"<div class=\"muted\" data-reason=\"\">(.*?)</div>", body)
+        assert agrees(html.unescape(reason.group(1)) if reason else None, [j["reason"] for j in seen]), name
+        cause = re.search(r'<div class="cause" data-cause="([a-z_]+)">', body)
+        causes = [(j.get("bottleneck") or {}).get("cause") for j in seen]
+        assert (cause.group(1) in causes) if cause else any(c in (None, "none") for c in causes), (name, causes)
+
+        facts = FACT.findall(body)
+        assert len(facts) == body.count("<dt>") >= 10, f"{name}: a fact printed without the field it shows"
+        for field, raw, text in facts:
+            value, text = json.loads(html.unescape(raw)), html.unescape(text)
+            assert agrees(value, [at(j, field) for j in seen]), (name, field, value)
+            assert printed_right(field, value, text), (name, field, value, text)
+        shown = {field: html.unescape(text) for field, _, text in facts}
+        if name == "llama3-70b":
+            assert seen[-1]["gpus"] == [0, 1, 2, 3] and shown["gpus"] == "4"  # a list: how many
+        else:
+            assert seen[-1]["gpus"] is None and shown["gpus"] == "–"

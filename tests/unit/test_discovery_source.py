@@ -179,6 +179,49 @@ def test_slurm_processes_and_mapping_dir(tmp_path, nvml):
     assert jobs["31"].pods[0].user == "1000"
 
 
+def test_slurm_job_held_back_while_its_name_is_on_its_way_then_named_or_given_its_id(tmp_path, nvml):
+    """As a pod waits for its labels: a job is not first named by its ID and a sample later by its name."""
+    mapping = tmp_path / "map"
+    mapping.mkdir()
+    (mapping / "0").write_text("41\n")
+    (mapping / "1").write_text("42\n")
+    gate = tmp_path / "answer"
+    squeue = tmp_path / "squeue"
+    # Job 41's name comes once the test lets it; job 42's lookup hangs until its timeout ends it.
+    squeue.write_text(
+        f'#!/bin/sh\n[ "$1" = 42 ] && exec sleep 30\nwhile [ ! -e {gate} ]; do sleep 0.02; done\necho llama-sft\n'
+    )
+    squeue.chmod(0o755)
+    now = [100.0]
+    cfg = section(
+        kubernetes={"enabled": "false"},
+        slurm={
+            "enabled": "true",
+            "job_mapping_dir": str(mapping),
+            "processes": False,
+            "name_command": [str(squeue), "{job}"],
+            "name_timeout": "5s",
+        },
+    )
+    source = DiscoverySource(cfg, nvml=nvml, clock=lambda: now[0])
+    try:
+        first = source.sample()
+        assert first.data["jobs"] == {} and first.status["slurm"]["names_pending"] == ["41", "42"]
+        gate.touch()
+        deadline = time.monotonic() + 5
+        while source.names.pending("41") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        now[0] += 1.0
+        second = source.sample()
+        named = second.data["jobs"]
+        assert list(named) == ["llama-sft"] and named["llama-sft"].pods[0].slurm_job_id == "41"
+        assert second.status["slurm"]["names_pending"] == ["42"]
+        now[0] += 5.5  # past 42's name_timeout + 1 s, its lookup still running: named by its ID from now on
+        assert sorted(source.sample().data["jobs"]) == ["42", "llama-sft"]
+    finally:
+        source.close()
+
+
 def test_slurm_processes_off_without_the_host_pid_namespace(tmp_path, nvml):
     procfs = tmp_path / "proc"
     add_process(procfs, 1, "0::/\n", comm="tini")
@@ -246,3 +289,22 @@ def test_demo_config_applies_the_files_discovery_section(tmp_path):
     assert config["discovery"]["slurm"]["job_mapping_dir"] == str(mapping)
     default = demo_config(None, node, kubelet_socket="/tmp/demo-kubelet.sock")
     assert default["discovery"]["kubernetes"]["socket"] == "/tmp/demo-kubelet.sock"
+
+
+def test_a_lost_gpu_does_not_stop_discovery_for_the_others_nor_reinitialise_nvml(sock, nvml):
+    # Real NVML keeps a GPU that fell off the bus at its index, and its handle call fails: the other seven are still
+    # matched to their pods, and NVML is initialised once, not again every cycle.
+    nvml.lose(5)
+    with PodResourcesServer(sock, training_pods(nvml)):
+        clock = [0.0]
+        source = DiscoverySource(k8s_only(sock), nvml=nvml, clock=lambda: clock[0])
+        snapshot = source.sample()
+        assert snapshot.errors["nvml_gpu_NVMLError_GpuIsLost"] == 1
+        jobs = snapshot.data["jobs"]
+        assert jobs["llama"].gpus == (0, 1, 2, 3) and jobs["bert"].gpus == (4, 6, 7)
+        for _ in range(3):
+            clock[0] += 61  # past the inventory's refresh
+            source.sample()
+        assert nvml.calls["nvmlInit"] == 1 and nvml.initialized
+        source.close()
+        assert not nvml.initialized

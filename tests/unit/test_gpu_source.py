@@ -1,10 +1,7 @@
 """The GPU source against the fake pynvml module: healthy and mixed nodes, every fault of issue 3, exact metrics."""
 
-import importlib.util
 import logging
 import subprocess
-import sys
-from pathlib import Path
 
 import pynvml
 import pytest
@@ -21,7 +18,6 @@ from tests.support import expo
 from tests.support.tools import require_tool
 from tests.support.wait import wait_for
 
-SMOKE_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-smoke.py"
 H100_PEAK = 989.4e12
 A100_PEAK = 312e12
 L40S_PEAK = 362e12
@@ -180,8 +176,9 @@ def test_handles_event_sets_and_gpm_samples_are_opened_once():
     assert calls["nvmlEventSetCreate"] == 8
     assert calls["nvmlGpmSampleAlloc"] == 16 and node.nvml.live_gpm_samples == 16
     assert calls["nvmlGpmMetricsGet"] == 4 * 8  # the first cycle opened GPM: its first sample was only just taken
-    # One field-values call per GPU and cycle; the PCIe fields H100 refused on the first cycle are not asked again.
-    assert calls["nvmlDeviceGetFieldValues"] == 5 * 8
+    # One field-values call per GPU and cycle (byte counters, throttle time and NVLink errors together), plus one per
+    # GPU at open for its NVLink link count; the PCIe fields H100 refused on the first cycle are not asked again.
+    assert calls["nvmlDeviceGetFieldValues"] == 5 * 8 + 8
 
 
 def test_nvlink_counters_are_summed_over_all_links_not_link_zero():
@@ -347,7 +344,8 @@ def test_passing_call_failure_is_counted_and_retried_next_cycle():
 
 
 def lose_by_unknown(nvml, index):
-    nvml.gpus[index].fail["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_UNKNOWN
+    # Every call answers UNKNOWN, as when a container lost access to the GPU: one call's UNKNOWN is not a loss.
+    nvml.gpus[index].fail_all = pynvml.NVML_ERROR_UNKNOWN
 
 
 def lose_by_falling_off_the_bus(nvml, index):
@@ -380,18 +378,21 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(lose):
     assert any(note.startswith("GPU 2: lost") for note in snapshot.status["notes"])
 
     assert node.tick(10).errors == {}  # counted once per loss, not every cycle
-    if lose is lose_by_unknown:
-        del node.nvml.gpus[2].fail["nvmlDeviceGetUtilizationRates"]
-        node.nvml.gpus[2].lost = True  # a GPU answering UNKNOWN is not enumerated after re-init either
     inits = node.nvml.calls["nvmlInit"]
     snapshot = node.tick(25)  # retry_interval after the loss: NVML re-initialised, GPU 2 still gone
     assert node.nvml.calls["nvmlInit"] == inits + 1
     _, values = exposition(snapshot)
     assert values[("mfu_gpu_up", gpu(2))] == 0
-    # NVML now numbers the GPU that was 3 as 2; the label follows the UUID, not NVML's index
+    # Real NVML keeps the failing GPU at its index: it is the same lost GPU, not counted again, listed once.
+    assert snapshot.errors == {}
+    assert [note for note in snapshot.status["notes"] if "2" in note.split(":")[0]] == [
+        note for note in snapshot.status["notes"] if note.startswith("GPU 2: lost")
+    ]
+    assert not any(note.startswith("cannot open") for note in snapshot.status["notes"])
     assert snapshot.data["gpus"][3].uuid == fake.h100(3).uuid and snapshot.data["gpus"][3].up is True
 
     node.nvml.gpus[2].lost = False  # back on the bus
+    node.nvml.gpus[2].fail_all = None
     node.tick(10)
     snapshot = node.tick(25)
     _, values = exposition(snapshot)
@@ -655,35 +656,237 @@ async def test_hanging_nvml_call_leaves_metrics_answering_from_the_last_snapshot
     await wait_for(lambda: state.up)
 
 
-def load_smoke_script():
-    spec = importlib.util.spec_from_file_location("gpu_smoke", SMOKE_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# --- issue 28: throttle time and NVLink errors ---------------------------------------------------------------------
 
 
-def test_smoke_script_prints_the_metrics_and_notes_and_passes_a_healthy_node(capsys):
-    nvml = fake.node(fake.h100(0), fake.a100(1, mig_mode=1))
-    assert load_smoke_script().main(["--pause", "0.12"], nvml=nvml) == 0
-    out, err = capsys.readouterr()
-    metrics, notes = out.split("# status notes:\n")
-    values = expo.samples(metrics)
-    assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == 0  # the second sample: GPM measured 0.12 s
-    assert gpu(1) not in series_of(values, "mfu_gpu_utilization_ratio")  # MIG: none, and that is not a failure
-    assert notes.startswith("#   GPU 1: in MIG mode")
-    assert notes.endswith('# errors counted (reasons of mfu_exporter_source_errors_total{source="gpu"}): none\n')
-    assert err == "gpu-smoke: OK: 2 GPU(s) up with every core series\n"
-    assert not nvml.initialized
+def test_throttle_seconds_come_from_nvml_counters_in_nanoseconds():
+    node = h100_node(count=2)
+    node.nvml.gpus[0].clocks_event_reasons = 0x4  # power capped, as under training load
+    for _ in range(3):
+        snapshot = node.tick()
+    _, values = exposition(snapshot)
+    throttle = series_of(values, "mfu_gpu_throttle_seconds_total")
+    assert throttle[gpu(0, reason="sw_power_cap")] == 3.0  # 3 s of 1e9 ns each, from field 74
+    assert throttle[gpu(0, reason="hw_thermal_slowdown")] == 0.0
+    assert len(throttle) == 2 * 4  # four reasons per GPU: the series budget of issue 28
+    assert snapshot.status["gpus"][0]["throttle_time_from"]["sw_power_cap"] == "field"
 
 
-def test_smoke_script_fails_when_a_core_series_is_missing(capsys):
-    nvml = fake.node(fake.h100(0), fake.h100(1, fail={"nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NOT_SUPPORTED}))
-    assert load_smoke_script().main(["--pause", "0.12"], nvml=nvml) == 1
-    assert capsys.readouterr().err == "gpu-smoke: FAIL: GPU 1 lacks mfu_gpu_power_watts\n"
+def test_throttle_seconds_integrate_the_bit_where_the_driver_has_no_counter():
+    node = Node(fake.node(fake.l40s, count=1))  # no field values at all
+    node.nvml.gpus[0].clocks_event_reasons = 0x20  # SW thermal slowdown
+    for _ in range(4):
+        snapshot = node.tick(0.5)
+    _, values = exposition(snapshot)
+    throttle = series_of(values, "mfu_gpu_throttle_seconds_total")
+    # The first sample starts the integration; each later one adds the 0.5 s since the one before.
+    assert throttle[gpu(0, reason="sw_thermal_slowdown")] == 1.5
+    assert throttle[gpu(0, reason="sw_power_cap")] == 0.0
+    assert snapshot.status["gpus"][0]["throttle_time_from"]["sw_thermal_slowdown"] == "samples"
+    node.nvml.gpus[0].clocks_event_reasons = 0x1  # idle now: the counter stands
+    _, values = exposition(node.tick(0.5))
+    assert values[("mfu_gpu_throttle_seconds_total", gpu(0, reason="sw_thermal_slowdown"))] == 1.5
 
 
-def test_smoke_script_fails_when_nvml_does_not_start():
-    result = subprocess.run([sys.executable, str(SMOKE_SCRIPT)], capture_output=True, text=True, timeout=60)
-    # The real pynvml: where no driver is loaded (CI, this machine) NVML does not start; a healthy GPU machine passes.
-    expected = "gpu-smoke: OK: " if result.returncode == 0 else "gpu-smoke: NVML did not start: "
-    assert result.returncode in (0, 1) and expected in result.stderr, result.stderr
+def test_nvlink_errors_are_summed_over_links_and_kinds_per_gpu():
+    nvml = fake.node(fake.h100(0), fake.a100(1), fake.l40s(2), fake.b200(3))
+    nvml.gpus[0].nvlink_errors = {(38, 0): 5, (52, 17): 2}  # CRC flit on link 0, replay on link 17
+    nvml.gpus[1].nvlink_errors = {(59, 11): 1}  # recovery on the A100's last link
+    nvml.gpus[3].nvlink_errors = {(215, 3): 4, (38, 3): 99}  # B200: the newer counter (the older one it lacks)
+    node = Node(nvml)
+    node.tick()
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    errors = series_of(values, "mfu_gpu_nvlink_errors_total")
+    assert errors == {gpu(0): 7.0, gpu(1): 1.0, gpu(3): 4.0}  # the L40S has no NVLink: no series
+    status = snapshot.status["gpus"]
+    assert status[0]["nvlink_errors"] == {"crc_flit": 5.0, "replay": 2.0, "crc_data": 0.0, "recovery": 0.0}
+    assert status[3]["nvlink_errors"] == {"receive": 0.0, "link_integrity": 0.0, "link_recovery": 4.0}
+    assert status[2]["unsupported"]["nvlink_errors"]
+    nvml.gpus[0].nvlink_errors[(45, 3)] = 1  # a new CRC data error: the counter grows
+    _, values = exposition(node.tick())
+    assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 8.0
+
+
+def test_an_unknown_error_on_one_field_degrades_that_series_only(caplog):
+    node = h100_node(count=1)
+    node.nvml.gpus[0].clocks_event_reasons = 0x4
+    node.tick()
+    node.nvml.gpus[0].field_errors[74] = pynvml.NVML_ERROR_UNKNOWN
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_up", gpu(0))] == 1  # not lost
+    assert snapshot.errors["nvml_unknown"] == 1
+    assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 0.0
+    # The counter keeps its last value through the failing cycle (never absent, never backwards).
+    assert values[("mfu_gpu_throttle_seconds_total", gpu(0, reason="sw_power_cap"))] == 1.0
+    del node.nvml.gpus[0].field_errors[74]
+    _, values = exposition(node.tick())
+    assert values[("mfu_gpu_throttle_seconds_total", gpu(0, reason="sw_power_cap"))] == 3.0
+
+
+def test_issue_28_adds_at_most_40_series_to_an_8_gpu_node():
+    _, values = exposition(h100_node().tick())
+    added = [k for k in values if k[0] in ("mfu_gpu_throttle_seconds_total", "mfu_gpu_nvlink_errors_total")]
+    assert len(added) == 40
+
+
+# --- what the real H200 showed (docs/benchmarks.md "On a real H200") ------------------------------------------------
+
+
+def test_a_32_bit_pcie_field_is_not_exported_the_gpm_rate_is_integrated_instead():
+    # The H200 answers fields 197/198 as UNSIGNED_INT: at PCIe Gen5 rates they wrap many times a second.
+    node = Node(fake.node(fake.h200, count=1))
+    fake_gpu = node.nvml.gpus[0]
+    fake_gpu.pcie_tx_bytes = 5 * 2**32 + 100  # already wrapped five times
+    fake_gpu.pcie_tx_rate = 10 * 2**20  # 10 MiB/s, which GPM reports
+    node.tick()
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_pcie_transmit_bytes_total", gpu(0))] == pytest.approx(10 * 2**20)  # one second of GPM
+    assert "32-bit" in snapshot.status["gpus"][0]["unsupported"]["pcie_transmit_bytes"]
+
+
+def test_memory_used_leaves_out_what_the_driver_reserves():
+    node = Node(fake.node(fake.h200, count=1))
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_memory_used_bytes", gpu(0))] == 0  # idle: v1 would say 615 MiB
+    assert snapshot.status["gpus"][0]["memory_reserved_bytes"] == 644_939_776
+
+
+def test_memory_falls_back_to_v1_on_a_driver_without_the_v2_call():
+    node = h100_node(count=1)
+    node.nvml.gpus[0].memory_used = 2**30
+    original = node.nvml.nvmlDeviceGetMemoryInfo
+
+    def v1_only(handle, version=None):
+        if version:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return original(handle)
+
+    node.nvml.nvmlDeviceGetMemoryInfo = v1_only
+    _, values = exposition(node.tick())
+    assert values[("mfu_gpu_memory_used_bytes", gpu(0))] == 2**30
+
+
+def test_a_gpm_metric_answered_as_nan_is_left_out_not_exported():
+    # The H200 answered DRAM_BW_UTIL = NaN with SUCCESS for samples 20 and 50 ms apart: nothing non-finite is served.
+    node = h100_node(count=1)
+    node.nvml.gpus[0].set_activity(40.0)
+    node.nvml.gpus[0].gpm[pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL] = float("nan")
+    node.tick()
+    _, values = exposition(node.tick())
+    assert ("mfu_gpu_dram_active_ratio", gpu(0)) not in values
+    assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == pytest.approx(0.4)
+
+
+# --- issue 28: NVML's lifecycle as the real library has it ----------------------------------------------------------
+
+
+def test_one_call_answering_unknown_degrades_that_call_only():
+    node = h100_node(count=2)
+    node.tick()
+    node.nvml.gpus[1].fail["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_UNKNOWN
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_up", gpu(1))] == 1  # the GPU still answers its UUID: not lost
+    assert snapshot.errors == {"nvml_unknown": 1}
+    assert set(series_of(values, "mfu_gpu_temperature_celsius")) == {gpu(0)}
+    assert values[("mfu_gpu_power_watts", gpu(1))] == 70.0
+
+
+def test_an_unknown_gpm_metric_degrades_that_metric_only():
+    node = h100_node(count=1)
+    node.nvml.gpus[0].set_activity(30.0)
+    node.nvml.gpus[0].gpm_errors[pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL] = pynvml.NVML_ERROR_UNKNOWN
+    node.tick()
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_up", gpu(0))] == 1 and snapshot.errors == {"nvml_unknown": 1}
+    assert ("mfu_gpu_tensor_active_ratio", gpu(0)) not in values
+    assert values[("mfu_gpu_sm_active_ratio", gpu(0))] == pytest.approx(0.3)
+    del node.nvml.gpus[0].gpm_errors[pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL]
+    _, values = exposition(node.tick())  # asked again: an unknown error is not "unsupported"
+    assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == pytest.approx(0.3)
+
+
+def test_an_unknown_error_registering_for_xids_degrades_xids_only():
+    nvml = fake.node(fake.h100, count=2)
+    nvml.gpus[0].fail["nvmlDeviceRegisterEvents"] = pynvml.NVML_ERROR_UNKNOWN
+    node = Node(nvml)
+    snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_up", gpu(0))] == 1 and snapshot.errors == {"nvml_unknown": 1}
+    assert nvml.calls["nvmlEventSetFree"] == 1  # nvml.h: the set is in an undefined state and must be freed
+    nvml.xid(1, 13)
+    assert exposition(node.tick())[1][("mfu_gpu_xid_errors_total", gpu(1, xid="13"))] == 1
+
+
+def test_a_gpu_this_process_may_not_open_is_listed_once_and_never_reinitialised_for():
+    nvml = fake.node(fake.h100, count=3)
+    nvml.gpus[1].fail["nvmlDeviceGetHandleByIndex"] = pynvml.NVML_ERROR_NO_PERMISSION  # a cgroup device rule
+    node = Node(nvml, retry_interval=30)
+    snapshot = node.tick()
+    assert snapshot.errors == {"nvml_no_permission": 1}
+    assert [g.index for g in snapshot.data["inventory"]] == [0, 2]
+    assert snapshot.status["notes"] == [
+        "cannot open NVML index 1: Insufficient Permissions (not this process's: no re-initialisation for it)"
+    ]
+    for _ in range(4):
+        assert node.tick(30).errors == {}
+    assert nvml.calls["nvmlInit"] == 1  # the healthy GPUs' Xid registrations and GPM intervals are never cut
+
+
+def test_a_gpu_unbound_from_the_driver_leaves_the_enumeration_and_labels_follow_the_uuid():
+    node = h100_node(count=4, retry_interval=30)
+    node.tick()
+    node.nvml.lose(2)
+    node.nvml.gpus[2].unbound = True  # then unbound: the next session no longer enumerates it
+    node.tick()
+    snapshot = node.tick(30)
+    assert node.nvml.nvmlDeviceGetCount() == 3  # NVML now numbers the GPU that was 3 as 2
+    assert snapshot.data["gpus"][2].up is False and snapshot.data["gpus"][3].up is True
+    assert snapshot.data["gpus"][3].uuid == fake.h100(3).uuid
+    assert snapshot.errors == {}  # still the one loss, counted when it happened
+
+
+def test_gpu_source_discovery_and_preflight_share_one_nvml_session_so_a_reinit_enumerates_anew():
+    from exporter.config import typed_config
+    from exporter.node.nvml import NvmlSession
+    from exporter.preflight.checks import read_gpus
+    from exporter.sources.discovery import DiscoverySource
+
+    nvml = fake.node(fake.h100, count=4)
+    session = NvmlSession(nvml)
+    clock = Clock()
+    source = GpuSource(nvml, retry_interval=30, monotonic=clock, session=session)
+    section = typed_config(validate({"discovery": {"kubernetes": {"enabled": False}}})).discovery
+    discovery = DiscoverySource(section, nvml=nvml, nvml_session=session, clock=clock)
+
+    def tick(seconds):
+        nvml.advance(seconds)
+        clock.now += seconds
+        try:
+            discovery.sample()  # holds its reference from its first answer on
+        except SourceUnavailable:
+            pass
+        assert len(read_gpus(nvml, session).devices) == nvml.nvmlDeviceGetCount()  # preflight borrows it too
+        return source.sample()
+
+    tick(1)
+    assert nvml.calls["nvmlInit"] == 1  # one nvmlInit for the three of them
+    nvml.lose(3)
+    nvml.gpus[3].unbound = True
+    tick(1)
+    nvml.gpus[3].lost = nvml.gpus[3].unbound = False  # reset and re-bound to the driver
+    snapshot = tick(30)
+    # The re-initialisation really ended NVML (its reference count reached zero: the fake started a second session,
+    # enumerating anew) though discovery held a reference throughout; with an nvmlInit of discovery's own, the count
+    # would have stayed above zero and the "re-initialisation" would have enumerated nothing.
+    assert nvml.calls["nvmlInit"] == 2 and nvml.calls["nvmlShutdown"] == 1
+    assert nvml._session == 2
+    assert snapshot.data["gpus"][3].up is True
+    discovery.close()
+    source.close()
+    assert not nvml.initialized and not session.initialized

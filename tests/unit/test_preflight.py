@@ -159,7 +159,9 @@ def _mixed_gpus(node, ctx):
 
 def _gpu_missing_from_nvml(node, ctx):
     gpus = [h100(i) for i in range(8)]
-    gpus[2].lost = True  # fell off the bus before NVML enumerated; sysfs still lists the PCI function
+    # Not enumerated by NVML (unbound from the driver); sysfs still lists the PCI function. One that fell off the bus
+    # keeps its NVML index instead, and fails gpu.health (below).
+    gpus[2].unbound = True
     ctx["nvml"] = FakeNvml(gpus)
 
 
@@ -713,3 +715,13 @@ def test_kernel_queries_agree_with_dcb_and_ethtool(interface):
     else:
         assert pfc_error.value.errno in (errno.ENODEV, errno.EINVAL)
         assert pause_error.value.errno == errno.ENODEV
+
+
+def test_preflight_falls_back_to_the_older_clock_reason_call_on_drivers_before_r535(tmp_path):
+    # Drivers before R535 lack nvmlDeviceGetCurrentClocksEventReasons: pynvml raises FUNCTION_NOT_FOUND, which must
+    # not turn every GPU into a lost one (the GPU source has the same fallback).
+    gpus = [h100(i, clocks_event_reasons=0x1) for i in range(2)]
+    for gpu in gpus:
+        gpu.fail["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    facts = preflight.read_gpus(FakeNvml(gpus))
+    assert [(g.lost, g.clocks_event_reasons) for g in facts.devices] == [(None, 0x1), (None, 0x1)]

@@ -36,6 +36,9 @@ function chart(points) {
     <path class="line" d="${path}"/></svg>`;
 }
 
+// "gpus" is what the job said: a count, or the list of its GPUs (indices or UUIDs); the page shows how many.
+const gpuCount = (g) => Array.isArray(g) ? g.length : g;
+
 // The job's run timeline from its time ledger: one row per run, each band coloured by where its time went.
 const KINDS = ["productive", "wasted", "startup", "checkpoint_save", "checkpoint_load", "down", "stalled"];
 
@@ -60,27 +63,30 @@ function timeline(ledger) {
 }
 
 function jobCard(job, history) {
+  const hw = job.hardware || {};
+  // [label, the API field shown (a path in the job's JSON), its value, the text]: each <dd> carries the field and
+  // the value it was drawn from, so what the page prints can be checked against what the API said.
   const facts = [
-    ["tokens/s", num(job.tokens_per_second)],
-    ["tokens", si(job.tokens_total, "")],
-    ["step", num(job.step)],
-    ["GPUs here", num(job.gpus)],
-    ["peak", si(job.peak_flops, "FLOP/s")],
-    ["ETA", duration(job.eta_seconds)],
-    ["found by", esc((job.found_by || []).join(", ") || "—")],
-    ["GPU indices", esc((job.gpu_indices || []).join(", ") || "—")],
-    ["hardware FLOPs", job.hardware ? pct(job.hardware.hardware_flops_utilization) : "—"],
-    ["tensor active", job.hardware ? pct(job.hardware.tensor_active) : "—"],
+    ["tokens/s", "tokens_per_second", job.tokens_per_second, num(job.tokens_per_second)],
+    ["tokens", "tokens_total", job.tokens_total, si(job.tokens_total, "")],
+    ["step", "step", job.step, num(job.step)],
+    ["GPUs here", "gpus", job.gpus, num(gpuCount(job.gpus))],
+    ["peak", "peak_flops", job.peak_flops, si(job.peak_flops, "FLOP/s")],
+    ["ETA", "eta_seconds", job.eta_seconds, duration(job.eta_seconds)],
+    ["found by", "found_by", job.found_by, esc((job.found_by || []).join(", ") || "—")],
+    ["GPU indices", "gpu_indices", job.gpu_indices, esc((job.gpu_indices || []).join(", ") || "—")],
+    ["hardware FLOPs", "hardware.hardware_flops_utilization", hw.hardware_flops_utilization, job.hardware ? pct(hw.hardware_flops_utilization) : "—"],
+    ["tensor active", "hardware.tensor_active", hw.tensor_active, job.hardware ? pct(hw.tensor_active) : "—"],
   ];
-  if (job.checkpoint) facts.push(["checkpoint", esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
+  if (job.checkpoint) facts.push(["checkpoint", "checkpoint", job.checkpoint, esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
   const cause = job.bottleneck && job.bottleneck.cause && job.bottleneck.cause !== "none"
     ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why ${job.bottleneck.signal && job.bottleneck.signal !== "mfu" ? "utilization" : "MFU"} is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";
   return `<div class="card" data-job="${esc(job.job)}">
     <h3>${esc(job.job)}</h3>
     <div class="mfu ${mfuClass(job.mfu)}" data-mfu="${job.mfu ?? ""}">${pct(job.mfu)}</div>
-    ${job.reason ? `<div class="muted">${esc(job.reason)}</div>` : ""}
+    ${job.reason ? `<div class="muted" data-reason>${esc(job.reason)}</div>` : ""}
     ${cause}
-    <dl class="facts">${facts.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("")}</dl>
+    <dl class="facts">${facts.map(([k, field, value, text]) => `<dt>${k}</dt><dd data-field="${field}" data-value="${esc(JSON.stringify(value ?? null))}">${text}</dd>`).join("")}</dl>
     ${chart(history || [])}
     ${timeline(job.ledger)}
   </div>`;
@@ -127,7 +133,10 @@ const bar = (r) => r === null || r === undefined ? "–" : `<span class="bar" st
 
 function render(status) {
   document.getElementById("version").textContent = status.version || "";
-  document.getElementById("updated").textContent = "updated " + new Date(status.time * 1000).toLocaleTimeString();
+  // The wall clock of this refresh, not status.time: that is the exporter's clock, which the demo runs fast.
+  const updated = document.getElementById("updated"), now = new Date();
+  updated.textContent = "updated " + now.toLocaleTimeString();
+  updated.dataset.time = String(now.getTime() / 1000);
   const sources = Object.fromEntries(status.sources.map((s) => [s.source, s]));
   const jobs = document.getElementById("jobs");
   if (status.jobs.length) jobs.innerHTML = status.jobs.map((j) => jobCard(j, (status.history || {})[j.job])).join("");
@@ -153,6 +162,18 @@ function render(status) {
     ["reason", (s) => esc([s.reason, s.detail].filter(Boolean).join(": "))],
     ["last sample", (s) => s.last_sample_duration_seconds == null ? "–" : (1000 * s.last_sample_duration_seconds).toFixed(1) + " ms", "num"],
     ["age", (s) => s.sample_age_seconds == null ? "–" : s.sample_age_seconds.toFixed(1) + " s", "num"],
+  ]);
+
+  // The logs source's files: what was detected in each, and why a detected format reads nothing (issue 29).
+  const logs = sources.logs;
+  const files = logs && logs.status && logs.status.files ? logs.status.files : [];
+  document.getElementById("logs").innerHTML = table(files, [
+    ["file", (f) => esc(f.path)], ["job", (f) => esc(f.job)],
+    ["format", (f) => esc((f.formats && f.formats.length ? f.formats.join("+") : f.format) || "–")],
+    ["lines", (f) => num(f.lines), "num"], ["progress lines", (f) => num(f.progress_lines || 0), "num"],
+    ["state", (f) => f.no_progress || f.unrecognised
+      ? `<span class="chip down">no progress</span> ${esc(f.no_progress || f.unrecognised)}`
+      : '<span class="chip up">reading</span>'],
   ]);
 }
 

@@ -13,6 +13,7 @@ import pytest
 from exporter.config import LOG_FORMATS, ConfigError, typed_config, validate
 from exporter.logs import FORMATS
 from exporter.model.checkpoints import CheckpointTracker
+from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
 from exporter.model.jobs import GpuInfo, JobTracker, job_families, parse_progress
 from exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
 from tests.unit.logs import framework_lines as fl
@@ -27,6 +28,11 @@ TPS_PER_GPU = BATCH * SEQ / WORLD / STEP_SECONDS  # torchtitan's tps: tokens/s p
 EXPECTED_MFU = 6 * PARAMS * NODE_TOKENS_PER_STEP / STEP_SECONDS / (NODE_GPUS * PEAK)
 STEPS = [10, 20, 30, 40, 50, 60]
 END = T0 + STEPS[-1] * STEP_SECONDS
+
+
+def pod_job(gpus):
+    """The job discovery found in pod llm-0 (namespace train), holding ``gpus``."""
+    return DiscoveredJob("llm", "kubernetes", tuple(gpus), (DiscoveredPod("kubernetes", "train", "llm-0"),))
 
 
 def inventory():
@@ -118,6 +124,29 @@ def test_torchtitan_log_gives_the_api_mfu_and_its_own(tmp_path, world_size):
     assert totals.writes == 1 and checkpoints.overlap("llm", 60)["last_duration_seconds"] == 2.5
 
 
+def test_a_discovered_pods_per_gpu_log_counts_its_own_gpus_from_the_first_line(tmp_path):
+    """torchtitan's tps is per GPU: a pod holding 2 of the node's 8 GPUs makes 2 × tps tokens/s. Its log is followed
+    once the job model holds the job discovery found (the service's 1 s tick), not before, when the model could
+    only count every GPU of the node (4× the MFU here)."""
+    clock = Clock(END + 1)
+    pod = tmp_path / "pods" / "train_llm-0_6f1c" / "trainer"
+    stamps = [T0] * 4 + [t(step) for step in STEPS for _ in ([0, 1, 2] if step == 30 else [0])]
+    write(pod / "0.log", [fl.cri(at, line) for at, line in zip(stamps, torchtitan_log(), strict=True)])
+    source, tracker, _ = build([], {"llm": {"params": PARAMS}}, clock, pods_root=str(tmp_path / "pods"))
+    source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    try:
+        assert source.sample().status["wanted"] == 0  # discovery's answer is not the model's yet
+        tracker.set_discovered({"llm": pod_job([4, 5])})
+        assert source.sample().status["wanted"] == 1
+        source.follower.poll()
+    finally:
+        source.close()
+    view = {v.name: v for v in tracker.views()}["llm"]
+    assert view.gpu_indices == [4, 5]
+    assert view.tokens_per_second == pytest.approx(2 * TPS_PER_GPU, rel=0.01)
+    assert view.mfu == pytest.approx(6 * PARAMS * TPS_PER_GPU / PEAK, rel=0.01)
+
+
 def megatron_log(restart_at=None):
     lines = fl.megatron_args({"seq_length": SEQ, "world_size": WORLD, "global_batch_size": BATCH, "num_layers": 32})
     steps = STEPS if restart_at is None else STEPS + [restart_at + 10 * i for i in range(1, 5)]
@@ -193,6 +222,7 @@ def test_hf_pod_cri_log_gives_the_api_mfu_with_the_bar_step(tmp_path):
         [], {"llm": {"params": PARAMS, "world_size": WORLD}}, clock, pods_root=str(tmp_path / "pods")
     )
     source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    tracker.set_discovered({"llm": pod_job(range(NODE_GPUS))})  # what the service's 1 s tick hands the model
     view, snapshot = run_source(source, tracker)
     reference = api_mfu({"llm": {"params": PARAMS}}, {t(s): s * NODE_TOKENS_PER_STEP for s in STEPS}, clock)
     assert view.mfu == pytest.approx(reference, rel=0.01)
@@ -481,6 +511,7 @@ def test_a_restarted_container_writes_1_log_and_its_progress_takes_over(tmp_path
     jobs = {"llm": {"params": PARAMS, "world_size": WORLD, "seq_len": SEQ}}
     source, tracker, _ = build([], jobs, clock, pods_root=str(tmp_path / "pods"))
     source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    tracker.set_discovered({"llm": pod_job(range(NODE_GPUS))})  # what the service's 1 s tick hands the model
     try:
         source.sample()
         write(pod / "1.log", resumed)
@@ -491,3 +522,41 @@ def test_a_restarted_container_writes_1_log_and_its_progress_takes_over(tmp_path
     (view,) = tracker.views()
     assert view.step == 60 and view.restarts == 1  # 1.log's writer took over, and its step 20 is a new window
     assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+
+
+def test_a_detected_format_that_reads_nothing_is_visible_within_a_minute_with_the_line(tmp_path, caplog):
+    """TRL's GRPO dicts (huggingface/trl#3452, real): HF detected, no step and no token count in any line. The job's
+    reason, the file's status and a counted error say so, with the line, as soon as the follower reads the lines."""
+    from tests.unit.logs.real_pastes import load
+
+    lines = next(p for p in load() if p.name == "hf/trl-3452-grpo-nothing-useful").lines
+    path = tmp_path / "train.log"
+    write(path, [])
+    config = validate({"sources": {"logs": {"files": [{"path": str(path), "job": "llm"}], "interval": 1.0}}})
+    tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory)
+    source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False)
+    source.attach(tracker, CheckpointTracker())
+    try:
+        source.sample()  # starts following the empty file
+        started = time.monotonic()
+        with path.open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
+        reason = None
+        while time.monotonic() - started < 60:
+            views = {v.name: v for v in tracker.views()}
+            reason = views["llm"].reason if "llm" in views else None
+            if reason and "no progress read" in reason:
+                break
+            time.sleep(0.2)
+        visible_after = time.monotonic() - started
+        snapshot = source.sample()
+    finally:
+        source.close()
+    assert reason is not None and "detected hf" in reason and "no progress read" in reason, reason
+    assert "first unread line \"{'loss': 0.0, 'grad_norm': 0.08656957000494003" in reason
+    assert "include_num_input_tokens_seen" in reason
+    assert visible_after < 60
+    (status,) = snapshot.status["files"]
+    assert status["no_progress"] and status["formats"] == ["hf"] and status["progress_lines"] == 0
+    assert snapshot.errors["no_progress_read"] == 1
+    assert views["llm"].mfu is None
