@@ -92,6 +92,7 @@ def progress_report(job_index: int, job: str, tokens_total: int, step: int) -> d
     first_gpu = (job_index % len(JOBS)) * GPUS_PER_JOB
     return {
         "job": job,
+        "run": f"{job}-run",  # the reporter's run id: one process per job
         "tokens_total": tokens_total,
         "time": time.time(),
         "step": step,

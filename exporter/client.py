@@ -1,6 +1,8 @@
 """Training-side client: report token progress to the node's exporter without ever slowing or breaking the job.
 
     reporter = ProgressReporter("http://127.0.0.1:9495", job="llama3-70b", model={"params": "70B"}, gpus=8)
+    with reporter.checkpoint_load(step=12000):              # restoring at start: the ledger's checkpoint_load
+        dcp.load(state, checkpoint_id=path)
     ...
     reporter.update(tokens_total=tokens_seen, step=step)   # returns at once, never raises
     ...
@@ -14,6 +16,11 @@
 As a context manager, the reporter closes as finished when the block ends, failed when it raises, and cancelled on
 KeyboardInterrupt (Ctrl-C, or SIGINT from a scheduler).
 
+Each reporter is one run of the job (one process): it says so at creation (a start event with a run id, the
+exporter's time ledger counts start-up from then) and sends a heartbeat when it has sent nothing for ``heartbeat``
+seconds, so the exporter tells a crashed process (no heartbeat: down) from a hung one (heartbeats, no steps:
+stalled). An exporter from before run ids refuses these fields: the reporter then sends plain totals, as before.
+
 Totals are cumulative, so only the newest one matters: a slow or absent exporter makes the reporter keep just the
 latest totals and retry with backoff, never queueing the job's history. Checkpoint events each matter, so they wait
 in a small queue of their own, sent by the same thread; if it fills while the exporter is away, the oldest go.
@@ -26,6 +33,7 @@ import math
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +48,8 @@ log = logging.getLogger(__name__)
 PROGRESS_PATH = "/api/v1/progress"
 CHECKPOINTS_PATH = "/api/v1/checkpoints"
 END_STATES = ("finished", "failed", "cancelled")
+RUN_FIELDS = ("run", "event", "heartbeat_seconds", "duration_seconds")  # what an exporter before issue 26 refuses
+MAX_RUN_EVENTS = 16
 
 
 @dataclass
@@ -90,6 +100,10 @@ class ProgressReporter:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         checkpoint_queue: int = 64,
+        run_id: str | None = None,
+        heartbeat: float | None = 30.0,
+        started_at: float | None = None,
+        announce: bool = True,
     ):
         self._base = url.rstrip("/")
         if job is None:
@@ -128,6 +142,14 @@ class ProgressReporter:
         self._warned: set[str] = set()
         self.sent = 0
         self.failures = 0
+        # One id per reporter, so per process: a new id is a new run (a restart) to the exporter.
+        self.run_id = run_id or uuid.uuid4().hex[:16]
+        self._heartbeat = heartbeat if heartbeat and heartbeat > 0 else None
+        self._run_events: deque[dict[str, Any]] = deque(maxlen=MAX_RUN_EVENTS)
+        self._legacy = False  # the exporter refuses run fields: plain totals only
+        self._last_post = self._monotonic()
+        if announce:
+            self._run_event("start", time=started_at if started_at is not None else self._clock())
         self._thread = threading.Thread(target=self._run, name=f"mfu-reporter-{job}", daemon=True)
         self._thread.start()
 
@@ -136,6 +158,7 @@ class ProgressReporter:
         try:
             payload: dict[str, Any] = {
                 "job": self.job,
+                "run": self.run_id,
                 "tokens_total": tokens_total,
                 "time": self._clock(),
                 **self._facts,
@@ -166,6 +189,32 @@ class ProgressReporter:
             raise
         self._checkpoint_event(save, "finished", started)
 
+    @contextmanager
+    def checkpoint_load(self, step: int | None = None) -> Iterator[None]:
+        """Time a checkpoint restore in this block (``step``: the step it resumes from): the exporter's ledger counts
+        it as checkpoint_load, not start-up, and the steps after it up to the highest one reached as wasted."""
+        began = self._monotonic()
+        self._run_event("checkpoint_load_started", step=step)
+        yield
+        self._run_event("checkpoint_load_finished", step=step, duration_seconds=max(self._monotonic() - began, 1e-3))
+
+    def _run_event(self, event: str, **fields: Any) -> None:
+        """Queue one event of the run (sent before any newer total); never raises."""
+        try:
+            payload: dict[str, Any] = {"job": self.job, "run": self.run_id, "event": event, "time": self._clock()}
+            payload.update({k: v for k, v in fields.items() if v is not None})
+            if event in ("start", "heartbeat") and self._heartbeat:
+                payload["heartbeat_seconds"] = self._heartbeat
+            if event == "start":
+                payload.update(self._facts)
+            with self._wake:
+                if self._closing or self._legacy:
+                    return
+                self._run_events.append(payload)
+                self._wake.notify()
+        except Exception:
+            log.debug("run event dropped", exc_info=True)
+
     def close(self, timeout: float = 5.0, state: str = "finished") -> None:
         """Say how the job ended (``finished``, ``failed`` or ``cancelled``) with its newest totals, send what is
         pending (best effort, at most ``timeout`` seconds) and stop the background thread.
@@ -185,6 +234,16 @@ class ProgressReporter:
             self._closing = True
             self._wake.notify()
         self._thread.join(timeout)
+
+    def abandon(self) -> None:
+        """Stop at once, sending nothing more and saying nothing of how the job ended: what a killed process does.
+        For simulations and tests of crashes (the demo's ``crash-restart`` incident); a real job calls ``close``."""
+        with self._wake:
+            self._closing = True
+            self._pending = None
+            self._run_events.clear()
+            self._checkpoint_events.clear()
+            self._wake.notify()
 
     def __enter__(self) -> "ProgressReporter":
         return self
@@ -239,8 +298,18 @@ class ProgressReporter:
 
     def _take(self) -> tuple[str, dict[str, Any]] | None:
         with self._wake:
-            while self._pending is None and not self._checkpoint_events and not self._closing:
-                self._wake.wait()
+            while self._pending is None and not self._checkpoint_events and not self._run_events and not self._closing:
+                if self._heartbeat is None or self._legacy:
+                    self._wake.wait()
+                    continue
+                idle = self._monotonic() - self._last_post
+                if idle >= self._heartbeat:
+                    self._last_post = self._monotonic()
+                    payload = {"job": self.job, "run": self.run_id, "event": "heartbeat", "time": self._clock()}
+                    return PROGRESS_PATH, {**payload, "heartbeat_seconds": self._heartbeat}
+                self._wake.wait(self._heartbeat - idle)
+            if self._run_events:
+                return PROGRESS_PATH, self._run_events.popleft()
             if self._checkpoint_events:
                 return CHECKPOINTS_PATH, self._checkpoint_events.popleft()
             if self._pending is None:
@@ -259,7 +328,10 @@ class ProgressReporter:
                 backoff = 0.5
                 continue
             with self._wake:
-                if path == CHECKPOINTS_PATH:
+                if "event" in payload:
+                    if payload["event"] != "heartbeat":
+                        self._run_events.appendleft(payload)  # first again: the start before the totals
+                elif path == CHECKPOINTS_PATH:
                     self._checkpoint_events.appendleft(payload)  # first again: events keep their order
                     if len(self._checkpoint_events) > self._checkpoint_queue:
                         self._drop_checkpoint_event(self._checkpoint_events.popleft())
@@ -272,6 +344,11 @@ class ProgressReporter:
 
     def _post(self, path: str, payload: dict[str, Any]) -> bool:
         """True when the exporter took the report or rejected it for good (a 4xx other than 429: retrying won't help)."""
+        if self._legacy and path == PROGRESS_PATH:
+            if "event" in payload:
+                return True  # an exporter without run fields has no use for the run's events
+            payload = {k: v for k, v in payload.items() if k not in RUN_FIELDS}
+        self._last_post = self._monotonic()
         try:
             response = self._session.post(self._base + path, json=payload, headers=self._headers, timeout=self._timeout)
         except Exception as exc:  # noqa: BLE001 - any transport error means "retry later"
@@ -284,6 +361,16 @@ class ProgressReporter:
             self.sent += 1
             return True
         self.failures += 1
+        if (
+            response.status_code == 400
+            and path == PROGRESS_PATH
+            and not self._legacy
+            and self._refused_run_fields(response)
+        ):
+            # An exporter from before run ids: plain totals from now on, this one sent again without the fields.
+            self._legacy = True
+            self._warn_once("legacy", f"mfu-exporter at {self._base} predates run ids: sending totals only")
+            return self._post(path, payload)
         if 400 <= response.status_code < 500 and response.status_code != 429:
             self._warn_once(
                 f"rejected-{response.status_code}",
@@ -292,6 +379,13 @@ class ProgressReporter:
             return True
         self._warn_once(f"status-{response.status_code}", f"mfu-exporter answered {response.status_code}; will retry")
         return False
+
+    @staticmethod
+    def _refused_run_fields(response: Any) -> bool:
+        try:
+            return response.json().get("field") in RUN_FIELDS
+        except Exception:  # noqa: BLE001 - any body that is not the exporter's JSON error
+            return False
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

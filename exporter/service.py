@@ -171,7 +171,11 @@ def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[
 
 
 def build_service(
-    config: dict, sources: list[Source], clock: Callable[[], float] = time.time, paths: Paths | None = None
+    config: dict,
+    sources: list[Source],
+    clock: Callable[[], float] = time.time,
+    paths: Paths | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> Service:
     typed = typed_config(config)
     daemon = Scheduler(sources, clock=clock)
@@ -183,6 +187,7 @@ def build_service(
         gpu_inventory=gpu_inventory_from(daemon),
         clock=clock,
         gpu_readings=gpu_readings_from(daemon),
+        monotonic=monotonic,
     )
     attribution = Attributor(typed.attribution)
     registry = CollectorRegistry(auto_describe=False)
@@ -191,6 +196,8 @@ def build_service(
     cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, parts=collector.parts)
     daemon.on_sample(cache.sampled)
     checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
+    if checkpoints is not None:
+        checkpoints.listeners.append(jobs.checkpoint_event)  # every feed's saves reach the jobs' time ledgers
     for source in sources:
         if isinstance(source, LogsSource):  # log lines feed the same job model and checkpoint tracker as the APIs
             source.attach(jobs, checkpoints, discovered_pods_from(lambda: daemon.states))

@@ -109,7 +109,8 @@ def run_demo(args: argparse.Namespace) -> int:
         def started(urls: list[str]) -> None:
             url = urls[0]
             if node.training_log is None:
-                node.reporter = ProgressReporter(
+                # One reporter per process of the job: the crash-restart incident starts a new one (a new run).
+                node.new_reporter = lambda: ProgressReporter(
                     url,
                     JOB,
                     model=dict(MODEL),
@@ -117,8 +118,10 @@ def run_demo(args: argparse.Namespace) -> int:
                     gpus=list(JOB_GPUS),
                     target_tokens=NODE_TARGET_TOKENS,
                     clock=lambda: node.stamp,  # the time of the tick's token count, not of the send
+                    monotonic=node.clock.monotonic,  # heartbeats and the load's duration on the simulated clock
                     **reporter_access(runtime.config, url),
                 )
+                node.reporter = node.new_reporter()
             simulation.start()
             print(f"mfu-exporter demo: a simulated 8 × {GPU_NAME} node training {JOB}", flush=True)
             print(f"  reporting    {JOB} on GPUs {', '.join(map(str, JOB_GPUS))}", flush=True)

@@ -4,8 +4,8 @@ Pure: no files, no threads, no Prometheus. ``exporter.node.tail`` follows the fi
 feeds the records to the job model and the checkpoint tracker.
 """
 
-from exporter.logs.derive import Facts, JobLog, SaveAction, Update
-from exporter.logs.records import Checkpoint, Line, Progress, Startup
+from exporter.logs.derive import Facts, JobLog, RunAction, SaveAction, Update
+from exporter.logs.records import Checkpoint, Line, Progress, Restore, Startup
 from exporter.logs.stream import FORMATS, PARSERS, Event, LogStream
 
 __all__ = [
@@ -18,6 +18,8 @@ __all__ = [
     "Line",
     "LogStream",
     "Progress",
+    "Restore",
+    "RunAction",
     "SaveAction",
     "Startup",
     "Update",

@@ -29,6 +29,10 @@ A writer in a file that appeared later (a container restarted into ``1.log``) ta
 writer silent for longer than ``takeover_after`` (or twice its own interval, if longer) hands over to the next
 one that prints. Checkpoint lines are
 taken from one writer by the same rule (Megatron prints them on rank 0, its iteration line on the last rank).
+
+Runs, for the job's time ledger: start-up lines (or a checkpoint load) after progress, or a newer file taking over,
+are a new process (a ``start``); the frameworks' checkpoint-load lines bound its load; torchtitan's "Training starts
+at step N" says where it resumes. Only lines read live count: a file's head read at an exporter restart is history.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from exporter.logs.records import Checkpoint, Progress, Startup
+from exporter.logs.records import Checkpoint, Progress, Restore, Startup
 from exporter.logs.stream import Event
 
 
@@ -73,6 +77,17 @@ class SaveAction:
     duration: float | None = None
 
 
+@dataclass(frozen=True)
+class RunAction:
+    """For the job model's ledger: a run ``start``s, a ``checkpoint_load_started``/``_finished`` (``step``: where it
+    resumes), or ``training_starts`` at ``step``."""
+
+    event: str
+    time: float
+    step: int | None = None
+    duration: float | None = None
+
+
 class _Writer:
     __slots__ = ("key", "last", "interval", "generation")
 
@@ -95,6 +110,7 @@ class JobLog:
         self._last_step: int | None = None
         self._open: tuple[str, float] | None = None
         self._saves_seen = 0
+        self._starting = False  # start-up lines seen since the last progress line: one run start for all of them
         # Rate integration (preference 4): running total, last line's time and step, first step integrated from.
         self._integrated = 0.0
         self._integrated_at: float | None = None
@@ -108,19 +124,34 @@ class JobLog:
         facts: Facts,
         ends_saves_at_next_step: bool = False,
         generation: int = 0,
+        live: bool = True,
     ) -> list:
-        """Updates and SaveActions, in order, for the events of one file (``source`` names it). ``generation``
-        orders files by when they appeared: a writer in a newer file takes over at once (a restarted container's
-        ``1.log``), while writers of files that appeared together keep the first-come rule."""
+        """Updates, SaveActions and RunActions, in order, for the events of one file (``source`` names it).
+        ``generation`` orders files by when they appeared: a writer in a newer file takes over at once (a restarted
+        container's ``1.log``), while writers of files that appeared together keep the first-come rule. ``live``
+        False (a file's head read at a restart): no RunActions, its start-up lines are history."""
         out: list = []
         for event in events:
             record = event.record
             if isinstance(record, Startup):
                 self.startup = self.startup.merged(record)
+                if live:
+                    self._run_start(out, event.time)
+                    if record.first_step is not None:
+                        out.append(RunAction("training_starts", event.time, step=record.first_step))
+            elif isinstance(record, Restore):
+                if live:
+                    self._run_start(out, event.time)
+                    phase = "checkpoint_load_started" if record.phase == "start" else "checkpoint_load_finished"
+                    out.append(RunAction(phase, event.time, step=record.step, duration=record.duration))
             elif isinstance(record, Progress):
+                newer = self._progress is not None and generation > self._progress.generation
                 if not self._take("_progress", f"{source}|{event.origin}", event.time, generation):
                     self.skipped["other_writer_progress"] += 1
                     continue
+                if newer and live:
+                    self._run_start(out, event.time)  # a newer file (a restarted container's log): a new process
+                self._starting = False
                 if ends_saves_at_next_step and self._open is not None:
                     name, started = self._open
                     self._open = None
@@ -132,6 +163,11 @@ class JobLog:
                     continue
                 out.extend(self._save(record, event.time))
         return out
+
+    def _run_start(self, out: list, at: float) -> None:
+        if not self._starting:
+            self._starting = True
+            out.append(RunAction("start", at))
 
     def _take(self, attr: str, key: str, at: float, generation: int) -> bool:
         writer: _Writer | None = getattr(self, attr)

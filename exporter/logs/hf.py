@@ -21,6 +21,10 @@ Checkpoints, ``Trainer._save``: ``logger.info(f"Saving model checkpoint to {outp
 ``log_level="info"``), under ``f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"``; 5.25.0's handler prefixes
 ``[transformers] ``. No end line: the save ends at the next progress record.
 
+Resuming, ``Trainer._load_from_checkpoint``: ``logger.info(f"Loading model from {resume_from_checkpoint}.")``
+(the directory is ``checkpoint-{step}``), then in ``_inner_training_loop``
+``logger.info(f"  Continuing training from global step {self.state.global_step}")`` once the state is restored.
+
 Other trainers print the same dicts with more in them: TRL's SFTTrainer a ``'num_tokens'`` running total (global:
 ``accelerator.gather_for_metrics`` of the attention mask's sum, huggingface/trl#3926), read as tokens seen;
 transformers 3.x printed JSON with the step in it (``{"loss": ..., "step": 500}``, huggingface/blog#56), and a dict
@@ -35,11 +39,13 @@ import json
 import re
 
 from exporter.logs.base import Parser, number
-from exporter.logs.records import Checkpoint, Line, Progress, Record
+from exporter.logs.records import Checkpoint, Line, Progress, Record, Restore
 
 BAR = re.compile(r"^\s*\d+%\|[^|]*\| (\d+)/(\d+) \[")
 SAVE = re.compile(r"Saving model checkpoint to (\S+)")
 STEP_DIR = re.compile(r"checkpoint-(\d+)")
+LOAD_START = re.compile(r"Loading model from (\S+?)\)?\.$")
+LOAD_END = re.compile(r"Continuing training from global step (\d+)")
 
 
 DICT = re.compile(r"^\s*\{['\"](?:loss|train_runtime|num_input_tokens_seen)['\"]: ")
@@ -60,7 +66,14 @@ def read_dict(text: str) -> dict | None:
 
 class HfParser(Parser):
     name = "hf"
-    keywords = ("{'", '{"', "%|", "Saving model checkpoint")
+    keywords = (
+        "{'",
+        '{"',
+        "%|",
+        "Saving model checkpoint",
+        "Loading model from",
+        "Continuing training from global step",
+    )
     candidate = DICT
     anchor_keywords = ("{'", '{"')
     anchor = DICT
@@ -98,4 +111,11 @@ class HfParser(Parser):
             return Checkpoint(
                 "start", step=int(step.group(1)) if step else None, path=match.group(1) if match else None
             )
+        if "Loading model from" in text:
+            match = LOAD_START.search(text)
+            step = STEP_DIR.search(match.group(1)) if match else None
+            return Restore("start", step=int(step.group(1)) if step else None) if match else None
+        if "Continuing training from global step" in text:
+            match = LOAD_END.search(text)
+            return Restore("end", step=int(match.group(1))) if match else None
         return None

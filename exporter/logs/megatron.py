@@ -28,6 +28,11 @@ saved ' f'checkpoint from iteration {int(iteration):7d} to {args.save} ' f'[ t {
 and ``'  successfully saved checkpoint at iteration {:7d} to {}'``; local ``saved local checkpoint from
 iteration``. The duration is the end line's time minus the start line's.
 
+Checkpoint load, ``megatron/training/checkpointing.py`` ``load_checkpoint`` / ``_load_base_checkpoint`` (rank 0):
+``print_rank_0(f' loading checkpoint from {load_dir} at iteration {iteration}')`` and, once loaded,
+``print_rank_0(f'  successfully loaded checkpoint from {load_dir} ' f'[ t {...}/{...}, ' f'p {...}/{...} ] '
+f'at iteration {iteration}')`` (older: ``[ t {tp rank}, p {pp rank} ]``). Neither prints a duration.
+
 Forks and wrappers print the same line with other fields, all read by name (``FIELDS``), after ``|`` and with ``:``
 or ``=``, unit and scope as they print them (docs/metrics.md, FLOPs conventions):
 
@@ -49,7 +54,7 @@ from __future__ import annotations
 import re
 
 from exporter.logs.base import Parser, integer, leading_time, local_time, number
-from exporter.logs.records import Checkpoint, Line, Progress, Record, Startup
+from exporter.logs.records import Checkpoint, Line, Progress, Record, Restore, Startup
 
 STAMP = r"(?:\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] )?"
 # The iteration field wherever the line has it (after a timestamp, a logger prefix or GPT-NeoX's samples/sec);
@@ -95,6 +100,8 @@ SAVE_START = re.compile(r"^\s*" + STAMP + r"saving checkpoint at iteration\s+(\d
 SAVE_END = re.compile(
     r"^\s*" + STAMP + r"successfully saved (?:local )?checkpoint (?:from|at) iteration\s+(\d+)(?: to (\S+))?"
 )
+LOAD_START = re.compile(r"^\s*" + STAMP + r"loading checkpoint from \S+ at iteration (\d+)\s*$")
+LOAD_END = re.compile(r"^\s*" + STAMP + r"successfully loaded checkpoint from \S+ \[[^\]]*\] at iteration (\d+)\s*$")
 ARGUMENTS = {
     "seq_length": "seq_len",
     "world_size": "world_size",
@@ -147,6 +154,10 @@ class MegatronParser(Parser):
                     tflops_per_gpu=values.get("tflops_per_gpu"),
                 )
             if "checkpoint" in text:
+                for pattern, phase in ((LOAD_START, "start"), (LOAD_END, "end")):
+                    match = pattern.match(text)
+                    if match:
+                        return Restore(phase, local_time(match.group(1)), step=int(match.group(2)))
                 match = SAVE_START.match(text)
                 if match:
                     return Checkpoint(

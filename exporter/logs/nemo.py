@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 
 from exporter.logs.base import AnyOf, Parser, integer, leading_time, local_time, number
-from exporter.logs.records import Checkpoint, Line, Progress, Record
+from exporter.logs.records import Checkpoint, Line, Progress, Record, Restore
 
 HEADER = re.compile(r"^\[NeMo [A-Z] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) [^\]]*\] ")
 STEP = re.compile(r"^\S+ epoch (\d+), iteration (\d+)/(\d+)((?: \| [^|]+)+)$")
@@ -56,6 +56,16 @@ SAVE = re.compile(
     r"^Global Checkpoint Save : Rank: \d+ : (?:Iteration: (\d+) : )?Start time: ([\d.]+)s : Save duration: ([\d.]+)s"
 )
 
+
+# Restoring at start (NeMo 2 resumes through Lightning's ``_CheckpointConnector``, ``rank_zero_info``):
+# ``f"Restoring states from the checkpoint path at {self._ckpt_path}"`` and, once restored,
+# ``f"Restored all states from the checkpoint at {self._ckpt_path}"`` (Lightning-AI/pytorch-lightning,
+# ``src/lightning/pytorch/trainer/connectors/checkpoint_connector.py``; real lines in public logs read
+# ``INFO:lightning.pytorch.utilities.rank_zero:Restored all states from the checkpoint at .../last.ckpt``).
+# NeMo's checkpoint names carry ``step=N`` (``...-step=1250-...``).
+LOAD_START = re.compile(r"Restoring states from the checkpoint path at (\S+)")
+LOAD_END = re.compile(r"Restored all states from the checkpoint at (\S+)")
+CKPT_STEP = re.compile(r"step=(\d+)")
 
 BAR = re.compile(r"^Epoch \d+:.*?\|\s*(\d+)/(\d+) \[([^\]]*global_step=[^\]]*)\]")
 AUTOMODEL = re.compile(r"(?:^|\| )step (\d+) \| epoch \d+ \|")
@@ -69,7 +79,14 @@ CANDIDATE = AnyOf(
 
 class NemoParser(Parser):
     name = "nemo"
-    keywords = (", iteration ", "Global Checkpoint Save", "[NeMo ", "global_step=", "| step ")
+    keywords = (
+        ", iteration ",
+        "Global Checkpoint Save",
+        "[NeMo ",
+        "global_step=",
+        "| step ",
+        "states from the checkpoint",
+    )
     candidate = CANDIDATE
     anchor_keywords = (", iteration ", "global_step=", "| step ", "[NeMo ")
     anchor = AnyOf(*(p.pattern for p in CANDIDATE.patterns), r"^\[NeMo [A-Z] \d{4}-\d\d-\d\d ")
@@ -120,6 +137,12 @@ class NemoParser(Parser):
             if start is None or duration is None:
                 return None
             return Checkpoint("end", start + duration, step=integer(match.group(1)), duration=duration)
+        if "states from the checkpoint" in text:
+            for pattern, phase in ((LOAD_START, "start"), (LOAD_END, "end")):
+                match = pattern.search(text)
+                if match:
+                    step = CKPT_STEP.search(match.group(1))
+                    return Restore(phase, stamp, step=int(step.group(1)) if step else None)
         return None
 
     @staticmethod

@@ -84,4 +84,15 @@ class Checkpoint:
     detail: str = ""
 
 
-Record = Progress | Startup | Checkpoint
+@dataclass(frozen=True)
+class Restore:
+    """A checkpoint load at start-up: ``phase`` is ``start`` or ``end``. ``step`` is the step it resumes from, where
+    the line (or its checkpoint's directory name) says; ``duration`` what the framework measured, where printed."""
+
+    phase: str
+    time: float | None = None
+    step: int | None = None
+    duration: float | None = None
+
+
+Record = Progress | Startup | Checkpoint | Restore

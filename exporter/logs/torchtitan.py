@@ -31,6 +31,11 @@ f"{time.monotonic() - begin:.2f} seconds."``, ``f"Last step checkpoint completed
 ``"Saving the checkpoint (or staging if async is enabled)."`` and ``"Finished saving the checkpoint (or staging if
 async is enabled)" f"in {...:.2f} seconds."`` (no space before ``in``); v0.1.0 also ``"Finish saving the checkpoint
 in the background process in %.2f seconds."``. The lines carry no step: the stream adds the last progress step.
+
+Checkpoint load, ``torchtitan/components/checkpoint.py`` ``CheckpointManager.load`` (HEAD and v0.2.x):
+``f"Loading the checkpoint from {checkpoint_id}."`` (``checkpoint_id`` is ``.../step-{step}``), then
+``"Finished loading the checkpoint in " f"{time.monotonic() - begin:.2f} seconds."``; v0.1.0 ``f"Loading the
+checkpoint at step {step}"`` and ``f"Finished loading the checkpoint in {...:.2f} seconds"`` (no ``.``).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from __future__ import annotations
 import re
 
 from exporter.logs.base import AnyOf, Parser, integer, local_time, number
-from exporter.logs.records import Checkpoint, Line, Progress, Record, Startup
+from exporter.logs.records import Checkpoint, Line, Progress, Record, Restore, Startup
 
 PREFIX = re.compile(r"^(?:\[titan\] )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - \S+ - [A-Z]+ - ")
 # "step: N" (forks print "step: N/M = x%") followed by loss and tps; not the validation line ("validate step:").
@@ -57,6 +62,8 @@ INIT_OLD = re.compile(
 MODEL_SIZE = re.compile(r"size: ([\d,]+) total parameters")
 PEAK = re.compile(r"^Peak FLOPS used for computing MFU: ([\d.]+e[+-]?\d+)")
 STARTS = re.compile(r"^Training starts at step (\d+)")
+LOAD_START = re.compile(r"^Loading the checkpoint (?:from \S*?step-(\d+)\S*\.|from \S+\.|at step (\d+))$")
+LOAD_END = re.compile(r"^Finished loading the checkpoint in ([\d.]+) seconds\.?$")
 SAVE_START = re.compile(r"^(?:Saving|Staging) the checkpoint(?: \(or staging if async is enabled\))?\.$")
 SAVE_END = re.compile(
     r"^(?:Finished (?:saving|staging) the checkpoint(?: \(or staging if async is enabled\))? ?in ([\d.]+) seconds\."
@@ -92,6 +99,13 @@ class TorchtitanParser(Parser):
                 mfu=mfu / 100 if mfu is not None else None,
             )
         if "checkpoint" in text:
+            if text.startswith(("Loading the checkpoint", "Finished loading")):
+                match = LOAD_START.match(text)
+                if match:
+                    step = match.group(1) or match.group(2)
+                    return Restore("start", stamp, step=int(step) if step else None)
+                match = LOAD_END.match(text)
+                return Restore("end", stamp, duration=number(match.group(1))) if match else None
             if SAVE_START.match(text):
                 return Checkpoint("start", stamp)
             match = SAVE_END.match(text)

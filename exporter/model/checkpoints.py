@@ -197,6 +197,13 @@ class CheckpointTracker:
         self._clock = clock
         self._lock = threading.RLock()  # record() holds it across its check, admit() and the change
         self._jobs: dict[str, JobCheckpoints] = {name: JobCheckpoints(touched=clock()) for name in self._pinned}
+        # Told of every write that starts, finishes or fails, from every feed (API, log, watch): (job, phase, time,
+        # duration). The job model's time ledger counts the saves' time from them.
+        self.listeners: list[Callable[[str, str, float, float | None], None]] = []
+
+    def _tell(self, job: str, phase: str, at: float, duration: float | None) -> None:
+        for listener in self.listeners:
+            listener(job, phase, at, duration)
 
     def record(self, event: CheckpointEvent, admit: Callable[[str], None] = lambda job: None) -> dict[str, Any]:
         """Apply one API event; returns the answer for the job.
@@ -235,6 +242,7 @@ class CheckpointTracker:
             if origin == API:
                 state.ended_by_us.pop(checkpoint, None)  # the job writes this checkpoint again: a new write
             opened[(origin, checkpoint)] = OpenWrite(checkpoint, at)  # a repeated started restarts the clock
+            self._tell(job, "started", at, None)
 
     def finish(
         self,
@@ -261,6 +269,7 @@ class CheckpointTracker:
             if size is not None:
                 state.written_bytes += size
             state.last_bandwidth = size / duration if size is not None and duration >= MIN_TIMED_SECONDS else None
+            self._tell(job, "finished", at, duration)
             return duration
 
     def fail(
@@ -278,6 +287,7 @@ class CheckpointTracker:
             if duration is None and opened is not None:
                 duration = max(at - opened.started, 0.0)
             self._failed(job, state, checkpoint, at, reason, duration)
+            self._tell(job, "failed", at, duration)
             return duration
 
     def tick(self) -> list[tuple[str, str]]:
@@ -291,6 +301,7 @@ class CheckpointTracker:
                         del state.open[key]
                         self._failed(job, state, write.checkpoint, now, "timeout", now - write.started)
                         self._ended_by_us(state, key, "timeout")
+                        self._tell(job, "failed", now, now - write.started)
                         expired.append(key)
                 if job not in self._pinned and not state.open and now - state.touched > self.forget_after:
                     del self._jobs[job]

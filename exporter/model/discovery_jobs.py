@@ -21,6 +21,7 @@ class DiscoveredPod:
     slurm_job_id: str = ""
     user: str = ""
     name_by: str = ""  # how the job name was found: label:<key>, pod_name_pattern, pod_name, job_id, squeue
+    slurm_steps: str = ""  # the Slurm steps running on the job's GPUs here (from their processes' cgroups), "0,1"
 
 
 @dataclass(frozen=True)

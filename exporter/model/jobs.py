@@ -16,13 +16,15 @@ once, it no longer takes a slot under ``max_jobs``, and its counters stay until 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import re
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
@@ -30,6 +32,7 @@ from exporter.config import DEFAULTS, JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKEN
 from exporter.model import flops as mfu_math
 from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
 from exporter.model.errors import TooManyJobs, ValidationError
+from exporter.model.ledger import Ledger, LedgerView
 from exporter.model.readings import GpuReading
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,11 @@ RUNNING = "running"
 FACT_KEYS = ("dtype", "gpus", "target_tokens", "peak_tflops", "expected_mfu")
 MODEL_KEYS = ("params", "layers", "heads", "head_dim", "seq_len", "causal_attention")
 FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
+# What a run of the job says besides its totals (the ``event`` field; ``tokens_total`` is optional with one): its
+# process started, it is alive, or it loads a checkpoint (``step``: the step it resumes from).
+EVENTS = ("start", "heartbeat", "checkpoint_load_started", "checkpoint_load_finished")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+MAX_HEARTBEAT_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -111,20 +119,42 @@ def _validated_facts(raw_facts: dict) -> dict:
 @dataclass(frozen=True)
 class ProgressReport:
     job: str
-    tokens_total: float
+    tokens_total: float | None  # None only in an event-only report (a start, a heartbeat, a checkpoint load)
     step: int | None
     time: float | None
     facts: dict[str, Any]  # only the facts this report carries, validated
     state: str = RUNNING
+    run: str | None = None  # the run's id (one per process): a new id is a new run
+    event: str | None = None
+    heartbeat: float | None = None  # seconds between the client's heartbeats, when it sends them
+    duration: float | None = None  # of a finished checkpoint load, timed by the job
 
 
 def parse_progress(body: Any, now: float) -> ProgressReport:
     """Validate a ``POST /api/v1/progress`` body; raises ValidationError naming the field."""
     body = require_object(body)
-    reject_unknown(body, ("job", "tokens_total", "step", "time", "state", "model") + FACT_KEYS)
+    reject_unknown(
+        body,
+        (
+            "job",
+            "tokens_total",
+            "step",
+            "time",
+            "state",
+            "model",
+            "run",
+            "event",
+            "heartbeat_seconds",
+            "duration_seconds",
+        )
+        + FACT_KEYS,
+    )
     job = validate_job_name(body.get("job"))
+    run, event, heartbeat, duration = _run_fields(body)
     tokens = body.get("tokens_total")
-    if (
+    if tokens is None and event is not None:
+        pass  # an event-only report: no totals
+    elif (
         isinstance(tokens, bool)
         or not isinstance(tokens, (int, float))
         or not math.isfinite(tokens)
@@ -156,7 +186,32 @@ def parse_progress(body: Any, now: float) -> ProgressReport:
         field_name = f"model.{exc.path}" if exc.path in MODEL_KEYS else exc.path
         raise ValidationError(field_name, f"{field_name}: {exc.detail}") from None
     facts = {k: validated[k] for k in raw_facts}
-    return ProgressReport(job, float(tokens), step, report_time, facts, state)
+    total = float(tokens) if tokens is not None else None
+    return ProgressReport(job, total, step, report_time, facts, state, run, event, heartbeat, duration)
+
+
+def _run_fields(body: dict) -> tuple[str | None, str | None, float | None, float | None]:
+    """The run fields of a progress report: ``run`` (its id), ``event``, ``heartbeat_seconds``, ``duration_seconds``."""
+    run = body.get("run")
+    if run is not None and (not isinstance(run, str) or not RUN_ID.match(run)):
+        raise ValidationError("run", "run must be the run's id: 1–64 letters, digits, '.', '_', ':' or '-'")
+    event = body.get("event")
+    if event is not None and event not in EVENTS:
+        raise ValidationError("event", f"event must be one of {', '.join(EVENTS)}")
+    numbers = []
+    for key, limit in (("heartbeat_seconds", MAX_HEARTBEAT_SECONDS), ("duration_seconds", MAX_FUTURE_SECONDS)):
+        value = body.get(key)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or not 0 < value <= limit
+        ):
+            raise ValidationError(key, f"{key} must be a number of seconds above 0, at most {limit:g}")
+        numbers.append(float(value) if value is not None else None)
+    if numbers[1] is not None and event != "checkpoint_load_finished":
+        raise ValidationError("duration_seconds", "duration_seconds belongs to event checkpoint_load_finished")
+    return run, event, numbers[0], numbers[1]
 
 
 @dataclass
@@ -186,6 +241,8 @@ class Job:
     interval: float = 0.0  # the job's own time between its last two reports
     touched: bool = False  # created by another API (checkpoints, a log): counts against ingest.max_jobs like a report
     discovered: DiscoveredJob | None = None  # what discovery found of it on this node, while it finds it
+    ledger: Ledger = field(default_factory=Ledger)  # where its time here went (exporter.model.ledger)
+    pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
 
     @property
     def tokens_processed(self) -> float:
@@ -222,6 +279,7 @@ class JobView:
     reported: bool = True  # False for a job known only by name (checkpoints, a log with no progress lines yet)
     framework_mfu: float | None = None  # the framework's own MFU (printed, or its TFLOP/s/GPU over our peak)
     framework_tflops_per_gpu: float | None = None
+    ledger: LedgerView | None = None  # None until a run of it shows progress (or its client says it started)
 
     @property
     def running(self) -> bool:
@@ -251,6 +309,7 @@ class JobView:
             "implausible_mfu": self.implausible_mfu,
             "framework_mfu": self.framework_mfu,
             "framework_tflops_per_gpu": self.framework_tflops_per_gpu,
+            "ledger": self.ledger.as_json() if self.ledger is not None else None,
             "model": {k: self.facts.get(k) for k in MODEL_KEYS},
             **{k: self.facts.get(k) for k in FACT_KEYS},
         }
@@ -277,6 +336,7 @@ class JobTracker:
         gpu_inventory: Callable[[], list[GpuInfo] | None] = lambda: None,
         clock: Callable[[], float] = time.time,
         gpu_readings: Callable[[], dict[int, GpuReading] | None] = lambda: None,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
         self._configured = configured or {}
         self.window = window
@@ -285,6 +345,8 @@ class JobTracker:
         self._gpu_inventory = gpu_inventory
         self._gpu_readings = gpu_readings
         self._clock = clock
+        self._monotonic = monotonic  # the ledgers' clock: a wall-clock step moves no second from one kind to another
+        self._born = monotonic()  # a ledger counts no time before this exporter started
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
@@ -308,6 +370,16 @@ class JobTracker:
                 self._new_run(job, now)
             job.facts.update(report.facts)
             at = report.time if report.time is not None else now
+            if report.tokens_total is None:
+                # An event of the run (start, heartbeat, checkpoint load): its ledger's, no totals to count.
+                job.touched = True
+                job.last_arrival = now
+                self._ledger_report(job, report, at, now)
+                if report.state != job.state:
+                    self._end(job, report.state, now)
+                self.generation += 1
+                return self._answer(job, now) if view else None
+            before = job.tokens_total if job.reported else report.tokens_total
             if job.reported and report.tokens_total < job.tokens_total:
                 # Restarted from a checkpoint: a new window, never a negative rate; the exported counters keep
                 # counting up (re-trained tokens are work done again), so rate() sees no false reset spike.
@@ -333,6 +405,7 @@ class JobTracker:
             job.last_arrival = now
             job.reported = True
             self._count_flops(job)
+            self._ledger_report(job, report, at, now, before)
             if report.state != job.state:
                 self._end(job, report.state, now)
             self.generation += 1
@@ -340,9 +413,98 @@ class JobTracker:
             # 1 s tick logs its reason then.
             if not view:
                 return None
-            answer = self._view(job, now)
-            self._warn(answer)
-            return answer
+            return self._answer(job, now)
+
+    def _answer(self, job: Job, now: float) -> JobView:
+        answer = self._view(job, now)
+        self._warn(answer)
+        return answer
+
+    # -- the time ledger (exporter.model.ledger) ----------------------------------------------------------------
+    def _clocks(self, at: float | None, now: float) -> tuple[float, float, float]:
+        """(the event's monotonic time, monotonic now, Unix minus monotonic time). An event's own Unix time counts
+        back from now on the monotonic clock, never past it: a report that arrives late keeps its time."""
+        mono = self._monotonic()
+        when = mono if at is None else mono - min(max(now - at, 0.0), MAX_FUTURE_SECONDS)
+        return max(when, min(self._born, mono)), mono, now - mono
+
+    def _ledger(self, job: Job, mono: float, offset: float) -> Ledger:
+        job.ledger.set_gpus(mono, offset, self._job_gpus(job) or 0)
+        return job.ledger
+
+    def _job_gpus(self, job: Job) -> int | None:
+        facts = {**FACT_DEFAULTS, **job.facts}
+        if facts.get("gpus") is None and job.discovered is not None:
+            facts["gpus"] = list(job.discovered.gpus)
+        return self._resolve_gpus(facts)[1]
+
+    def _ledger_report(self, job: Job, report: ProgressReport, at: float, now: float, before: float = 0.0) -> None:
+        """The report for the job's ledger; ``before`` is the job's token total before it."""
+        when, mono, offset = self._clocks(at, now)
+        ledger = self._ledger(job, mono, offset)
+        if report.event == "start" or report.run is not None:
+            ledger.start_run(when, offset, "client", report.run, restart=report.event == "start")
+        if report.event == "heartbeat" or report.heartbeat:
+            ledger.alive(when, report.heartbeat)
+        if report.event == "checkpoint_load_started":
+            ledger.load("started", when, offset, resume=report.step)
+        elif report.event == "checkpoint_load_finished":
+            ledger.load("finished", when, offset, duration=report.duration, resume=report.step)
+        elif report.tokens_total is not None:
+            position = report.step if report.step is not None else report.tokens_total
+            ledger.progress(when, offset, float(position), "client", steps=report.step is not None)
+            if report.step is not None and report.tokens_total > before:
+                ledger.advanced(when, offset)  # tokens grew within the step: progress, whatever the step says
+        if report.state != RUNNING:
+            ledger.end_run(when, offset, report.state)
+
+    def run_event(
+        self,
+        name: str,
+        event: str,
+        at: float | None = None,
+        *,
+        step: int | None = None,
+        duration: float | None = None,
+        source: str = "log",
+    ) -> None:
+        """What a log (or another feed) says of the job's run: ``start`` (start-up lines: a new process),
+        ``checkpoint_load_started``/``_finished`` (``step``: resumed from), ``training_starts`` (``step``: the
+        first step it trains), ``alive`` (a line with nothing else). Needs the job known (observe or touch)."""
+        with self._job_ledger(name, at) as found:
+            if found is None:
+                return
+            ledger, when, offset = found
+            if event == "start":
+                ledger.start_run(when, offset, source)
+            elif event in ("checkpoint_load_started", "checkpoint_load_finished"):
+                phase = "started" if event.endswith("started") else "finished"
+                ledger.load(phase, when, offset, duration=duration, resume=step)
+            elif event == "training_starts" and step is not None:
+                ledger.resume_at(when, offset, float(max(step - 1, 0)), source)
+            else:
+                ledger.alive(when)
+
+    def checkpoint_event(self, name: str, phase: str, at: float, duration: float | None) -> None:
+        """A checkpoint write of the job started, finished or failed (the checkpoint tracker tells, for every feed)."""
+        with self._job_ledger(name, at) as found:
+            if found is not None:
+                ledger, when, offset = found
+                ledger.save(phase, when, offset, duration)
+
+    @contextlib.contextmanager
+    def _job_ledger(self, name: str, at: float | None) -> Iterator[tuple[Ledger, float, float] | None]:
+        """Under the lock: the job's ledger (its GPU count brought up to date), the event's monotonic time and the
+        clocks' offset; None for a job not known. A change to the model either way."""
+        now = self._clock()
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is None:
+                yield None
+                return
+            when, mono, offset = self._clocks(at, now)
+            yield self._ledger(job, mono, offset), when, offset
+            self.generation += 1
 
     def observe(
         self,
@@ -353,10 +515,12 @@ class JobTracker:
         framework_tflops_per_gpu: float | None = None,
         reason: str | None = None,
         facts: dict[str, Any] | None = None,
+        at: float | None = None,
     ) -> None:
         """What a log line says besides a token total: the step, the framework's own figures, model facts it
         printed, or why the line gives no total (``reason``; None once a total arrives through ``report``).
-        Creates the job like touch (and raises TooManyJobs like it)."""
+        ``at`` is the line's time (the step's, for the ledger). Creates the job like touch (and raises TooManyJobs
+        like it)."""
         self.touch(name)
         with self._lock:
             job = self._jobs.get(name)
@@ -366,6 +530,8 @@ class JobTracker:
                 job.facts.update(facts)
             if step is not None:
                 job.step = step
+                when, mono, offset = self._clocks(at, self._clock())
+                self._ledger(job, mono, offset).progress(when, offset, float(step), "log")
             if framework_mfu is not None:
                 job.framework_mfu = framework_mfu
             if framework_tflops_per_gpu is not None:
@@ -473,6 +639,7 @@ class JobTracker:
         now = self._clock()
         with self._lock:
             changed = False
+            when, mono, offset = self._clocks(None, now)
             for name, discovered in found.items():
                 job = self._jobs.get(name)
                 if job is None:
@@ -481,7 +648,25 @@ class JobTracker:
                 if job.discovered != discovered:
                     job.discovered = discovered
                     changed = True
+                pods = frozenset(
+                    (p.scheduler, p.namespace, p.pod, p.slurm_job_id, step)
+                    for p in discovered.pods
+                    for step in (p.slurm_steps.split(",") if p.slurm_steps else [""])
+                )
+                if pods != job.pods:
+                    # Found again, or in a pod (a Slurm step) it was not in before: a new process, a new run.
+                    # Found for the first time: the run it is in, whose start we did not see.
+                    restart = job.pods is not None and bool(pods - job.pods)
+                    if job.pods is None or restart:
+                        self._ledger(job, mono, offset).start_run(when, offset, "discovery", restart=restart)
+                    job.pods = pods
             for name, job in list(self._jobs.items()):
+                if job.pods is not None and name not in found:
+                    # Its pod (or Slurm step) went away: the run ended at its last sign of life.
+                    ledger = self._ledger(job, mono, offset)
+                    ledger.end_run(ledger.last_seen if ledger.last_seen is not None else when, offset, "gone")
+                    job.pods = None
+                    changed = True
                 if job.discovered is not None and name not in found:
                     job.discovered = None
                     changed = True
@@ -515,6 +700,9 @@ class JobTracker:
         now = self._clock()
         with self._lock:
             self._expire(now)
+            _, mono, offset = self._clocks(None, now)
+            for job in self._jobs.values():
+                self._ledger(job, mono, offset).tick(mono, offset)
             views = self._views(now)
             for view in views:
                 self._warn(view)
@@ -692,6 +880,7 @@ class JobTracker:
             implausible_mfu=implausible,
             framework_mfu=framework,
             framework_tflops_per_gpu=job.framework_tflops_per_gpu,
+            ledger=self._ledger_view(job, now),
             reported=job.reported,
             found_by=self._found_by(job),
             discovered=job.discovered,
@@ -701,6 +890,12 @@ class JobTracker:
                 job.discovered.shared_gpus if job.discovered else (),
             ),
         )
+
+    def _ledger_view(self, job: Job, now: float) -> LedgerView | None:
+        if not job.ledger.fed:
+            return None  # no progress feed: its steps cannot be told from a hang, so its time is not split
+        _, mono, offset = self._clocks(None, now)
+        return job.ledger.view(mono, offset)
 
     def _implausible(
         self, facts: dict, gpus: list[GpuInfo] | None, count: int | None, achieved: float, peak: float

@@ -200,7 +200,7 @@ class SlurmGpuJobs:
 
     gpus: dict[int, set[str]] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
-    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # job -> {"uid", "sluid", "by"}
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # job -> {"uid", "sluid", "by", "steps"}
 
 
 def jobs_of_processes(processes: dict[int, Sequence[int]], resolver: ProcessJobs) -> SlurmGpuJobs:
@@ -213,7 +213,10 @@ def jobs_of_processes(processes: dict[int, Sequence[int]], resolver: ProcessJobs
                 result.skipped[found.by] += 1
                 continue
             result.gpus.setdefault(gpu, set()).add(found.job)
-            result.jobs.setdefault(found.job, {"uid": found.uid, "sluid": found.sluid, "by": found.by})
+            job = result.jobs.setdefault(found.job, {"uid": found.uid, "sluid": found.sluid, "by": found.by})
+            if found.step is not None:
+                # The job's steps on these GPUs: a new step (an srun started again in the allocation) is a new run.
+                job["steps"] = tuple(sorted({*job.get("steps", ()), found.step}))
     return result
 
 

@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.model.jobs import JobTracker, job_families
+from exporter.render.ledger import ledger_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Snapshot
 
@@ -48,7 +49,9 @@ class ExporterCollector(Collector):
         return [self._self_metrics, *snapshots, self._job_families, *self._extra]
 
     def _job_families(self) -> Iterable[Metric]:
-        return job_families(self._jobs.views())
+        views = self._jobs.views()
+        yield from job_families(views)
+        yield from ledger_families(views)
 
     def _self_metrics(self) -> Iterable[Metric]:
         build = InfoMetricFamily("mfu_exporter_build", "Version of mfu-exporter.")

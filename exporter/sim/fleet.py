@@ -382,7 +382,9 @@ class Fleet:
         sources: list[Source] = [NodeSource(shared) for shared in machine.shared]
         assert job.shared is not None
         sources.insert(1, NodeSource(job.shared))  # where the registry puts the checkpoint source
-        service = build_service(config, sources, clock=self.clock.time, paths=machine.paths)
+        service = build_service(
+            config, sources, clock=self.clock.time, paths=machine.paths, monotonic=self.clock.monotonic
+        )
         service.checkpoints = job.tracker  # the job's tracker: POST /api/v1/checkpoints and the attribution use it
         return FleetNode(index, port, job, machine, service)
 

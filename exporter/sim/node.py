@@ -47,17 +47,21 @@ STEADY_MFU = 0.45
 WORLD_GPUS = 1024  # the simulated job's size; this node reports its share of the tokens
 TOKENS_PER_STEP = 16 * 8192  # this node's share of a global batch
 NODE_TARGET_TOKENS = 15e12 * len(JOB_GPUS) / WORLD_GPUS  # Llama 3's 15T tokens, this node's share
-INCIDENTS = ("pfc-storm", "checkpoint-stall", "thermal", "gpu-lost")
+INCIDENTS = ("pfc-storm", "checkpoint-stall", "thermal", "gpu-lost", "crash-restart")
 WARMUP = 10.0  # healthy seconds before a forced incident
 HEALTHY_BETWEEN = 180.0  # scheduled mode: healthy time between incidents
 CHECKPOINT_SECONDS = 40.0  # the guide's good storage: under 45 s
 STALLED_CHECKPOINT_SECONDS = 900.0  # the guide's slow storage: fifteen minutes
+# crash-restart: the job's process dies (its pod goes away), is gone a minute, then a new one loads the last
+# checkpoint (15 s) and redoes the steps since: the time ledger's down, checkpoint_load and wasted.
+RESTORE_SECONDS = 15.0
 # Scheduled mode: how long each incident lasts; a checkpoint stall lasts as long as its stalled write.
 INCIDENT_SECONDS = {
     "pfc-storm": 120.0,
     "checkpoint-stall": STALLED_CHECKPOINT_SECONDS,
     "thermal": 120.0,
     "gpu-lost": 120.0,
+    "crash-restart": 60.0,
 }
 CHECKPOINT_EVERY = 600.0
 FIRST_CHECKPOINT = 20.0
@@ -66,7 +70,14 @@ HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3
 # How much of the healthy token rate each incident leaves (the job runs at its slowest rank's pace).
 ROTATION_SECONDS = sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in INCIDENTS)
-RATE_FACTOR = {None: 1.0, "pfc-storm": 0.40, "thermal": 0.667, "checkpoint-stall": 0.5, "gpu-lost": 0.0}
+RATE_FACTOR = {
+    None: 1.0,
+    "pfc-storm": 0.40,
+    "thermal": 0.667,
+    "checkpoint-stall": 0.5,
+    "gpu-lost": 0.0,
+    "crash-restart": 0.0,
+}
 
 
 class SimClock:
@@ -107,6 +118,8 @@ class Schedule:
         return sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in self.incidents)
 
     def incident(self, elapsed: float) -> str | None:
+        if self.forced == "crash-restart":  # a crash ends: the job restarts a minute later
+            return self.forced if WARMUP <= elapsed < WARMUP + INCIDENT_SECONDS[self.forced] else None
         if self.forced:
             return self.forced if elapsed >= WARMUP else None
         offset = elapsed % self.rotation_seconds
@@ -120,6 +133,8 @@ class Schedule:
         return None  # only a floating-point remainder at the rotation's very end gets here
 
     def describe(self, speed: float) -> str:
+        if self.forced == "crash-restart":
+            return f"the job crashes after {WARMUP:g} s of healthy training and restarts a minute later"
         if self.forced:
             return (
                 f"incident {self.forced} starts after {WARMUP:g} s of healthy training and lasts until the demo stops"
@@ -238,6 +253,28 @@ class TrainingLog:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now * 1000) % 1000:03d}"
         return f"[rank0]:[titan] {stamp} - root - INFO - "
 
+    def restart(self, now: float, step: int) -> None:
+        """A new process: its start-up lines and the load of the checkpoint at ``step`` (torchtitan's lines)."""
+        self._write(
+            [
+                self._prefix(now) + line
+                for line in (
+                    "Trainer is initialized with local batch size 2, global batch size 2048, gradient accumulation "
+                    f"steps 1, sequence length {MODEL['seq_len']}, total steps 1000000 (warmup 2000)",
+                    f"Loading the checkpoint from ./outputs/checkpoint/step-{step}.",
+                )
+            ]
+        )
+        self._step, self._last = step, None
+
+    def restored(self, now: float, step: int, seconds: float) -> None:
+        self._write(
+            [
+                self._prefix(now) + f"Finished loading the checkpoint in {seconds:.2f} seconds.",
+                self._prefix(now) + f"Training starts at step {step + 1}",
+            ]
+        )
+
     def start(self, now: float) -> None:
         lines = [
             f"\033[34mModel llama3 70B \033[31msize: {int(MODEL['params']):,} total parameters\033[39m",
@@ -287,6 +324,9 @@ class DemoNode:
         self.tokens = 0.0
         self.incident: str | None = None
         self.reporter: ProgressReporter | None = None
+        self.new_reporter: Callable[[], ProgressReporter] | None = None  # a new process's reporter (a new run)
+        self._checkpointed = (0.0, None)  # (tokens, tokens of the write under way): a restart resumes at the first
+        self._restoring: tuple[float, Any] | None = None  # (when the load ends, the reporter's open load)
         self.training_log = TrainingLog(root / "train.log") if progress == "logs" else None
         self.kubelet: PodResourcesServer | None = None  # the demo's pod-resources server, when discovery uses it
         self._origin: float | None = None
@@ -325,9 +365,19 @@ class DemoNode:
         incident = self.schedule.incident(now)
         if incident != self.incident:
             log.info("demo: %s", f"incident {incident} begins" if incident else f"incident {self.incident} ends")
+            if incident == "crash-restart":
+                self._crash()
+            elif self.incident == "crash-restart":
+                self._restart(now, stamp)
             self.incident = incident
             self._stall_pending = incident == "checkpoint-stall"
             self._apply(incident)
+        if self._restoring is not None:
+            if now < self._restoring[0]:
+                self.nvml.advance(dt)
+                self.fabric.tick(dt)
+                return  # loading the checkpoint: no steps yet
+            self._restored(stamp)
         self._checkpoint(now)
         factor = RATE_FACTOR[self.incident]
         if self.checkpoints.writing and self.incident != "checkpoint-stall":
@@ -336,9 +386,9 @@ class DemoNode:
         self.tokens += rate * dt
         self.nvml.advance(dt)
         self.fabric.tick(dt)
-        if self.reporter is not None and self.incident != "gpu-lost":
+        if self.reporter is not None and self.incident not in ("gpu-lost", "crash-restart"):
             self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
-        if self.training_log is not None and self.incident != "gpu-lost":
+        if self.training_log is not None and self.incident not in ("gpu-lost", "crash-restart"):
             self.training_log.progress(stamp, self.tokens)
 
     def _checkpoint(self, now: float) -> None:
@@ -350,13 +400,55 @@ class DemoNode:
                 self.checkpoints.duration = STALLED_CHECKPOINT_SECONDS
             else:
                 self._start_checkpoint(now, STALLED_CHECKPOINT_SECONDS)
-        if not self.checkpoints.writing and now >= self._next_checkpoint and self.incident != "gpu-lost":
+        if (
+            not self.checkpoints.writing
+            and now >= self._next_checkpoint
+            and self.incident not in ("gpu-lost", "crash-restart")
+        ):
             self._start_checkpoint(now, CHECKPOINT_SECONDS)
         self.checkpoints.advance(self.clock.time())
+        if not self.checkpoints.writing and self._checkpointed[1] is not None:
+            self._checkpointed = (self._checkpointed[1], None)  # the write completed: a restart resumes from it
 
     def _start_checkpoint(self, now: float, duration: float) -> None:
         self.checkpoints.start(int(self.tokens // TOKENS_PER_STEP), self.clock.time(), duration)
+        self._checkpointed = (self._checkpointed[0], self.tokens)
         self._next_checkpoint = now + CHECKPOINT_EVERY
+
+    def _crash(self) -> None:
+        """The job's process dies: its reporter sends nothing more, its pod goes away, a write under way is lost."""
+        if self.reporter is not None:
+            self.reporter.abandon()
+            self.reporter = None
+        if self.kubelet is not None:
+            self.kubelet.set_pods([p for p in discovered_pods(self.nvml) if not p.name.startswith(JOB)])
+        self.checkpoints.current = None
+        self._checkpointed = (self._checkpointed[0], None)
+
+    def _restart(self, now: float, stamp: float) -> None:
+        """A new process (a new pod): it loads the last checkpoint, then redoes the steps since."""
+        if self.kubelet is not None:
+            self.kubelet.set_pods(discovered_pods(self.nvml))
+        self.tokens = self._checkpointed[0]
+        step = int(self.tokens // TOKENS_PER_STEP)
+        load = None
+        if self.new_reporter is not None:
+            self.reporter = self.new_reporter()
+            load = self.reporter.checkpoint_load(step=step)
+            load.__enter__()  # the load spans ticks: ended in _restored
+        if self.training_log is not None:
+            self.training_log.restart(stamp, step)
+        self._restoring = (now + RESTORE_SECONDS, load)
+        self._next_checkpoint = now + RESTORE_SECONDS + CHECKPOINT_EVERY
+
+    def _restored(self, stamp: float) -> None:
+        assert self._restoring is not None
+        _, load = self._restoring
+        self._restoring = None
+        if load is not None:
+            load.__exit__(None, None, None)
+        if self.training_log is not None:
+            self.training_log.restored(stamp, int(self.tokens // TOKENS_PER_STEP), RESTORE_SECONDS)
 
     def _apply(self, incident: str | None) -> None:
         """Set GPU and NIC readings for the incident (or for healthy training)."""
@@ -386,6 +478,8 @@ class DemoNode:
                 gpu = self.nvml.gpus[index]
                 gpu.set_activity(tensor=30.0, sm=45.0)
                 gpu.utilization = 55
+        elif incident == "crash-restart":
+            stop_training(self.nvml, self.fabric)
         elif incident == "gpu-lost":
             if not self._lost:
                 self.nvml.lose(LOST_GPU)
@@ -505,6 +599,6 @@ def build_demo(
     ctx = node.context(config)
     sources = build_sources(config, ctx)
     require_sources(config, sources, args.config)
-    runtime = build_service(config, sources, clock=clock.time, paths=ctx.paths)
+    runtime = build_service(config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic)
     # At high speed, tick often enough that a warm-up still carries several progress reports.
     return runtime, node, Simulation(node, period=min(1.0, 2.5 / args.speed))

@@ -355,6 +355,7 @@ class DiscoverySource:
                             "slurm",
                             slurm_job_id=job_id,
                             user=str(extra["uid"]) if extra.get("uid") is not None else "",
+                            slurm_steps=",".join(extra.get("steps", ())),
                             name_by=extra.get("by", by) if by == "job_id" else by,
                         ),
                     ),

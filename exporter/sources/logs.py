@@ -33,7 +33,7 @@ from collections import Counter
 from typing import Any, Callable, Iterable
 
 from exporter.config import LogsConfig
-from exporter.logs import PARSERS, Facts, JobLog, LogStream, SaveAction, Startup, Update
+from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.jobs import (
     MAX_FUTURE_SECONDS,
@@ -244,7 +244,7 @@ class LogsSource:
         if events:
             parser = PARSERS.get(stream.format or "")
             ends = bool(parser and parser.ends_saves_at_next_step)
-            out.extend(joblog.feed(batch.path, events, facts, ends, followed.generation))
+            out.extend(joblog.feed(batch.path, events, facts, ends, followed.generation, live=batch.kind != HEAD))
         followed.lines += len(batch.lines)
         if stream.unrecognised and batch.path not in self._warned:
             self._warned.add(batch.path)
@@ -269,6 +269,8 @@ class LogsSource:
                 self._apply(job, item, joblog, batch.read_time)
             elif isinstance(item, SaveAction):
                 self._save(job, item)
+            elif isinstance(item, RunAction):
+                self._run(job, item, batch.read_time)
 
     def _unread(self, job: str, path: str, reason: str) -> None:
         """A detected format whose progress lines read nothing: the job's reason and the log say so at once, rather
@@ -318,6 +320,7 @@ class LogsSource:
                 framework_tflops_per_gpu=tflops if tflops is not None and math.isfinite(tflops) else None,
                 reason=update.reason,
                 facts=facts,
+                at=at,
             )
             tokens = update.tokens_total
             if tokens is not None and math.isfinite(tokens) and 0 <= tokens <= MAX_TOKENS:
@@ -329,6 +332,23 @@ class LogsSource:
                 self._fed.add(job)
         except TooManyJobs:
             self._counts["too_many_jobs"] += 1
+
+    def _run(self, job: str, action: RunAction, read_time: float) -> None:
+        """A run of the job starts, loads a checkpoint or says where it resumes: the job's time ledger."""
+        if self._jobs is None:
+            return
+        at = action.time
+        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_FUTURE_SECONDS:
+            at = read_time
+        try:
+            if job in self._fed:
+                self._jobs.touch(job)
+            else:  # known from now on, with the reason a log without progress lines gives
+                self._jobs.observe(job, reason=NO_PROGRESS)
+        except TooManyJobs:
+            self._counts["too_many_jobs"] += 1
+            return
+        self._jobs.run_event(job, action.event, at, step=action.step, duration=action.duration)
 
     def _save(self, job: str, action: SaveAction) -> None:
         if self._checkpoints is None:

@@ -118,6 +118,24 @@ async def get_jobs(request: web.Request) -> web.Response:
     return web.json_response({"jobs": [runtime.job_json(v) for v in runtime.jobs.views()]})
 
 
+async def get_ledger(request: web.Request) -> web.Response:
+    """``GET /api/v1/jobs/<job>/ledger``: where the job's time on this node went (``kinds``: GPU-seconds by kind),
+    its ``goodput`` and its ``runs`` (start, first step, end and why), with the bands of the status page's timeline."""
+    runtime = request.app[RUNTIME]
+    name = request.match_info["job"]
+    view = next((v for v in runtime.jobs.views() if v.name == name), None)
+    if view is None:
+        return _error(404, f"no job {name!r} on this node", "job")
+    if view.ledger is None:
+        return _error(
+            404,
+            f"job {name!r} has no ledger yet: it starts with the job's first progress (a report, a log's step line) "
+            "or its client's start event",
+            "job",
+        )
+    return web.json_response({"job": name, **view.ledger.as_json()})
+
+
 async def get_status(request: web.Request) -> web.Response:
     return web.json_response(request.app[RUNTIME].status())
 
@@ -161,6 +179,7 @@ def create_app(runtime: Service, security: WebSecurity | None = None) -> web.App
     app.router.add_post("/api/v1/progress", post_progress)
     app.router.add_post("/api/v1/checkpoints", post_checkpoint)
     app.router.add_get("/api/v1/jobs", get_jobs)
+    app.router.add_get("/api/v1/jobs/{job}/ledger", get_ledger)
     app.router.add_get("/api/v1/status", get_status)
     return app
 

@@ -23,7 +23,7 @@ DEPLOY_PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning" / "dashboards
 RULES_FILE = RULE_FILES[0]
 
 # Changing a uid breaks every bookmark and link to the dashboard: these stay.
-STABLE_UIDS = {"mfu-overview", "mfu-fabric", "mfu-gpu", "mfu-storage"}
+STABLE_UIDS = {"mfu-overview", "mfu-fabric", "mfu-gpu", "mfu-storage", "mfu-run-report"}
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 QUERY_VARIABLES = ("job", "instance", "training_job")

@@ -81,6 +81,10 @@ PROGRESS_FIELDS = [
     "model.heads",
     "model.head_dim",
     "model.seq_len",
+    "run",  # the time ledger's fields (issue 26)
+    "event",
+    "heartbeat_seconds",
+    "duration_seconds",
 ]
 CHECKPOINT_FIELDS = ["bytes", "duration_seconds", "time"]
 STATES = ["running", "finished", "failed", "cancelled"]
@@ -106,7 +110,13 @@ def valid_reports(job: str, start: float) -> list[dict[str, Any]]:
     }
     reports = []
     for i in range(4):
-        report = {"job": job, "tokens_total": 1_000_000 + i * 700_000, "step": 100 + i, "time": start + 10 * i}
+        report = {
+            "job": job,
+            "run": f"{job}-1",
+            "tokens_total": 1_000_000 + i * 700_000,
+            "step": 100 + i,
+            "time": start + 10 * i,
+        }
         if i == 0:
             report.update(facts)
         reports.append(report)
@@ -217,7 +227,7 @@ def check_metrics(url: str, promtool: str, previous: dict) -> None:
         assert math.isfinite(value), f"{name}{dict(labels)} = {value}"
         if name.startswith(("mfu_job_", "mfu_checkpoint_", "mfu_model_")):
             assert value >= 0, f"{name}{dict(labels)} = {value}"
-        if name == "mfu_model_flops_utilization_ratio":
+        if name in ("mfu_model_flops_utilization_ratio", "mfu_job_goodput_ratio", "mfu_job_effective_mfu_ratio"):
             assert 0 <= value <= 1, f"{name}{dict(labels)} = {value}"
         if kind in COUNTER_TYPES and not name.endswith("_created"):
             key = (name, labels)

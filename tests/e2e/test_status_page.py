@@ -91,6 +91,27 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         assert screenshot.stat().st_size > 20_000
 
 
+def test_the_run_timeline_draws_a_band_per_run_coloured_by_kind(tmp_path):
+    """The demo's job crashes and restarts: the page draws its two runs from the time ledger, with the down and
+    checkpoint-load bands, and the goodput it shows is the API's."""
+    with running_demo("--incident", "crash-restart", speed=20) as base:
+        url = base + "api/v1/jobs/llama3-70b/ledger"
+        wait_until(
+            lambda: len(get_json(url)["runs"]) == 2 and get_json(url)["kinds"]["checkpoint_load"] > 0,
+            60,
+            "the restart and its checkpoint load",
+            ignore=(OSError,),
+        )
+        dom = chromium(tmp_path, base, "--dump-dom")
+        card = re.search(r'<div class="card" data-job="llama3-70b">.*?</svg>\s*</div>\s*</div>', dom, re.DOTALL)
+        assert card, "the job's card has no run timeline"
+        timeline = re.search(r'<div class="timeline" data-goodput="([0-9.]+)" data-runs="(\d+)">', card.group(0))
+        assert timeline and int(timeline.group(2)) == 2
+        assert 0 < float(timeline.group(1)) < 1
+        bands = set(re.findall(r'<rect class="band [a-z_]+" data-run="(\d+)" data-kind="([a-z_]+)"', card.group(0)))
+        assert ("1", "startup") in bands and ("1", "down") in bands and ("2", "checkpoint_load") in bands
+
+
 def test_page_lists_the_training_logs_the_exporter_reads(tmp_path):
     """--progress logs: the demo's job prints torchtitan's lines; the page's "Training logs" table shows the file,
     the format detected and that it is read (a detected format that reads nothing would show why instead)."""

@@ -83,7 +83,7 @@ async def sampled_node(root: Path, jobs: tuple[str, ...], interval: float, cycle
     sources = build_sources(config, ctx)
     for source in sources:
         source.interval = interval
-    service = build_service(config, sources, clock=clock)
+    service = build_service(config, sources, clock=clock, monotonic=clock)
     assert service.checkpoints is not None, "the fixture runs the checkpoint source"
     for job in jobs:
         service.checkpoints.record(parse_checkpoint_event({**fixture.checkpoint_event(job), "time": NOW}, NOW))

@@ -1,14 +1,21 @@
+import json
 import threading
 import time
 
 import requests
 import responses
 
-from exporter.client import ProgressReporter
+from exporter.client import ProgressReporter as Reporter
 from tests.support.wait import wait_until
 
 URL = "http://exporter.test:9495"
 PROGRESS = URL + "/api/v1/progress"
+
+
+def ProgressReporter(*args, **kwargs):
+    """A reporter without its start event and heartbeats: these tests count the requests its totals make (the run
+    events have their own tests below)."""
+    return Reporter(*args, **{"announce": False, "heartbeat": None, **kwargs})
 
 
 @responses.activate
@@ -154,3 +161,49 @@ def test_job_name_from_the_environment_matches_discovery():
 
         with pytest.raises(ValueError, match="MFU_TRAINING_JOB"):
             ProgressReporter("http://127.0.0.1:9")
+
+
+@responses.activate
+def test_a_reporter_announces_its_run_sends_heartbeats_and_times_a_checkpoint_load():
+    responses.post(PROGRESS, json={})
+    monotonic = [100.0]
+    reporter = Reporter(
+        URL,
+        "job",
+        run_id="run-1",
+        heartbeat=0.05,
+        clock=lambda: 1234.5,
+        monotonic=lambda: monotonic[0] + time.monotonic(),
+        gpus=8,
+    )
+    with reporter.checkpoint_load(step=100):
+        monotonic[0] += 15
+    reporter.update(tokens_total=10, step=101)
+    wait_until(lambda: any(b'"heartbeat"' in c.request.body for c in responses.calls))
+    reporter.close()
+    bodies = [json.loads(c.request.body) for c in responses.calls]
+    start, load_started, load_finished = bodies[:3]
+    assert start == {
+        "job": "job",
+        "run": "run-1",
+        "event": "start",
+        "time": 1234.5,
+        "heartbeat_seconds": 0.05,
+        "gpus": 8,
+    }
+    assert load_started["event"] == "checkpoint_load_started" and load_started["step"] == 100
+    assert load_finished["event"] == "checkpoint_load_finished" and abs(load_finished["duration_seconds"] - 15) < 1
+    assert all(b.get("run") == "run-1" for b in bodies)
+    assert bodies[-1]["state"] == "finished"
+
+
+@responses.activate
+def test_an_exporter_without_run_ids_gets_plain_totals():
+    responses.post(PROGRESS, status=400, json={"error": "unknown field run", "field": "run"})
+    responses.post(PROGRESS, json={})
+    reporter = Reporter(URL, "job", heartbeat=0.01)
+    reporter.update(tokens_total=5)
+    reporter.close()
+    bodies = [json.loads(c.request.body) for c in responses.calls]
+    assert bodies[0]["event"] == "start"  # refused: the reporter learns the exporter is older
+    assert all("run" not in b and "event" not in b for b in bodies[1:]) and bodies[-1]["tokens_total"] == 5

@@ -52,6 +52,10 @@ async def test_progress_reports_become_mfu_metrics(make_client):
         (b'{"job": "../../etc", "tokens_total": 1}', 400, "job"),
         (b'{"job": "x", "tokens_total": 1, "model": {"params": "seventy"}}', 400, "model.params"),
         (b"\xff\xfe", 400, ""),
+        (b'{"job": "x", "event": "start", "run": "../a"}', 400, "run"),
+        (b'{"job": "x", "event": "boot"}', 400, "event"),
+        (b'{"job": "x", "event": "heartbeat", "heartbeat_seconds": 0}', 400, "heartbeat_seconds"),
+        (b'{"job": "x", "tokens_total": 1, "duration_seconds": 3}', 400, "duration_seconds"),
         (b"[" * 5000 + b"]" * 5000, 400, ""),
     ],
 )
@@ -230,3 +234,38 @@ async def test_a_failing_evaluation_pass_does_not_end_the_tick(caplog, monkeypat
     async with runtime.running():
         await wait_for(lambda: len(passes) >= 2, 5, "a second pass after the failed one")
     assert "the 1 s job evaluation failed" in caplog.text and "a bug in one pass" in caplog.text
+
+
+async def test_the_ledger_endpoint_answers_kinds_goodput_and_runs(make_client):
+    client = await make_client(JOB)
+    client.runtime.jobs._born -= 60  # the exporter started a minute ago: the job's start 30 s ago counts
+    assert (await client.get("/api/v1/jobs/llama3-70b/ledger")).status == 404  # not known yet
+    now = time.time()
+    started = await client.post(
+        "/api/v1/progress", json={"job": "llama3-70b", "run": "a1", "event": "start", "time": now - 30}
+    )
+    assert started.status == 200
+    for step in (1, 2, 3):
+        body = {"job": "llama3-70b", "run": "a1", "tokens_total": step * 1000, "step": step, "time": now - 3 + step}
+        assert (await client.post("/api/v1/progress", json=body)).status == 200
+    ledger = await (await client.get("/api/v1/jobs/llama3-70b/ledger")).json()
+    assert set(ledger["kinds"]) == {
+        "productive",
+        "wasted",
+        "startup",
+        "checkpoint_save",
+        "checkpoint_load",
+        "down",
+        "stalled",
+    }
+    assert ledger["kinds"]["startup"] > 0 and ledger["kinds"]["productive"] > 0 and 0 < ledger["goodput"] < 1
+    [run] = ledger["runs"]
+    assert set(run) >= {"start", "first_step_time", "end", "end_reason"} and run["end"] is None
+    assert run["start"] == pytest.approx(now - 30, abs=1e-3)
+    missing = await client.get("/api/v1/jobs/nope/ledger")
+    assert missing.status == 404 and (await missing.json())["field"] == "job"
+    values = samples(await (await client.get("/metrics")).text())
+    key = (("training_job", "llama3-70b"),)
+    assert values[("mfu_job_gpu_seconds_total", (("kind", "startup"), ("training_job", "llama3-70b")))] > 0
+    assert values[("mfu_job_goodput_ratio", key)] == pytest.approx(ledger["goodput"], abs=0.05)
+    assert values[("mfu_job_restarts_total", key)] == 0

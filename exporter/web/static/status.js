@@ -39,6 +39,29 @@ function chart(points) {
 // "gpus" is what the job said: a count, or the list of its GPUs (indices or UUIDs); the page shows how many.
 const gpuCount = (g) => Array.isArray(g) ? g.length : g;
 
+// The job's run timeline from its time ledger: one row per run, each band coloured by where its time went.
+const KINDS = ["productive", "wasted", "startup", "checkpoint_save", "checkpoint_load", "down", "stalled"];
+
+function timeline(ledger) {
+  if (!ledger || !ledger.bands || !ledger.bands.length) return "";
+  const bands = ledger.bands, runs = [...new Set(bands.map((b) => b.run))];
+  const w = 600, row = 14, gap = 4, label = 46, h = runs.length * (row + gap);
+  const t0 = bands[0].start, t1 = Math.max(...bands.map((b) => b.end)), span = Math.max(t1 - t0, 1);
+  const x = (t) => label + ((t - t0) / span) * (w - label);
+  const rects = bands.map((b) => {
+    const y = runs.indexOf(b.run) * (row + gap);
+    const width = Math.max(x(b.end) - x(b.start), 0.5);
+    return `<rect class="band ${esc(b.kind)}" data-run="${b.run}" data-kind="${esc(b.kind)}" x="${x(b.start).toFixed(1)}" y="${y}" width="${width.toFixed(1)}" height="${row}"><title>run ${b.run}: ${esc(b.kind)} ${duration(b.end - b.start)}</title></rect>`;
+  }).join("");
+  const labels = runs.map((r, i) => `<text x="0" y="${i * (row + gap) + row - 3}">run ${r}</text>`).join("");
+  const totals = KINDS.filter((k) => ledger.seconds && ledger.seconds[k] > 0)
+    .map((k) => `<span class="key ${k}">${k.replace("_", " ")} ${duration(ledger.seconds[k])}</span>`).join(" ");
+  return `<div class="timeline" data-goodput="${ledger.goodput ?? ""}" data-runs="${runs.length}">
+    <div class="muted">goodput ${pct(ledger.goodput)} · ${runs.length} run${runs.length === 1 ? "" : "s"} · ${totals}</div>
+    <svg class="runs" viewBox="0 0 ${w} ${h}" role="img" aria-label="runs of the job over ${duration(span)}">${labels}${rects}</svg>
+  </div>`;
+}
+
 function jobCard(job, history) {
   const hw = job.hardware || {};
   // [label, the API field shown (a path in the job's JSON), its value, the text]: each <dd> carries the field and
@@ -65,6 +88,7 @@ function jobCard(job, history) {
     ${cause}
     <dl class="facts">${facts.map(([k, field, value, text]) => `<dt>${k}</dt><dd data-field="${field}" data-value="${esc(JSON.stringify(value ?? null))}">${text}</dd>`).join("")}</dl>
     ${chart(history || [])}
+    ${timeline(job.ledger)}
   </div>`;
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.logs import Checkpoint, Line, LogStream, Progress, Startup
+from exporter.logs import Checkpoint, Line, LogStream, Progress, Restore, Startup
 from exporter.logs.deepspeed import DeepSpeedParser
 from exporter.logs.hf import HfParser
 from exporter.logs.megatron import MegatronParser
@@ -268,3 +268,76 @@ def test_auto_detects_each_framework(line, expected):
     stream = LogStream("auto")
     stream.feed(line, T0)
     assert stream.format == expected
+
+
+# Checkpoint loads at start-up (issue 26's ledger): each line built from its framework's format string, cited in the
+# parser's module.
+LOADS = [
+    (
+        TorchtitanParser,
+        "[titan] 2026-08-21 10:00:00,000 - root - INFO - Loading the checkpoint from ./outputs/checkpoint/step-100.",
+        Restore("start", step=100),
+    ),
+    (
+        TorchtitanParser,
+        "[titan] 2026-08-21 10:00:15,000 - root - INFO - Finished loading the checkpoint in 15.00 seconds.",
+        Restore("end", duration=15.0),
+    ),
+    (TorchtitanParser, "Loading the checkpoint at step 100", Restore("start", step=100)),
+    (MegatronParser, " loading checkpoint from /ckpt at iteration 100", Restore("start", step=100)),
+    (
+        MegatronParser,
+        "  successfully loaded checkpoint from /ckpt [ t 1/8, p 1/4 ] at iteration 100",
+        Restore("end", step=100),
+    ),
+    (
+        MegatronParser,
+        "  successfully loaded checkpoint from /ckpt [ t 0, p 0 ] at iteration 100",
+        Restore("end", step=100),
+    ),
+    (HfParser, "Loading model from /out/checkpoint-100.", Restore("start", step=100)),
+    (HfParser, "  Continuing training from global step 100", Restore("end", step=100)),
+    (
+        NemoParser,
+        "Restoring states from the checkpoint path at /r/ckpt/m--step=100-last.ckpt",
+        Restore("start", step=100),
+    ),
+    (
+        NemoParser,
+        "INFO:lightning.pytorch.utilities.rank_zero:Restored all states from the checkpoint at /r/last.ckpt",
+        Restore("end"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("parser", "text", "expected"), LOADS)
+def test_checkpoint_load_lines(parser, text, expected):
+    record = parser().parse(Line(text))
+    assert isinstance(record, Restore)
+    assert (record.phase, record.step, record.duration) == (expected.phase, expected.step, expected.duration)
+
+
+def test_start_up_lines_after_progress_are_a_new_run_and_the_load_bounds_its_restore():
+    from exporter.logs import Facts, JobLog, RunAction
+
+    stream, joblog = LogStream("torchtitan"), JobLog()
+    t = fl.titan_logger
+    lines = [
+        t(T0, "Training starts at step 1"),
+        t(T0 + 1, fl.titan_step(1, 2.4, 0.3, 61.2, 77.3, 6875, 358.12, 36.21, color=False)),
+        t(T0 + 60, "Loading the checkpoint from ./outputs/checkpoint/step-100."),
+        t(T0 + 75, "Finished loading the checkpoint in 15.00 seconds."),
+        t(T0 + 75, "Training starts at step 101"),
+    ]
+    out = joblog.feed("f", feed_all(stream, lines), Facts(node_gpus=8, world_size=8))
+    actions = [(a.event, a.step) for a in out if isinstance(a, RunAction)]
+    assert actions == [
+        ("start", None),
+        ("training_starts", 1),
+        ("start", None),
+        ("checkpoint_load_started", 100),
+        ("checkpoint_load_finished", None),
+        ("training_starts", 101),
+    ]
+    again = joblog.feed("f", feed_all(stream, [t(T0 + 99, "Training starts at step 1")]), Facts(), live=False)
+    assert not [a for a in again if isinstance(a, RunAction)]  # a file's head read at a restart is history
