@@ -1179,7 +1179,8 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"gpu-truth: cannot run here: {why}", file=sys.stderr)
         return 2
-    gemm_seconds = args.gemm_seconds or (3.0 if fake else 20.0)
+    # 5 s on the fake: a loaded test machine must still get the 3 scrapes the throttle comparison needs.
+    gemm_seconds = args.gemm_seconds or (5.0 if fake else 20.0)
     idle_seconds = args.idle_seconds or (3.0 if fake else 10.0)
     # The daemon's MFU window: longer than the products run (its MFU then covers exactly that run); the Trainer
     # trains a few windows' worth past its first step, so several scrape windows lie wholly inside training.

@@ -63,8 +63,9 @@ def test_every_comparison_passes_or_skips_with_a_reason_on_the_fake(fake_report)
 def test_the_gemm_figures_are_the_products_flops(fake_report):
     report, _ = fake_report
     gemm = next(c for c in report["checks"] if c["name"] == "gemm_formula_mfu")["figures"]
-    # The stand-in peak is twice the CPU's warm-up rate: the MFU lands near 0.5, where a wrong 6·P·tokens shows.
-    assert 0.2 < gemm["truth_mfu"] < 1.0
+    # The stand-in peak is twice the CPU's warm-up rate: the MFU lands near 0.5 on a quiet machine (0.14 was seen with
+    # the suite's other workers on 2 cores), well off 0, where a wrong 6·P·tokens shows as a gap of points.
+    assert 0.05 < gemm["truth_mfu"] < 1.0
     assert abs(gemm["formula_mfu"] - gemm["truth_mfu"]) <= 0.02
     assert gemm["params"] == pytest.approx(2 * 30**3 * 1e6 / 6)  # one product = one token, each FLOP a million
     # The fake's GPUs hold tensor activity at 45 % at 1830 MHz, the H100's reference clock: the estimate is 0.45.
