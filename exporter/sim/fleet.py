@@ -221,7 +221,8 @@ class Machine:
             monotonic=clock.monotonic,
         )
         sources = build_sources(config, ctx)
-        self.shared = [SharedSample(source) for source in sources]
+        # Gated on the simulated clock: a fleet stepped faster than real time still samples once per step.
+        self.shared = [SharedSample(source, clock.monotonic) for source in sources]
 
     @property
     def paths(self) -> Paths:
@@ -371,7 +372,7 @@ class Fleet:
         (source,) = build_sources(section_config, SourceContext(section_config, wall=self.clock.time))
         assert isinstance(source, CheckpointSource)
         job.source, job.tracker = source, source.tracker
-        job.shared = SharedSample(job.source)
+        job.shared = SharedSample(job.source, self.clock.monotonic)
 
     def _node(self, index: int, job: FleetJob, machine: Machine, base: dict, facts: dict) -> FleetNode:
         config = copy.deepcopy(base)
