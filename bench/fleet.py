@@ -118,26 +118,41 @@ def correctness(stack: FleetStack) -> dict[str, Any]:
     found: dict[str, Any] = {}
     recent = f"{int(2500 * parse_duration(stack.interval))}ms"
     for path, store in stack.stores.items():
-        recorded = {
-            s["metric"].get("training_job"): s["value"]
-            for s in store.query(f"last_over_time(training_job:mfu_model_flops_utilization:ratio_rate1m[{recent}])")
-        }
-        errors = {name: abs(recorded[name] - mfu) for name, mfu in expected.items() if name in recorded}
-        causes = store.query(
-            f'last_over_time(training_job:mfu_bottleneck:cause{{training_job="{incident["job"]}"}}[{recent}])'
-        )
-        named = [(s["metric"].get("cause"), s["metric"].get("instance")) for s in causes]
-        found[path] = {
-            "jobs": len(expected),
-            "jobs_recorded": len(errors),
-            "mfu_max_error": max(errors.values(), default=None),
-            "jobs_within_2_points": sum(e <= MFU_TOLERANCE for e in errors.values()),
-            "worst_job": max(errors, key=errors.__getitem__, default=None),
-            "incident_cause": named,
-            # The latest evaluation's cause; one that just ended may still show in VictoriaMetrics' look-back.
-            "incident_named": ("network", node) in named,
-        }
+        try:
+            found[path] = _correctness(store, recent, expected, incident["job"], node)
+        except (requests.RequestException, ValueError, AssertionError) as exc:
+            # An engine too loaded to answer within 30 s answers nothing right either: recorded as such.
+            found[path] = {
+                "jobs": len(expected),
+                "jobs_recorded": 0,
+                "mfu_max_error": None,
+                "jobs_within_2_points": 0,
+                "worst_job": None,
+                "incident_cause": [],
+                "incident_named": False,
+                "error": f"{type(exc).__name__}: {exc}"[:300],
+            }
     return found
+
+
+def _correctness(store: Any, recent: str, expected: dict[str, float], job: str, node: str) -> dict[str, Any]:
+    recorded = {
+        s["metric"].get("training_job"): s["value"]
+        for s in store.query(f"last_over_time(training_job:mfu_model_flops_utilization:ratio_rate1m[{recent}])")
+    }
+    errors = {name: abs(recorded[name] - mfu) for name, mfu in expected.items() if name in recorded}
+    causes = store.query(f'last_over_time(training_job:mfu_bottleneck:cause{{training_job="{job}"}}[{recent}])')
+    named = [(s["metric"].get("cause"), s["metric"].get("instance")) for s in causes]
+    return {
+        "jobs": len(expected),
+        "jobs_recorded": len(errors),
+        "mfu_max_error": max(errors.values(), default=None),
+        "jobs_within_2_points": sum(e <= MFU_TOLERANCE for e in errors.values()),
+        "worst_job": max(errors, key=errors.__getitem__, default=None),
+        "incident_cause": named,
+        # The latest evaluation's cause; one that just ended may still show in VictoriaMetrics' look-back.
+        "incident_named": ("network", node) in named,
+    }
 
 
 def label(key: str, name: str) -> str | None:
