@@ -193,8 +193,7 @@ def measure(
         paths=paths,
     )
     stack.start()
-    prometheus = "prometheus" in paths
-    empty: dict[str, float] = {}
+    prometheus, vm = "prometheus" in paths, "victoria-metrics" in paths
     data = {
         "victoria-metrics": stack.workdir / "vm" / "data",
         "prometheus": stack.workdir / "prom" / "receiver-data",
@@ -204,12 +203,14 @@ def measure(
         time.sleep(warmup)
         servers = stack.servers
         pids = {name: server.pid for name, server in servers.items()}
+
+        def own(name: str) -> dict[str, float]:
+            return scrape_metrics(servers[name].url) if name in servers else {}
+
         per_node = series_by_source(node_body(stack))
         cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         disk0 = {path: disk_bytes(data[path]) for path in paths}
-        vm0 = scrape_metrics(servers["victoria-metrics"].url)
-        prom0 = scrape_metrics(servers["prometheus-receiver"].url) if prometheus else empty
-        alert0 = scrape_metrics(servers["vmalert"].url)
+        vm0, prom0, alert0 = own("victoria-metrics"), own("prometheus-receiver"), own("vmalert")
         t0 = time.monotonic()
         prom_groups: dict[str, float] = defaultdict(float)
         while time.monotonic() - t0 < seconds:
@@ -223,9 +224,7 @@ def measure(
         elapsed = time.monotonic() - t0
         cpu1 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         disk1 = {path: disk_bytes(data[path]) for path in paths}
-        vm1 = scrape_metrics(servers["victoria-metrics"].url)
-        prom1 = scrape_metrics(servers["prometheus-receiver"].url) if prometheus else empty
-        alert1 = scrape_metrics(servers["vmalert"].url)
+        vm1, prom1, alert1 = own("victoria-metrics"), own("prometheus-receiver"), own("vmalert")
         vmalert_groups = {}
         for key in alert1:
             if key.startswith("vmalert_iteration_duration_seconds_sum{"):
@@ -245,10 +244,9 @@ def measure(
                 )
                 vmalert_groups[group] = {"mean": mean, "p99": quantile, "iterations": count}
         up = {path: store.query('count(up{job="mfu-exporter"} == 1)') for path, store in stack.stores.items()}
-        failed = sum(
-            total(scrape_metrics(servers[f"vmagent-{m}"].url), "vm_promscrape_scrapes_failed_total") for m in (0, 1)
-        )
-        agents = [scrape_metrics(servers[f"vmagent-{m}"].url) for m in (0, 1)]
+        shards = (0, 1) if vm else ()
+        agents = [own(f"vmagent-{m}") for m in shards]
+        failed = sum(total(agent, "vm_promscrape_scrapes_failed_total") for agent in agents)
         scrapes = sum(total(agent, "vm_promscrape_scrapes_total") for agent in agents)
         per_shard = [
             sum(
@@ -257,11 +255,11 @@ def measure(
                     "activeTargets"
                 ]
             )
-            for m in (0, 1)
+            for m in shards
         ]
         series = {
             # VictoriaMetrics' own count: a count({job=...}) over 1.2 million series takes over 30 s here.
-            "victoria-metrics": total(vm1, "vm_new_timeseries_created_total"),
+            "victoria-metrics": total(vm1, "vm_new_timeseries_created_total") if vm else None,
             "prometheus": total(prom1, "prometheus_tsdb_head_series") if prometheus else None,
         }
         result = {
@@ -275,7 +273,9 @@ def measure(
             "series": series,
             "samples_per_second": {
                 "victoria-metrics": (total(vm1, "vm_rows_inserted_total") - total(vm0, "vm_rows_inserted_total"))
-                / elapsed,
+                / elapsed
+                if vm
+                else None,
                 "prometheus": (
                     total(prom1, "prometheus_tsdb_head_samples_appended_total")
                     - total(prom0, "prometheus_tsdb_head_samples_appended_total")
@@ -289,11 +289,18 @@ def measure(
             # than merged ones, so this is an upper bound); the receiver's growth per appended sample, which over a
             # short run is its write-ahead log (blocks, cut every two hours, compress further).
             "disk_bytes_per_series_per_day": {
-                "victoria-metrics": _ratio(
-                    total_prefix(vm1, 'vm_data_size_bytes{type="storage/'), total_prefix(vm1, 'vm_rows{type="storage/')
-                )
-                * 86400
-                / parse_duration(interval),
+                **(
+                    {
+                        "victoria-metrics": _ratio(
+                            total_prefix(vm1, 'vm_data_size_bytes{type="storage/'),
+                            total_prefix(vm1, 'vm_rows{type="storage/'),
+                        )
+                        * 86400
+                        / parse_duration(interval)
+                    }
+                    if vm
+                    else {}
+                ),
                 **(
                     {
                         "prometheus": _ratio(
@@ -342,12 +349,15 @@ def table(results: list[dict]) -> str:
     ]
     for r in results:
         cpu, rss, paths = r["cpu_share"], r["rss_bytes"], r["paths"]
-        vm_cpu = f"{_num(cpu['victoria-metrics'], 100)}, {_num(cpu['vmagent-0'] + cpu['vmagent-1'], 100)}, " + (
-            f"{_num(cpu['vmalert'], 100)} %"
-        )
-        vm_rss = f"{_num(rss['victoria-metrics'], 2**-20)}, {_num(rss['vmagent-0'] + rss['vmagent-1'], 2**-20)}, " + (
-            f"{_num(rss['vmalert'], 2**-20)}"
-        )
+        vm_cpu = vm_rss = "–"
+        if "victoria-metrics" in paths:
+            vm_cpu = f"{_num(cpu['victoria-metrics'], 100)}, {_num(cpu['vmagent-0'] + cpu['vmagent-1'], 100)}, " + (
+                f"{_num(cpu['vmalert'], 100)} %"
+            )
+            vm_rss = (
+                f"{_num(rss['victoria-metrics'], 2**-20)}, {_num(rss['vmagent-0'] + rss['vmagent-1'], 2**-20)}, "
+                + (f"{_num(rss['vmalert'], 2**-20)}")
+            )
         if "prometheus" in paths:
             vm_cpu += f" / {_num(cpu['prometheus-agent'], 100)}, {_num(cpu['prometheus-receiver'], 100)} %"
             vm_rss += f" / {_num(rss['prometheus-agent'], 2**-20)}, {_num(rss['prometheus-receiver'], 2**-20)}"
@@ -362,19 +372,20 @@ def table(results: list[dict]) -> str:
             f"{_num(cpu['fleet'], 100)} %, {_num(rss['fleet'], 2**-20)} MiB | "
             f"{_num((load.get('before') or [None])[0], 1, 1)} → {_num((load.get('after') or [None])[0], 1, 1)} |"
         )
-    groups = sorted({_group(g) for r in results for g in r["rule_group_seconds"]["vmalert"]})
+    groups = sorted({_group(g) for r in results for engine in r["rule_group_seconds"].values() for g in engine})
     lines += ["", "| nodes | engine | " + " | ".join(f"{g} (ms)" for g in groups) + " |"]
     lines.append("|---|---|" + "---|" * len(groups))
     for r in results:
         vmalert = {_group(g): v for g, v in r["rule_group_seconds"]["vmalert"].items()}
-        lines.append(
-            f"| {r['nodes']:,} | vmalert mean / p99 | "
-            + " | ".join(
-                f"{_num(vmalert[g]['mean'], 1000)} / {_num(vmalert[g]['p99'], 1000)}" if g in vmalert else "–"
-                for g in groups
+        if vmalert:
+            lines.append(
+                f"| {r['nodes']:,} | vmalert mean / p99 | "
+                + " | ".join(
+                    f"{_num(vmalert[g]['mean'], 1000)} / {_num(vmalert[g]['p99'], 1000)}" if g in vmalert else "–"
+                    for g in groups
+                )
+                + " |"
             )
-            + " |"
-        )
         prom = {_group(g): v for g, v in r["rule_group_seconds"]["prometheus"].items()}
         if prom:
             lines.append(
@@ -410,6 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prometheus-up-to", type=int, default=2048, help="the Prometheus path runs up to this many nodes"
     )
+    parser.add_argument(
+        "--paths-apart",
+        action="store_true",
+        help="run each path in its own stack (on 2 cores, two paths at once share the CPU: at 2,048 nodes neither "
+        "keeps up)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     results = []
@@ -417,13 +434,15 @@ def main(argv: list[str] | None = None) -> int:
         for nodes in (int(n) for n in args.nodes.split(",")):
             source = "targets" if nodes > args.targets_above else "demo"
             paths = ("victoria-metrics", "prometheus") if nodes <= args.prometheus_up_to else ("victoria-metrics",)
-            print(f"bench-fleet: {nodes} nodes ({source}; {', '.join(paths)}) ...", file=sys.stderr, flush=True)
-            result = measure(nodes, args.interval, args.warmup, args.seconds, Path(tmp), source, paths)
-            results.append(result)
-            print(json.dumps(result, indent=1), file=sys.stderr, flush=True)
-            if args.json:
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                args.json.write_text(json.dumps(results, indent=1))
+            # Apart: each path in its own stack, one after the other, so that neither engine's time is the other's.
+            for run in [(path,) for path in paths] if args.paths_apart else [paths]:
+                print(f"bench-fleet: {nodes} nodes ({source}; {', '.join(run)}) ...", file=sys.stderr, flush=True)
+                result = measure(nodes, args.interval, args.warmup, args.seconds, Path(tmp), source, run)
+                results.append(result)
+                print(json.dumps(result, indent=1), file=sys.stderr, flush=True)
+                if args.json:
+                    args.json.parent.mkdir(parents=True, exist_ok=True)
+                    args.json.write_text(json.dumps(results, indent=1))
     print(table(results))
     budget = parse_duration(args.interval) * TARGET_SHARE
     missed = [
