@@ -38,10 +38,11 @@ from typing import Any
 import requests
 
 from exporter.quantities import parse_duration
-from tests.support.fleet_harness import FleetStack
+from tests.support.fleet_harness import RULE_FILES, FleetStack
 
 TARGET_SHARE = 0.10  # every rule group under 10 % of its interval
 MFU_TOLERANCE = 0.02  # each job's recorded cluster MFU within 2 points of the truth
+NODE_TIER = "mfu-exporter.node.yaml"  # the rules that read a device's own series (README "Rules in two tiers")
 SOURCES = (
     ("mfu_gpu_", "gpu"),
     ("mfu_rdma_", "rdma"),
@@ -180,7 +181,14 @@ def label(key: str, name: str) -> str | None:
 
 
 def measure(
-    nodes: int, interval: str, warmup: float, seconds: float, workdir: Path, source: str, paths: tuple[str, ...]
+    nodes: int,
+    interval: str,
+    warmup: float,
+    seconds: float,
+    workdir: Path,
+    source: str,
+    paths: tuple[str, ...],
+    node_tier: bool = True,
 ) -> dict[str, Any]:
     started = time.monotonic()
     load0 = loadavg()
@@ -191,6 +199,7 @@ def measure(
         interval=interval,
         source=source,
         paths=paths,
+        rule_files=[f for f in RULE_FILES if node_tier or f.name != NODE_TIER],
     )
     stack.start()
     prometheus, vm = "prometheus" in paths, "victoria-metrics" in paths
@@ -266,6 +275,7 @@ def measure(
             "nodes": nodes,
             "fleet": source,
             "paths": list(paths),
+            "rule_files": [f.name for f in stack.rule_files],
             "interval_seconds": parse_duration(interval),
             "stack_up_seconds": round(up_after, 1),
             "series_per_node": per_node,
@@ -422,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
         "--prometheus-up-to", type=int, default=2048, help="the Prometheus path runs up to this many nodes"
     )
     parser.add_argument(
+        "--node-tier-up-to",
+        type=int,
+        default=1 << 30,
+        help="the central engines evaluate the node tier (alerts/mfu-exporter.node.yaml) up to this many nodes; "
+        "above, only the central tier, as when each shard of a fleet evaluates its own node tier",
+    )
+    parser.add_argument(
         "--paths-apart",
         action="store_true",
         help="run each path in its own stack (on 2 cores, two paths at once share the CPU: at 2,048 nodes neither "
@@ -437,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
             # Apart: each path in its own stack, one after the other, so that neither engine's time is the other's.
             for run in [(path,) for path in paths] if args.paths_apart else [paths]:
                 print(f"bench-fleet: {nodes} nodes ({source}; {', '.join(run)}) ...", file=sys.stderr, flush=True)
-                result = measure(nodes, args.interval, args.warmup, args.seconds, Path(tmp), source, run)
+                node_tier = nodes <= args.node_tier_up_to
+                result = measure(nodes, args.interval, args.warmup, args.seconds, Path(tmp), source, run, node_tier)
                 results.append(result)
                 print(json.dumps(result, indent=1), file=sys.stderr, flush=True)
                 if args.json:

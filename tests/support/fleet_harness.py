@@ -213,6 +213,7 @@ class FleetStack:
     paths: Sequence[str] = ("victoria-metrics", "prometheus")
     fleet_args: Sequence[str] = ()
     source: str = "demo"  # or "targets": exporter/sim/targets.py serves the nodes
+    rule_files: Sequence[Path] = RULE_FILES  # what vmalert and the receiver evaluate
     servers: dict[str, Server] = field(default_factory=dict)
     stores: dict[str, Store] = field(default_factory=dict)
     base_port: int = 0
@@ -410,7 +411,7 @@ class FleetStack:
                 work,
                 lambda port: [
                     vmalert,
-                    *(f"-rule={path}" for path in RULE_FILES),
+                    *(f"-rule={path}" for path in self.rule_files),
                     f"-datasource.url={vm.url}",
                     f"-remoteWrite.url={vm.url}",
                     f"-remoteRead.url={vm.url}",
@@ -436,7 +437,7 @@ class FleetStack:
 
         def receiver_config(config: dict) -> None:
             config["global"]["evaluation_interval"] = self.interval
-            config["rule_files"] = [str(path) for path in RULE_FILES]
+            config["rule_files"] = [str(path) for path in self.rule_files]
             config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
 
         receiver_file = _copy_config(DEPLOY / "prometheus-receiver.yaml", work / "receiver.yml", receiver_config)
