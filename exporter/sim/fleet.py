@@ -129,6 +129,12 @@ def layout_jobs(nodes: int, sizes: tuple[int, ...] = JOB_SIZES, seed: int = 0) -
     return jobs
 
 
+def require_node(flag: str, node: int | None, nodes: int) -> None:
+    """A node named on the command line (``flag``) is one of the fleet's, or none."""
+    if node is not None and not 0 <= node < nodes:
+        raise ValueError(f"{flag} must be a node of the fleet: 0 to {nodes - 1}")
+
+
 def node_tokens_per_second() -> float:
     """A node's healthy token rate: the steady MFU on its 8 H100s, from the formula."""
     per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
@@ -309,8 +315,7 @@ class Fleet:
         host: str | None = None,
         seed: int = 0,
     ):
-        if not 0 <= incident_node < nodes:
-            raise ValueError(f"--incident-node must be a node of the fleet: 0 to {nodes - 1}")
+        require_node("--incident-node", incident_node, nodes)
         self.root = root
         self.clock = clock
         self.schedule = schedule

@@ -44,7 +44,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from exporter.quantities import parse_duration
-from exporter.sim.fleet import Fleet, FleetSchedule, layout_jobs
+from exporter.sim.fleet import Fleet, FleetSchedule, layout_jobs, require_node
 from exporter.sim.node import SimClock
 
 log = logging.getLogger(__name__)
@@ -256,9 +256,8 @@ class TargetFleet:
         lost_node: int | None = DEFAULT_LOST_NODE,
         clock: Callable[[], float] = time.time,
     ):
-        for flag, node in (("--incident-node", incident_node), ("--lost-node", lost_node)):
-            if node is not None and not 0 <= node < nodes:
-                raise ValueError(f"{flag} must be a node of the fleet: 0 to {nodes - 1}, or none")
+        require_node("--incident-node", incident_node, nodes)
+        require_node("--lost-node", lost_node, nodes)
         self.templates = templates
         self.nodes = nodes
         self.address = address
