@@ -408,6 +408,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
 
     host, _, port = args.listen.rpartition(":")
+    if not port.isdigit():
+        parser.error(f"--listen: host:port, not {args.listen!r}")
+    if args.nodes < 1:
+        parser.error(f"--nodes: at least 1, not {args.nodes}")
+    incident, lost = node("--incident-node", args.incident_node), node("--lost-node", args.lost_node)
+    if args.lost_node == str(DEFAULT_LOST_NODE) and lost is not None and lost >= args.nodes:
+        lost = None  # a fleet too small for the default lost GPU's node has none; a node asked for must exist
+    try:
+        require_node("--incident-node", incident, args.nodes)
+        require_node("--lost-node", lost, args.nodes)
+    except ValueError as exc:  # before the capture's seconds
+        parser.error(str(exc))
     started = time.monotonic()
     # The capture's nodes log what a starting node logs (no MFU before a second report, the lost GPU's Xid): not
     # news here.
@@ -415,9 +427,6 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mfu-targets-") as tmp:
         templates = asyncio.run(capture(Path(tmp)))
     logging.getLogger("exporter").setLevel(logging.WARNING)
-    incident, lost = node("--incident-node", args.incident_node), node("--lost-node", args.lost_node)
-    if lost is not None and lost >= args.nodes:
-        lost = None  # a fleet too small for the default lost node has none
     try:
         fleet = TargetFleet(templates, args.nodes, args.listen, parse_duration(args.interval), incident, lost)
     except ValueError as exc:
