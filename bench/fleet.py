@@ -47,6 +47,10 @@ SOURCES = (
     ("mfu_gpu_", "gpu"),
     ("mfu_rdma_", "rdma"),
     ("mfu_nic_", "ethtool"),
+    # The node summaries, by the source that computes them.
+    ("mfu_node_gpu", "gpu"),
+    ("mfu_node_rdma_", "rdma"),
+    ("mfu_node_nic_", "ethtool"),
     ("mfu_checkpoint_", "checkpoint"),
     ("mfu_preflight_", "preflight"),
     ("mfu_job_", "jobs"),

@@ -68,7 +68,7 @@ STATUS_REFRESH = 2.0  # seconds between the status page's polls of /api/v1/statu
 # The series the README's remote_write example keeps (its write_relabel_configs regex): what a global store gets
 # per node. The instance: series are recorded by the shard's Prometheus, so not in a scrape: about 25 more per node.
 REMOTE_WRITE_KEEP = (
-    "instance:mfu_.*|mfu_job_.*|mfu_model_flops_utilization_ratio|mfu_checkpoint_.*"
+    "instance:mfu_.*|mfu_node_.*|mfu_job_.*|mfu_model_flops_utilization_ratio|mfu_checkpoint_.*"
     "|mfu_exporter_source_up|mfu_preflight_check_ok"
 )
 

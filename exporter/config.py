@@ -390,13 +390,25 @@ class WebServerConfig:
     config_file: str | None = setting(optional(string))
 
 
+# How many series a source exports (docs/metrics.md "Series levels"): every metric family is tagged with the lowest
+# level at which it is on. minimal: what the central rules read (the node summaries, up and identity); standard (the
+# default): what a rule, dashboard panel or runbook step reads; full: every raw counter, for drill-down.
+SERIES_LEVELS = ("minimal", "standard", "full")
+# The hw_counters exported per RDMA port at series: standard (sources.rdma.hw_counters): the DCQCN counters the fabric
+# dashboard and MfuRoceMisconfigured read per port. The error counters reach rules and dashboards summed per node
+# (mfu_node_rdma_errors_total); series: full exports every hw_counters file whatever this list says.
+DEFAULT_HW_COUNTERS = ("np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored", "np_ecn_marked_roce_packets")
+
+
 @dataclass(frozen=True)
 class SourceConfig:
-    """What every source has: whether it runs, how often it samples, how long one sample may take."""
+    """What every source has: whether it runs, how often it samples, how long one sample may take, and how many
+    series it exports."""
 
     enabled: Enabled = setting(tristate, Enabled.AUTO)
     interval: float = setting(duration, 1.0)
     timeout: float = setting(duration, 5.0)
+    series: str = setting(choice(*SERIES_LEVELS), "standard")
 
 
 @dataclass(frozen=True)
@@ -410,6 +422,7 @@ class RdmaConfig(SourceConfig):
     devices_include: tuple[str, ...] = setting(regex_list, [".*"])
     devices_exclude: tuple[str, ...] = setting(regex_list, [r".*vf.*", r".*rep.*"])
     virtual_functions: bool = setting(boolean, False)
+    hw_counters: tuple[str, ...] = setting(string_list, list(DEFAULT_HW_COUNTERS))
 
 
 @dataclass(frozen=True)

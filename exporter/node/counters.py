@@ -13,6 +13,7 @@ resets a counter and jumps by 2^32 when an mlx5 Q-counter wraps. The rules here:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -94,3 +95,60 @@ class CounterHistory:
             else:
                 deltas[name] = grown
         return changes
+
+
+class Totals:
+    """Per-node sums of counters that stay monotonic while the devices under them come and go.
+
+    A plain sum over devices drops when a GPU falls off the bus or a port is unplugged, and a drop reads as a counter
+    reset to Prometheus (a spike in ``rate``). Here each device's increase is added instead: a device's first reading
+    adds nothing, a value that went down was reset and adds itself. So a total counts from when the exporter started.
+    """
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self._last: dict[tuple[str, str], float] = {}
+
+    def add_reading(self, device: str, name: str, value: float) -> None:
+        """The latest raw value of counter ``name`` on ``device``."""
+        last = self._last.get((device, name))
+        self._last[device, name] = value
+        total = self.totals.get(name, 0.0)
+        if last is not None:
+            total += value - last if value >= last else value
+        self.totals[name] = total
+
+    def add_increase(self, name: str, increase: float) -> None:
+        """An increase known already (a ``Changes`` delta, wraps and resets handled there)."""
+        self.totals[name] = self.totals.get(name, 0.0) + increase
+
+
+class WindowedRates:
+    """Rates of several counters over the last ``window`` seconds, for the largest of them (the node's busiest port).
+
+    Each sample adds the counters' increases since the previous one; the rate of a counter is its increase between
+    the oldest sample kept and the newest over the time between them. A sliding window, not the last second, because
+    a scrape every 15 s would otherwise see one second in fifteen.
+    """
+
+    def __init__(self, window: float):
+        self.window = window
+        self._totals: dict[str, float] = {}
+        self._samples: deque[tuple[float, dict[str, float]]] = deque()
+
+    def add(self, now: float, increases: Mapping[str, float]) -> None:
+        totals = self._totals
+        for name, increase in increases.items():
+            totals[name] = totals.get(name, 0.0) + increase
+        self._samples.append((now, dict(totals)))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window:
+            self._samples.popleft()
+
+    def max_rate(self) -> float | None:
+        """The highest per-second rate of any counter over the window; None until two samples span some time."""
+        if len(self._samples) < 2:
+            return None
+        (start, first), (end, last) = self._samples[0], self._samples[-1]
+        if end <= start:
+            return None
+        return max((value - first.get(name, 0.0) for name, value in last.items()), default=0.0) / (end - start)

@@ -10,12 +10,13 @@ import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import pynvml
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.config import Config, typed_config
+from exporter.config import SERIES_LEVELS, Config, typed_config
 from exporter.node.ethtool import StatsReader
 from exporter.node.nic_qos import NicQos
 
@@ -59,6 +60,27 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release handles; called once at shutdown from the source's worker thread."""
+
+
+_LEVEL_RANK = {level: rank for rank, level in enumerate(SERIES_LEVELS)}
+
+
+def exports(level: str, family_level: str) -> bool:
+    """Whether a source set to ``series: level`` exports a family tagged ``family_level`` (the lowest level it is on)."""
+    return _LEVEL_RANK[family_level] <= _LEVEL_RANK[level]
+
+
+def levelled(families: Iterable[Metric], levels: Mapping[str, str], series: str) -> Iterator[Metric]:
+    """The families a source set to ``series: level`` exports, by the level its table tags each with."""
+    return (family for family in families if exports(series, levels[family.name]))
+
+
+def node_gauge(name: str, text: str, value: float | None) -> Iterator[Metric]:
+    """A node summary that is one gauge without labels, absent while ``value`` is None (no window yet)."""
+    if value is not None:
+        family = GaugeMetricFamily(name, text)
+        family.add_metric([], value)
+        yield family
 
 
 @dataclass

@@ -32,7 +32,7 @@ from inotify_simple import flags as IN
 from exporter.config import CheckpointConfig, Enabled, WatchConfig
 from exporter.model.checkpoints import MAX_OPEN_PER_JOB, CheckpointTracker, checkpoint_families
 from exporter.node.fswatch import Tree, filesystem_type, is_network_filesystem, measure
-from exporter.sources.base import Snapshot, SourceContext
+from exporter.sources.base import Snapshot, SourceContext, levelled
 
 log = logging.getLogger(__name__)
 
@@ -442,6 +442,20 @@ class CheckpointWatch:
         write.watch_descriptors.clear()
 
 
+# The lowest series level (sources.checkpoint.series) at which each family is on: minimal has what the central rules
+# read (a write in progress, failures, the last success and duration, the duration histogram for the p95).
+FAMILY_LEVELS = {
+    "mfu_checkpoint_write_duration_seconds": "minimal",
+    "mfu_checkpoint_writes": "standard",
+    "mfu_checkpoint_write_failures": "minimal",
+    "mfu_checkpoint_written_bytes": "standard",
+    "mfu_checkpoint_in_progress": "minimal",
+    "mfu_checkpoint_last_success_timestamp_seconds": "minimal",
+    "mfu_checkpoint_last_duration_seconds": "minimal",
+    "mfu_checkpoint_last_write_bandwidth_bytes_per_second": "standard",
+}
+
+
 class CheckpointSource:
     """The ``checkpoint`` source: each sample polls the watches, ends quiet writes, times out stale ones and
     renders the tracker's totals. The tracker itself is shared with the ingest API through the Service."""
@@ -458,6 +472,8 @@ class CheckpointSource:
     ):
         self.interval = section.interval
         self.timeout = section.timeout
+        self.series = section.series
+        self._previous: tuple[dict, Snapshot] | None = None  # the last sample's totals and snapshot
         self.tracker = tracker
         self._clock = clock
         self._lock = threading.Lock()
@@ -490,17 +506,25 @@ class CheckpointSource:
             errors, self._errors = self._errors, Counter()
             watches = [watch.status() for watch in self._watches]
         totals = self.tracker.totals()
-        return Snapshot(
-            render=lambda: checkpoint_families(totals),
-            errors=errors,
-            status={
-                "watches": watches,
-                "jobs": {
-                    job: {"writes": t.writes, "failures": t.failures, "in_progress": t.in_progress}
-                    for job, t in totals.items()
-                },
+        status = {
+            "watches": watches,
+            "jobs": {
+                job: {"writes": t.writes, "failures": t.failures, "in_progress": t.in_progress}
+                for job, t in totals.items()
             },
+        }
+        previous = self._previous
+        # Checkpoints come minutes apart: most samples find what the last one did. The same snapshot again keeps its
+        # encoding (render/encode caches it per snapshot), instead of encoding the job's histogram every second.
+        if not errors and previous is not None and previous[0] == totals and previous[1].status == status:
+            return previous[1]
+        snapshot = Snapshot(
+            render=lambda: levelled(checkpoint_families(totals), FAMILY_LEVELS, self.series),
+            errors=errors,
+            status=status,
         )
+        self._previous = None if errors else (totals, snapshot)
+        return snapshot
 
     def close(self) -> None:
         with self._lock:

@@ -24,10 +24,10 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from exporter.config import EthtoolConfig
-from exporter.node.counters import Changes, CounterHistory
+from exporter.node.counters import Changes, CounterHistory, Totals, WindowedRates
 from exporter.node.ethtool import EthtoolIoctlReader, StatsReader
 from exporter.node.rdma import NameFilter, discover_ports, is_representor, natural_key
-from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports, node_gauge
 
 MICROSECONDS = 1e-6
 REDISCOVER_INTERVAL = 30.0
@@ -113,16 +113,19 @@ class InterfaceReading:
     changes: Changes  # of the curated stats
 
     @functools.cached_property
-    def _classified_deltas(self) -> list[tuple[str, tuple[str, ...], int]]:
-        """(kind, labels, delta) of the curated deltas, classified once for the several views the status shows."""
-        return [
-            (curated[0], curated[1], delta)
-            for name, delta in self.changes.deltas.items()
-            if (curated := classify(name)) is not None
-        ]
+    def _deltas_by_kind(self) -> dict[str, list[tuple[str, tuple[str, ...], int]]]:
+        """(kind, labels, delta) of the curated deltas by kind, classified once for the several views the status
+        and the attribution read (each reads one or two kinds of the ~60 curated stats)."""
+        grouped: dict[str, list[tuple[str, tuple[str, ...], int]]] = {}
+        for name, delta in self.changes.deltas.items():
+            curated = classify(name)
+            if curated is not None:
+                grouped.setdefault(curated[0], []).append((curated[0], curated[1], delta))
+        return grouped
 
     def _by_kind(self, kinds: set[str]) -> Iterator[tuple[str, tuple[str, ...], int]]:
-        return (item for item in self._classified_deltas if item[0] in kinds)
+        grouped = self._deltas_by_kind
+        return (item for kind in kinds for item in grouped.get(kind, ()))
 
     @property
     def pfc_priorities(self) -> tuple[int, ...]:
@@ -197,28 +200,30 @@ class InterfaceReading:
 
 
 class _Interface:
-    """Per-interface state kept across samples while discovery keeps finding the interface: counter history, the
-    label tuples its series reuse, and whether its driver has no statistics (counted once, then not read)."""
+    """Per-interface state kept across samples while discovery keeps finding the interface: counter history, what
+    to do with each of its stats, and whether its driver has no statistics (counted once, then not read).
+
+    The driver names the same stats sample after sample (mlx5's set changes only with the PFC configuration), so
+    each name is classified once per stat set (``plan``), not once per sample: that was most of the source's time."""
 
     def __init__(self, name: str, rdma_ports: tuple[str, ...]):
         self.name = name
         self.rdma_ports = rdma_ports
         self.unsupported = False
         self.history = CounterHistory(STAT_WIDTHS)
-        self.curated_labels: dict[str, tuple[str, ...]] = {}
-        self.extra_labels: dict[str, tuple[str, str]] = {}
+        self.names: tuple[str, ...] = ()
+        self.curated: tuple[tuple[str, str, tuple[str, ...], bool], ...] = ()  # (stat, kind, labels, exported)
+        self.extras: tuple[tuple[str, tuple[str, str]], ...] = ()  # (stat, labels) selected by stats_include
 
-    def curated_labels_of(self, stat: str, suffix: tuple[str, ...]) -> tuple[str, ...]:
-        labels = self.curated_labels.get(stat)
-        if labels is None:
-            labels = self.curated_labels[stat] = (self.name, *suffix)
-        return labels
-
-    def extra_labels_of(self, stat: str) -> tuple[str, str]:
-        labels = self.extra_labels.get(stat)
-        if labels is None:
-            labels = self.extra_labels[stat] = (self.name, stat)
-        return labels
+    def plan(self, names: tuple[str, ...], kinds: frozenset[str], is_extra: Callable[[str], bool] | None) -> None:
+        """What to do with each stat of this stat set: ``names``, in the order the driver gives them."""
+        self.names = names
+        self.curated = tuple(
+            (stat, curated[0], (self.name, *curated[1]), curated[0] in kinds)
+            for stat in names
+            if (curated := classify(stat)) is not None
+        )
+        self.extras = tuple((stat, (self.name, stat)) for stat in names if is_extra is not None and is_extra(stat))
 
 
 class EthtoolSource:
@@ -251,6 +256,7 @@ class EthtoolSource:
         rdma_devices_include: Iterable[str] = (".*",),
         rdma_devices_exclude: Iterable[str] = (),
         representors: bool = False,
+        series: str = "full",  # every family; the config (sources.ethtool.series) defaults to standard
     ):
         self.interval = interval
         self.timeout = timeout
@@ -267,7 +273,9 @@ class EthtoolSource:
         self._interfaces: dict[str, _Interface] = {}
         self._missing: set[str] = set()  # interfaces the reader did not find: not read until the next discovery
         self._next_discovery = float("-inf")
-        self._extra: dict[str, bool] = {}
+        self._kinds = frozenset(kind for kind, spec in _FAMILIES.items() if exports(series, spec[4]))
+        self._totals = Totals()
+        self._pauses = WindowedRates(SUMMARY_WINDOW)
 
     def _discover(self, now: float) -> None:
         by_netdev: dict[str, list[str]] = {}
@@ -307,11 +315,7 @@ class EthtoolSource:
         self._next_discovery = now + self._rediscover_interval
 
     def _is_extra(self, name: str) -> bool:
-        try:
-            return self._extra[name]
-        except KeyError:
-            extra = self._extra[name] = bool(self._stats_include.search(name))
-            return extra
+        return self._stats_include is not None and bool(self._stats_include.search(name))
 
     def sample(self) -> Snapshot:
         now = self._clock()
@@ -327,6 +331,7 @@ class EthtoolSource:
         readings: list[InterfaceReading] = []
         rows: list[tuple[str, tuple[str, ...], int]] = []
         extras: list[tuple[tuple[str, str], int]] = []
+        kinds = self._kinds
         for name, state in self._interfaces.items():
             if state.unsupported or name in self._missing:
                 continue
@@ -344,14 +349,16 @@ class EthtoolSource:
                     errors["read_failed"] += 1
                 continue
             read_at = self._clock()
+            names = tuple(stats)
+            if names != state.names:
+                state.plan(names, kinds, self._is_extra if self._stats_include is not None else None)
             curated: dict[str, int] = {}
-            for stat, value in stats.items():
-                kind = classify(stat)
-                if kind is not None:
-                    curated[stat] = value
-                    rows.append((kind[0], state.curated_labels_of(stat, kind[1]), value))
-                if self._stats_include is not None and self._is_extra(stat):
-                    extras.append((state.extra_labels_of(stat), value))
+            for stat, kind, labels, exported in state.curated:
+                value = curated[stat] = stats[stat]
+                if exported:
+                    rows.append((kind, labels, value))
+            for stat, labels in state.extras:
+                extras.append((labels, stats[stat]))
             readings.append(InterfaceReading(name, state.rdma_ports, stats, state.history.update(read_at, curated)))
         if not readings:
             skipped = Counter(
@@ -361,17 +368,70 @@ class EthtoolSource:
             )
             reason = (errors or skipped).most_common(1)[0][0]
             raise SourceUnavailable(reason, f"no statistics could be read from {', '.join(self._interfaces)}")
+        summary = self._summarize(readings)
         return Snapshot(
-            render=lambda: _render(rows, extras),
+            render=lambda: _render(rows, extras, summary),
             errors=errors,
             status={"interfaces": [reading.as_json() for reading in readings]},
             data={"interfaces": {reading.interface: reading for reading in readings}},
         )
 
+    def _summarize(self, readings: list[InterfaceReading]) -> tuple[dict[str, float], float | None]:
+        """The node summaries: pause-storm events, discards, ECN marks and 802.3x pause frames summed over the
+        interfaces, and the largest share of time any interface was paused on any priority over the window."""
+        totals = self._totals.totals
+        paused: dict[str, float] = {}
+        for reading in readings:
+            first = reading.changes.elapsed is None
+            # The first sample of an interface has no increase yet, but its totals exist (at 0) from now on.
+            for stat, delta in dict.fromkeys(reading.stats, 0).items() if first else reading.changes.deltas.items():
+                route = _summary_route(stat)
+                if route is None:
+                    continue
+                if route[0]:
+                    paused[f"{reading.interface}/{route[1]}"] = delta * MICROSECONDS
+                else:
+                    totals[route[1]] = totals.get(route[1], 0) + delta
+        self._pauses.add(self._clock(), paused)
+        ratio = self._pauses.max_rate()
+        return dict(totals), None if ratio is None else min(ratio, 1.0)
+
     def close(self) -> None:
         self._reader.close()
 
 
+@functools.lru_cache(maxsize=16384)
+def _summary_route(stat: str) -> tuple[bool, str] | None:
+    """Where a stat goes in the node summaries: (True, "direction/priority") for a pause duration, (False, the node
+    total's key) for a counter summed over the interfaces, None for neither."""
+    curated = classify(stat)
+    if curated is None:
+        return None
+    kind, labels = curated
+    if kind == PFC_DURATION or kind == PAUSE_DURATION:
+        return True, "/".join(labels)
+    key = _total_key(kind, labels)
+    return None if key is None else (False, key)
+
+
+def _total_key(kind: str, labels: tuple[str, ...]) -> str | None:
+    """Which node total a curated stat adds to: "family" or "family|label value"; None for the ones summed nowhere."""
+    if kind == STORM:
+        return f"mfu_node_nic_pause_storm_events|{labels[0]}"
+    if kind == PAUSE_FRAMES:
+        return f"mfu_node_nic_pause_frames|{labels[0]}"
+    if kind == DISCARDS:
+        return "mfu_node_nic_discards"
+    if kind == ECN_MARKED:
+        return "mfu_node_nic_ecn_marked_packets"
+    return None
+
+
+SUMMARY_WINDOW = 60.0  # seconds over which mfu_node_nic_max_pause_ratio takes each interface's share of time paused
+
+# Each kind: (family, help, labels, scale, the lowest series level it is on). At standard, per interface, the PFC
+# families the fabric dashboard and the node-tier rules read; storms, discards, ECN marks and 802.3x pause reach rules
+# and dashboards as node totals (mfu_node_nic_*), each interface's at full.
 _FAMILIES = {
     PFC_FRAMES: (
         "mfu_nic_pfc_pause_frames",
@@ -379,6 +439,7 @@ _FAMILIES = {
         "rx: the link partner paused us, tx: we paused it.",
         ["interface", "priority", "direction"],
         1.0,
+        "standard",
     ),
     PFC_DURATION: (
         "mfu_nic_pfc_pause_duration_seconds",
@@ -386,24 +447,28 @@ _FAMILIES = {
         "rx: time we could not send, tx: time we held the partner.",
         ["interface", "priority", "direction"],
         MICROSECONDS,
+        "standard",
     ),
     PFC_TRANSITIONS: (
         "mfu_nic_pfc_pause_transitions",
         "XOFF to XON transitions per priority (rx_prio{p}_pause_transition).",
         ["interface", "priority"],
         1.0,
+        "standard",
     ),
     PAUSE_FRAMES: (
         "mfu_nic_pause_frames",
         "Link-level pause frames (rx_pause_ctrl_phy / tx_pause_ctrl_phy).",
         ["interface", "direction"],
         1.0,
+        "full",
     ),
     PAUSE_DURATION: (
         "mfu_nic_pause_duration_seconds",
         "Time paused by 802.3x global pause (*_global_pause_duration).",
         ["interface", "direction"],
         MICROSECONDS,
+        "full",
     ),
     STORM: (
         "mfu_nic_pause_storm_events",
@@ -411,28 +476,53 @@ _FAMILIES = {
         "stopped sending pause frames and drops could follow.",
         ["interface", "level"],
         1.0,
+        "full",
     ),
     DISCARDS: (
         "mfu_nic_discards",
         "Packets the NIC dropped, by mlx5 counter (rx_discards_phy, rx_out_of_buffer, rx_prio{p}_discards...).",
         ["interface", "counter"],
         1.0,
+        "full",
     ),
     ECN_MARKED: (
         "mfu_nic_ecn_marked_packets",
         "Packets ECN-marked for congestion per priority (rx_prio{p}_marked).",
         ["interface", "priority"],
         1.0,
+        "full",
+    ),
+}
+
+
+_NODE_TOTALS = {
+    "mfu_node_nic_pause_storm_events": (
+        "Pause-storm watermark events summed over the node's interfaces, by level, since the exporter started.",
+        ["level"],
+    ),
+    "mfu_node_nic_pause_frames": (
+        "802.3x link-level pause frames summed over the node's interfaces, by direction, since the exporter started.",
+        ["direction"],
+    ),
+    "mfu_node_nic_discards": (
+        "Packets the node's NICs dropped (every mfu_nic_discards counter), since the exporter started.",
+        [],
+    ),
+    "mfu_node_nic_ecn_marked_packets": (
+        "Packets ECN-marked on the node's NICs, all priorities, since the exporter started.",
+        [],
     ),
 }
 
 
 def _render(
-    rows: list[tuple[str, tuple[str, ...], int]], extras: list[tuple[tuple[str, ...], int]]
+    rows: list[tuple[str, tuple[str, ...], int]],
+    extras: list[tuple[tuple[str, ...], int]],
+    summary: tuple[dict[str, float], float | None],
 ) -> Iterator[Metric]:
     families = {
         kind: CounterMetricFamily(name, help_text, labels=labels)
-        for kind, (name, help_text, labels, _) in _FAMILIES.items()
+        for kind, (name, help_text, labels, _, _) in _FAMILIES.items()
     }
     scales = {kind: spec[3] for kind, spec in _FAMILIES.items()}
     for kind, labels, value in rows:
@@ -450,6 +540,18 @@ def _render(
         for labels, value in extras:
             stat.add_metric(labels, value)
         yield stat
+    totals, paused = summary
+    nodes = {name: CounterMetricFamily(name, text, labels=labels) for name, (text, labels) in _NODE_TOTALS.items()}
+    for key, total in sorted(totals.items()):
+        name, _, value = key.partition("|")
+        nodes[name].add_metric([value] if value else [], total)
+    yield from (family for family in nodes.values() if family.samples)
+    yield from node_gauge(
+        "mfu_node_nic_max_pause_ratio",
+        f"Largest share of time any of the node's interfaces was paused, on any priority (PFC) or by 802.3x "
+        f"pause, either direction, over the last {SUMMARY_WINDOW:g} s.",
+        paused,
+    )
 
 
 def ethtool_source(section: EthtoolConfig, ctx: SourceContext) -> EthtoolSource:
@@ -467,4 +569,5 @@ def ethtool_source(section: EthtoolConfig, ctx: SourceContext) -> EthtoolSource:
         clock=ctx.monotonic,
         rdma_devices_include=rdma.devices_include,
         rdma_devices_exclude=rdma.devices_exclude,
+        series=section.series,
     )

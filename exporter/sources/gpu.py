@@ -30,10 +30,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.metrics_core import Metric
 
 from exporter.config import GpuConfig
+from exporter.model.attribution import POWER_REASONS, THERMAL_REASONS
 from exporter.model.flops import gpu_model
 from exporter.model.jobs import GpuInfo
 from exporter.model.readings import GpuReading
-from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
+from exporter.node.counters import Totals
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports
 
 log = logging.getLogger(__name__)
 
@@ -74,53 +76,96 @@ GPM_RATES = {
     "nvlink_receive_bytes": 60,
 }
 
+# (family, help, reading key, the lowest series level it is on). standard keeps what a rule, dashboard panel or
+# runbook step reads per GPU; the GPM activity figures, byte counters and ECC counts reach the dashboards as node
+# summaries (NODE_MEANS, NODE_TOTALS) and are exported per GPU at full.
 GAUGES = (
     (
         "mfu_gpu_utilization_ratio",
         "Share of the last NVML sample period (1/6 s to 1 s) in which a kernel ran; absent in MIG mode.",
         "utilization",
+        "standard",
     ),
     (
         "mfu_gpu_memory_utilization_ratio",
         "Share of the last NVML sample period in which device memory was read or written.",
         "memory_utilization",
+        "full",
     ),
-    ("mfu_gpu_memory_used_bytes", "Device memory in use.", "memory_used_bytes"),
-    ("mfu_gpu_memory_total_bytes", "Device memory installed.", "memory_total_bytes"),
-    ("mfu_gpu_sm_clock_hertz", "Current SM clock.", "sm_clock_hz"),
-    ("mfu_gpu_sm_clock_max_hertz", "Maximum SM clock.", "sm_clock_max_hz"),
-    ("mfu_gpu_power_watts", "Power draw.", "power_watts"),
-    ("mfu_gpu_power_limit_watts", "Enforced power limit.", "power_limit_watts"),
-    ("mfu_gpu_temperature_celsius", "GPU core temperature.", "temperature"),
+    ("mfu_gpu_memory_used_bytes", "Device memory in use.", "memory_used_bytes", "standard"),
+    ("mfu_gpu_memory_total_bytes", "Device memory installed.", "memory_total_bytes", "full"),
+    ("mfu_gpu_sm_clock_hertz", "Current SM clock.", "sm_clock_hz", "standard"),
+    ("mfu_gpu_sm_clock_max_hertz", "Maximum SM clock.", "sm_clock_max_hz", "standard"),
+    ("mfu_gpu_power_watts", "Power draw.", "power_watts", "standard"),
+    ("mfu_gpu_power_limit_watts", "Enforced power limit.", "power_limit_watts", "standard"),
+    ("mfu_gpu_temperature_celsius", "GPU core temperature.", "temperature", "standard"),
     (
         "mfu_gpu_tensor_active_ratio",
         "Share of time the SMs issued any tensor-core instruction (NVML GPM ANY_TENSOR_UTIL; Hopper and newer).",
         "tensor_active",
+        "standard",
     ),
-    ("mfu_gpu_sm_active_ratio", "Share of SMs busy (NVML GPM SM_UTIL; Hopper and newer).", "sm_active"),
+    ("mfu_gpu_sm_active_ratio", "Share of SMs busy (NVML GPM SM_UTIL; Hopper and newer).", "sm_active", "full"),
     (
         "mfu_gpu_sm_occupancy_ratio",
         "Resident warps over the theoretical maximum (NVML GPM SM_OCCUPANCY; Hopper and newer).",
         "sm_occupancy",
+        "full",
     ),
     (
         "mfu_gpu_dram_active_ratio",
         "Device memory bandwidth used over its maximum (NVML GPM DRAM_BW_UTIL; Hopper and newer).",
         "dram_active",
+        "full",
     ),
     (
         "mfu_gpu_hardware_flops_utilization_ratio",
         "Estimate: tensor active × SM clock ÷ the SKU's reference tensor clock; a hardware cross-check of the formula MFU.",
         "hardware_flops_utilization",
+        "full",
     ),
 )
 COUNTERS = (
-    ("mfu_gpu_energy_joules", "Energy used by the GPU since the driver loaded.", "energy_joules"),
-    ("mfu_gpu_nvlink_transmit_bytes", "NVLink data bytes sent, all links.", "nvlink_transmit_bytes"),
-    ("mfu_gpu_nvlink_receive_bytes", "NVLink data bytes received, all links.", "nvlink_receive_bytes"),
-    ("mfu_gpu_pcie_transmit_bytes", "PCIe bytes sent by the GPU.", "pcie_transmit_bytes"),
-    ("mfu_gpu_pcie_receive_bytes", "PCIe bytes received by the GPU.", "pcie_receive_bytes"),
+    ("mfu_gpu_energy_joules", "Energy used by the GPU since the driver loaded.", "energy_joules", "full"),
+    ("mfu_gpu_nvlink_transmit_bytes", "NVLink data bytes sent, all links.", "nvlink_transmit_bytes", "full"),
+    ("mfu_gpu_nvlink_receive_bytes", "NVLink data bytes received, all links.", "nvlink_receive_bytes", "full"),
+    ("mfu_gpu_pcie_transmit_bytes", "PCIe bytes sent by the GPU.", "pcie_transmit_bytes", "full"),
+    ("mfu_gpu_pcie_receive_bytes", "PCIe bytes received by the GPU.", "pcie_receive_bytes", "full"),
 )
+# The other per-GPU families and their levels (the throttle reasons reach rules and dashboards as the node's count
+# of throttled GPUs by cause; the peak table is the same for every GPU of a model and is in mfu_job_peak_flops).
+FAMILY_LEVELS = {
+    "mfu_gpu": "minimal",
+    "mfu_gpu_up": "minimal",
+    "mfu_gpu_xid_errors": "standard",
+    "mfu_gpu_throttle_active": "full",
+    "mfu_gpu_ecc_errors": "full",
+    "mfu_gpu_peak_flops": "full",
+    "mfu_exporter_driver": "minimal",
+}
+
+# Node summaries (derived: computed here from the readings above, at every level). Means over the GPUs that are up
+# and report the figure; byte and ECC totals as counters kept monotonic while GPUs come and go (node.counters.Totals).
+NODE_MEANS = (
+    ("mfu_node_gpu_utilization_ratio", "Mean of mfu_gpu_utilization_ratio over the node's GPUs.", "utilization"),
+    ("mfu_node_gpu_tensor_active_ratio", "Mean GPM tensor activity over the node's GPUs.", "tensor_active"),
+    ("mfu_node_gpu_sm_active_ratio", "Mean GPM SM activity over the node's GPUs.", "sm_active"),
+    ("mfu_node_gpu_sm_occupancy_ratio", "Mean GPM SM occupancy over the node's GPUs.", "sm_occupancy"),
+    ("mfu_node_gpu_dram_active_ratio", "Mean GPM DRAM bandwidth use over the node's GPUs.", "dram_active"),
+    (
+        "mfu_node_gpu_hardware_flops_utilization_ratio",
+        "Mean hardware FLOPs estimate over the node's GPUs.",
+        "hardware_flops_utilization",
+    ),
+)
+NODE_TOTALS = (
+    ("mfu_node_gpu_nvlink_transmit_bytes", "NVLink bytes sent by the node's GPUs.", "nvlink_transmit_bytes"),
+    ("mfu_node_gpu_nvlink_receive_bytes", "NVLink bytes received by the node's GPUs.", "nvlink_receive_bytes"),
+    ("mfu_node_gpu_pcie_transmit_bytes", "PCIe bytes sent by the node's GPUs.", "pcie_transmit_bytes"),
+    ("mfu_node_gpu_pcie_receive_bytes", "PCIe bytes received by the node's GPUs.", "pcie_receive_bytes"),
+)
+# GPUs count once per cause, whichever of its reasons hold them (as the attribution counts them).
+THROTTLE_CAUSES = (("thermal", THERMAL_REASONS), ("power", POWER_REASONS))
 
 # A reading's figures (every GAUGES and COUNTERS key among them): the GpuReading fields that are None until NVML
 # gives them. A sample fills a dict of them, then builds the reading.
@@ -223,6 +268,7 @@ class GpuSource:
         retry_interval: float = 60.0,
         gpm: bool = True,
         monotonic: Callable[[], float] = time.monotonic,
+        series: str = "full",  # every family; the config (sources.<name>.series) defaults to standard
     ):
         self.interval = interval
         self.timeout = timeout
@@ -258,6 +304,8 @@ class GpuSource:
         self._logged: set[str] = set()
         self._errors: Counter = Counter()
         self._blank = dict.fromkeys(READING_KEYS)
+        self._tables = _Tables(series)
+        self._totals = Totals()
 
     @classmethod
     def from_config(cls, section: GpuConfig, ctx: SourceContext) -> GpuSource:
@@ -268,6 +316,7 @@ class GpuSource:
             retry_interval=section.retry_interval,
             gpm=section.gpm,
             monotonic=ctx.monotonic,
+            series=section.series,
         )
 
     # --- the cycle ------------------------------------------------------------------------------------------
@@ -294,7 +343,7 @@ class GpuSource:
             rows.append((gpu, reading or self._down_reading(gpu), gpu.xid_rows))
         rows = tuple(rows)
         return Snapshot(
-            render=partial(_render, rows, self._driver),
+            render=partial(_render, rows, self._driver, self._tables, self._summarize(rows)),
             errors=errors,
             status=self._status(rows),
             data={"inventory": self._inventory, "gpus": {gpu.index: reading for gpu, reading, _ in rows}},
@@ -525,6 +574,55 @@ class GpuSource:
             else:
                 gpm.ratios[key] = metric.value / 100
         return True
+
+    def _summarize(self, rows: tuple) -> tuple:
+        """The node summaries of this sample: (family, help, kind, ((labels, value), ...)) each."""
+        up = [reading for _, reading, _ in rows if reading.up]
+        summary: list[tuple] = [
+            (
+                "mfu_node_gpus_lost",
+                "GPUs of the node that stopped answering NVML.",
+                "gauge",
+                (((), len(rows) - len(up)),),
+            )
+        ]
+        summary.append(
+            (
+                "mfu_node_gpus_throttled",
+                "GPUs of the node a thermal or power clock-event reason holds down now, by cause.",
+                "gauge",
+                tuple(
+                    ((cause,), float(sum(1 for r in up if reasons.intersection(r.throttle_reasons))))
+                    for cause, reasons in THROTTLE_CAUSES
+                ),
+            )
+        )
+        for name, text, key in NODE_MEANS:
+            values = [value for r in up if (value := getattr(r, key)) is not None]
+            if values:
+                summary.append((name, text, "gauge", (((), sum(values) / len(values)),)))
+        totals = self._totals
+        for reading in up:
+            device = reading.uuid
+            for _, _, key in NODE_TOTALS:
+                if (value := getattr(reading, key)) is not None:
+                    totals.add_reading(device, key, value)
+            for kind in ("corrected", "uncorrected"):
+                if (value := getattr(reading, f"ecc_{kind}")) is not None:
+                    totals.add_reading(device, f"ecc_{kind}", value)
+        for name, text, key in NODE_TOTALS:
+            if key in totals.totals:
+                summary.append((name, text, "counter", (((), totals.totals[key]),)))
+        ecc = tuple(
+            ((kind,), totals.totals[f"ecc_{kind}"])
+            for kind in ("corrected", "uncorrected")
+            if f"ecc_{kind}" in totals.totals
+        )
+        if ecc:
+            summary.append(
+                ("mfu_node_gpu_ecc_errors", "ECC memory errors of the node's GPUs, by kind.", "counter", ecc)
+            )
+        return tuple(summary)
 
     # --- Xid events -----------------------------------------------------------------------------------------
 
@@ -785,13 +883,41 @@ _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal"
 _FIGURE = {key: operator.attrgetter(key) for key in READING_KEYS}
 
 
-def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
+class _Tables:
+    """The per-GPU families a source at one series level renders, chosen once."""
+
+    def __init__(self, series: str):
+        self.gauges = tuple((name, text, _FIGURE[key]) for name, text, key, level in GAUGES if exports(series, level))
+        self.counters = tuple(
+            (name, text, _FIGURE[key]) for name, text, key, level in COUNTERS if exports(series, level)
+        )
+        self.on = {name for name, level in FAMILY_LEVELS.items() if exports(series, level)}
+
+
+_SUMMARY_TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
+
+
+def summary_families(summary: tuple) -> Iterable[Metric]:
+    """The node summaries a source computed, as families: (name, help, "gauge" or "counter", rows) each."""
+    for name, text, kind, rows in summary:
+        labels = _SUMMARY_LABELS.get(name, [])
+        family = _SUMMARY_TYPES[kind](name, text, labels=labels)
+        for values, value in rows:
+            family.add_metric(list(values), value)
+        yield family
+
+
+_SUMMARY_LABELS = {"mfu_node_gpus_throttled": ["cause"], "mfu_node_gpu_ecc_errors": ["kind"]}
+
+
+def _render(rows: tuple, driver: tuple[str, str] | None, tables: _Tables, summary: tuple) -> Iterable[Metric]:
     """Metric families of one snapshot; a lost GPU keeps only its identity, ``mfu_gpu_up`` 0 and its Xid counts."""
+    on = tables.on
     gpu_label = ["gpu"]
     info = InfoMetricFamily("mfu_gpu", "Identity of each GPU NVML has shown this exporter.", labels=gpu_label)
     up = GaugeMetricFamily("mfu_gpu_up", "1 while the GPU answers NVML, 0 once it is lost.", labels=gpu_label)
-    gauges = [(GaugeMetricFamily(name, text, labels=gpu_label), _FIGURE[key]) for name, text, key in GAUGES]
-    counters = [(CounterMetricFamily(name, text, labels=gpu_label), _FIGURE[key]) for name, text, key in COUNTERS]
+    gauges = [(GaugeMetricFamily(name, text, labels=gpu_label), figure) for name, text, figure in tables.gauges]
+    counters = [(CounterMetricFamily(name, text, labels=gpu_label), figure) for name, text, figure in tables.counters]
     throttle = GaugeMetricFamily(
         "mfu_gpu_throttle_active", "1 while this clock-event reason holds the SM clock down.", labels=["gpu", "reason"]
     )
@@ -806,11 +932,14 @@ def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
         "Dense tensor peak FLOP/s of the GPU's model for each dtype (the peak table).",
         labels=["gpu", "dtype"],
     )
+    with_throttle, with_xid = "mfu_gpu_throttle_active" in on, "mfu_gpu_xid_errors" in on
+    with_ecc, with_peak = "mfu_gpu_ecc_errors" in on, "mfu_gpu_peak_flops" in on
     for gpu, reading, xid_rows in rows:
         info.add_metric(gpu.labels, gpu.identity)
         up.add_metric(gpu.labels, 1.0 if reading.up else 0.0)
-        for labels, count in xid_rows:
-            xid.add_metric(labels, count)
+        if with_xid:
+            for labels, count in xid_rows:
+                xid.add_metric(labels, count)
         if not reading.up:
             continue
         for family, figure in gauges:
@@ -822,21 +951,26 @@ def _render(rows: tuple, driver: tuple[str, str] | None) -> Iterable[Metric]:
             if value is not None:
                 family.add_metric(gpu.labels, value)
         mask = reading.clocks_event_reasons
-        if mask is not None:
+        if with_throttle and mask is not None:
             for labels, (_, bit) in zip(gpu.throttle_labels, THROTTLE_REASONS):
                 throttle.add_metric(labels, 1.0 if mask & bit else 0.0)
-        for labels, value in zip(gpu.ecc_labels, (reading.ecc_corrected, reading.ecc_uncorrected)):
-            if value is not None:
-                ecc.add_metric(labels, value)
-        for labels, flops in gpu.peak_rows:
-            peak.add_metric(labels, flops)
+        if with_ecc:
+            for labels, value in zip(gpu.ecc_labels, (reading.ecc_corrected, reading.ecc_uncorrected)):
+                if value is not None:
+                    ecc.add_metric(labels, value)
+        if with_peak:
+            for labels, flops in gpu.peak_rows:
+                peak.add_metric(labels, flops)
     yield info
     yield up
     for family, _ in gauges:
         yield family
     for family, _ in counters:
         yield family
-    yield from (throttle, xid, ecc, peak)
+    for family in (throttle, xid, ecc, peak):
+        if family.name in on:
+            yield family
+    yield from summary_families(summary)
     if driver is not None:
         driver_info = InfoMetricFamily("mfu_exporter_driver", "NVIDIA driver and the CUDA version it supports.")
         driver_info.add_metric([], {"driver_version": driver[0], "cuda_driver_version": driver[1]})

@@ -24,7 +24,11 @@ from exporter.preflight.checks import (
     results_json,
     run_checks,
 )
-from exporter.sources.base import Snapshot, SourceContext
+from exporter.sources.base import Snapshot, SourceContext, levelled
+
+# The lowest series level (sources.preflight.series) at which each family is on: a failure is what the central
+# MfuPreflightFailed reads; warnings (MfuPfcOtherPriorities) are on by default too.
+FAMILY_LEVELS = {"mfu_preflight_check_ok": "minimal", "mfu_preflight_check_warning": "standard"}
 
 
 def check_families(results: list[CheckResult]) -> Iterable[Metric]:
@@ -60,7 +64,9 @@ class PreflightSource:
         nccl_env_file: str | None = None,
         interval: float = 300.0,
         timeout: float = 30.0,
+        series: str = "standard",
     ):
+        self.series = series
         self.settings = settings
         self.sysfs = sysfs
         self.procfs = procfs
@@ -81,6 +87,7 @@ class PreflightSource:
             nccl_env_file=section.nccl_env_file,
             interval=section.interval,
             timeout=section.timeout,
+            series=section.series,
         )
 
     def sample(self) -> Snapshot:
@@ -94,7 +101,7 @@ class PreflightSource:
         facts = gather(self.settings, self.sysfs, self.procfs, nvml=self.nvml, qos=self.qos, nccl_env=env)
         results = run_checks(facts, self.settings)
         return Snapshot(
-            render=lambda: check_families(results),
+            render=lambda: levelled(check_families(results), FAMILY_LEVELS, self.series),
             errors=errors,
             status=results_json(results),
             data={"results": results},

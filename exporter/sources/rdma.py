@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from exporter.config import RdmaConfig
-from exporter.node.counters import Changes, CounterHistory
+from exporter.node.counters import Changes, CounterHistory, Totals, WindowedRates
 from exporter.node.rdma import (
     RdmaPort,
     discover_ports,
@@ -44,7 +44,7 @@ from exporter.node.rdma import (
     parse_rate_gbps,
     state_name,
 )
-from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports, node_gauge
 
 # port_rcv_data / port_xmit_data count 4-octet words: the kernel ABI says "divided by 4 (lanes)", and mlx5
 # literally shifts the octet count right by 2. The factor is always 4, never the link width.
@@ -101,6 +101,57 @@ HW_ERROR_COUNTERS = frozenset(
 )
 # DCQCN: ECN marks seen and CNPs sent by the notification point, CNPs acted on or ignored by the reaction point.
 CONGESTION_COUNTERS = frozenset({"np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored"})
+
+# The lowest series level (sources.rdma.series) at which each family is on. hw_counters at standard are the ones
+# sources.rdma.hw_counters lists; the PMA error counters and the transport errors reach rules and dashboards summed
+# per node (mfu_node_rdma_errors_total), each port's at full.
+FAMILY_LEVELS = {
+    "mfu_rdma_port_info": "standard",
+    "mfu_rdma_port_up": "minimal",
+    "mfu_rdma_port_rate_bytes_per_second": "standard",
+    "mfu_rdma_port_data_received_bytes": "standard",
+    "mfu_rdma_port_data_transmitted_bytes": "standard",
+    "mfu_rdma_port_packets_received": "full",
+    "mfu_rdma_port_packets_transmitted": "full",
+    "mfu_rdma_port_counters": "full",
+    "mfu_rdma_hw_counters": "standard",
+}
+# Node summaries, on at every level. The error counters summed over the node's ports: the link errors the fabric
+# dashboard and the RDMA alerts read, and the transport errors and retransmissions (the attribution's set among them).
+NODE_PORT_ERROR_COUNTERS = (  # counters/
+    "symbol_error",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)
+NODE_HW_ERROR_COUNTERS = (  # hw_counters/
+    "local_ack_timeout_err",
+    "rnr_nak_retry_err",
+    "packet_seq_err",
+    "out_of_sequence",
+    "implied_nak_seq_err",
+    "req_transport_retries_exceeded",
+    "req_rnr_retries_exceeded",
+    "rx_icrc_encapsulated",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+)
+NODE_ERROR_COUNTERS = NODE_PORT_ERROR_COUNTERS + NODE_HW_ERROR_COUNTERS
+# A port's CNP rate is np_cnp_sent + rp_cnp_handled, as in the attribution.
+# The files read at every series level: data counters, and the error and congestion counters the attribution, the
+# node summaries and the status page read.
+READ_ALWAYS = (
+    frozenset(DATA_COUNTERS)
+    | PORT_ERROR_COUNTERS
+    | HW_ERROR_COUNTERS
+    | CONGESTION_COUNTERS
+    | frozenset(NODE_ERROR_COUNTERS)
+)
+SUMMARY_WINDOW = 60.0  # seconds over which mfu_node_rdma_max_cnps_per_second takes each port's rate
 
 # Counters narrower than 64 bits, which wrap. mlx5 Q-counters are 32-bit (read with be32_to_cpu); the
 # congestion counters and rx_icrc_encapsulated are 64-bit. The narrow PMA error fields (symbol_error is 16 bits,
@@ -255,8 +306,16 @@ class _OpenPort:
     opened. The source keeps the set across rediscoveries of the port, and this port adds to it.
     """
 
-    def __init__(self, port: RdmaPort, budget: _FileBudget, errors: Counter, known_bad: set[str]):
+    def __init__(
+        self,
+        port: RdmaPort,
+        budget: _FileBudget,
+        errors: Counter,
+        known_bad: set[str],
+        wanted: frozenset[str] | None = None,
+    ):
         self.port = port
+        self.wanted = wanted
         self.known_bad = known_bad
         self.labels = (port.device, str(port.port))
         self.state_file = self._open("state", os.path.join(port.path, "state"), budget, errors)
@@ -287,7 +346,7 @@ class _OpenPort:
             return []  # Broadcom bnxt_re has no counters/; older kernels no hw_counters/
         files = []
         for name in names:
-            if name in NOT_COUNTERS:
+            if name in NOT_COUNTERS or (self.wanted is not None and name not in self.wanted):
                 continue
             opened = self._open(name, os.path.join(path, name), budget, errors)
             if opened is not None:
@@ -363,6 +422,8 @@ class RdmaSource:
         max_open_files: int = DEFAULT_MAX_OPEN_FILES,
         rediscover_interval: float = REDISCOVER_INTERVAL,
         representors: bool = False,
+        series: str = "full",  # every family; the config (sources.<name>.series) defaults to standard
+        hw_counters: Iterable[str] | None = None,
     ):
         self.interval = interval
         self.timeout = timeout
@@ -381,6 +442,20 @@ class RdmaSource:
         self._listed: list[str] | None = None
         self._stale = True
         self._next_discovery = float("-inf")
+        self._families = frozenset(name for name, level in FAMILY_LEVELS.items() if exports(series, level))
+        # None: every hw_counters file (series: full, or no list given).
+        self._hw_allowed = None if series == "full" or hw_counters is None else frozenset(hw_counters)
+        # The files read: below full, only those something uses (exported, summed per node, read by the attribution
+        # or shown on the status page), a third fewer reads a second; every file at full.
+        self._wanted = (
+            None
+            if self._hw_allowed is None or "mfu_rdma_port_counters" in self._families
+            else READ_ALWAYS
+            | self._hw_allowed
+            | (frozenset(PACKET_COUNTERS) if "mfu_rdma_port_packets_received" in self._families else frozenset())
+        )
+        self._errors_total = Totals()
+        self._cnps = WindowedRates(SUMMARY_WINDOW)
 
     def _rediscover(self, listed: list[str] | None, errors: Counter) -> None:
         for opened in self._ports.values():
@@ -395,7 +470,9 @@ class RdmaSource:
             representors=self._representors,
         )
         self._known_bad = {port.key: self._known_bad.get(port.key, set()) for port in discovered}
-        self._ports = {port.key: _OpenPort(port, budget, errors, self._known_bad[port.key]) for port in discovered}
+        self._ports = {
+            port.key: _OpenPort(port, budget, errors, self._known_bad[port.key], self._wanted) for port in discovered
+        }
         removed = len(previous - set(self._ports))
         if removed:
             errors["port_removed"] += removed
@@ -433,12 +510,31 @@ class RdmaSource:
                 self._known_bad.pop(key, None)
                 errors["port_removed"] += 1
                 self._stale = True
+        summary = self._summarize(readings)
+        families, hw_allowed = self._families, self._hw_allowed
         return Snapshot(
-            render=lambda: _render(readings, labels_of),
+            render=lambda: _render(readings, labels_of, families, hw_allowed, summary),
             errors=errors,
             status={"ports": [reading.as_json() for reading in readings]},
             data={"ports": {reading.port.key: reading for reading in readings}},
         )
+
+    def _summarize(self, readings: list[PortReading]) -> tuple[dict[str, float], float | None]:
+        """The node summaries: error counters summed over the ports, and the busiest port's CNP rate."""
+        totals = self._errors_total.totals
+        cnps: dict[str, float] = {}
+        for reading in readings:
+            hw = reading.hw_counter_changes.deltas
+            for deltas, values, names in (
+                (reading.counter_changes.deltas, reading.counters, NODE_PORT_ERROR_COUNTERS),
+                (hw, reading.hw_counters, NODE_HW_ERROR_COUNTERS),
+            ):
+                for name in names:
+                    if name in values:  # a file the port has: its total is exported, 0 until it grows
+                        totals[name] = totals.get(name, 0) + deltas.get(name, 0)
+            cnps[reading.port.key] = hw.get("np_cnp_sent", 0) + hw.get("rp_cnp_handled", 0)
+        self._cnps.add(self._clock(), cnps)
+        return dict(totals), self._cnps.max_rate()
 
     def _read_port(self, key: str, opened: _OpenPort, errors: Counter) -> PortReading:
         now = self._clock()
@@ -463,7 +559,13 @@ class RdmaSource:
         self._stale = True
 
 
-def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, tuple]]]) -> Iterator[Metric]:
+def _render(
+    readings: list[PortReading],
+    labels_of: list[tuple[tuple, dict[str, tuple]]],
+    on: frozenset[str],
+    hw_allowed: frozenset[str] | None,
+    summary: tuple[dict[str, float], float | None],
+) -> Iterator[Metric]:
     labels = ["device", "port"]
     info = GaugeMetricFamily(
         "mfu_rdma_port_info",
@@ -500,24 +602,53 @@ def _render(readings: list[PortReading], labels_of: list[tuple[tuple, dict[str, 
         "Files of the port's hw_counters/ directory (driver and congestion counters), raw.",
         labels=counter_labels,
     )
+    with_info, with_speed = "mfu_rdma_port_info" in on, "mfu_rdma_port_rate_bytes_per_second" in on
+    with_data, with_packets = "mfu_rdma_port_data_received_bytes" in on, "mfu_rdma_port_packets_received" in on
+    with_other, with_hardware = "mfu_rdma_port_counters" in on, "mfu_rdma_hw_counters" in on
     for reading, (base, counter_labels) in zip(readings, labels_of):
         port = reading.port
-        info.add_metric([*base, port.link_layer or "", port.netdev or "", port.state or "", port.rate or ""], 1)
+        if with_info:
+            info.add_metric([*base, port.link_layer or "", port.netdev or "", port.state or "", port.rate or ""], 1)
         up.add_metric(base, 1 if port.active else 0)
-        if port.rate_gbps is not None:
+        if with_speed and port.rate_gbps is not None:
             speed.add_metric(base, port.rate_gbps * 1e9 / 8)
-        for name, value in reading.counters.items():
-            if name in DATA_COUNTERS:
-                data[DATA_COUNTERS[name]].add_metric(base, value * OCTETS_PER_DATA_WORD)
-            elif name in PACKET_COUNTERS:
-                packets[PACKET_COUNTERS[name]].add_metric(base, value)
-            else:
-                other.add_metric(counter_labels[name], value)
-        for name, value in reading.hw_counters.items():
-            hardware.add_metric(counter_labels[name], value)
+        counters = reading.counters
+        if with_data:
+            for name, direction in DATA_COUNTERS.items():
+                if (value := counters.get(name)) is not None:
+                    data[direction].add_metric(base, value * OCTETS_PER_DATA_WORD)
+        if with_packets:
+            for name, direction in PACKET_COUNTERS.items():
+                if (value := counters.get(name)) is not None:
+                    packets[direction].add_metric(base, value)
+        if with_other:
+            for name, value in counters.items():
+                if name not in DATA_COUNTERS and name not in PACKET_COUNTERS:
+                    other.add_metric(counter_labels[name], value)
+        if with_hardware:
+            for name, value in reading.hw_counters.items():
+                if hw_allowed is None or name in hw_allowed:
+                    hardware.add_metric(counter_labels[name], value)
     for family in (info, up, speed, *data.values(), *packets.values(), other, hardware):
         if family.samples:
             yield family
+    totals, cnps = summary
+    errors = CounterMetricFamily(
+        "mfu_node_rdma_errors",
+        "Error and retransmission counters (counters/ and hw_counters/) summed over the node's RDMA ports, "
+        "since the exporter started.",
+        labels=["counter"],
+    )
+    for name, total in totals.items():
+        errors.add_metric([name], total)
+    if errors.samples:
+        yield errors
+    yield from node_gauge(
+        "mfu_node_rdma_max_cnps_per_second",
+        f"CNPs per second (np_cnp_sent + rp_cnp_handled) of the node's busiest RDMA port over the last "
+        f"{SUMMARY_WINDOW:g} s.",
+        cnps,
+    )
 
 
 def rdma_source(section: RdmaConfig, ctx: SourceContext) -> RdmaSource:
@@ -530,4 +661,6 @@ def rdma_source(section: RdmaConfig, ctx: SourceContext) -> RdmaSource:
         interval=section.interval,
         timeout=section.timeout,
         clock=ctx.monotonic,
+        series=section.series,
+        hw_counters=section.hw_counters,
     )

@@ -126,12 +126,15 @@ def test_pfc_storm_pauses_two_nics_and_drops_mfu_below_25_percent():
 
 def test_thermal_throttles_gpu_1_and_slows_the_job():
     with running_demo("--incident", "thermal", speed=20) as base:
-        throttled = ("mfu_gpu_throttle_active", (("gpu", "1"), ("reason", "hw_thermal_slowdown")))
-        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 1 throttled")
+        # One GPU held down by heat (the node summary; the per-GPU reasons are at series: full), and it is GPU 1.
+        throttled = ("mfu_node_gpus_throttled", (("cause", "thermal"),))
+        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "one GPU throttled for heat")
         wait_until(lambda: 0.25 <= (mfu(base) or 0) <= 0.35, 30, "MFU near 30%")
         values = metric_samples(base)
         assert values[("mfu_gpu_sm_clock_hertz", (("gpu", "1"),))] < values[("mfu_gpu_sm_clock_hertz", (("gpu", "0"),))]
-        assert values[("mfu_gpu_throttle_active", (("gpu", "0"), ("reason", "hw_thermal_slowdown")))] == 0
+        (source,) = [s for s in get_json(base + "api/v1/status")["sources"] if s["source"] == "gpu"]
+        gpus = {gpu["index"]: gpu for gpu in source["status"]["gpus"]}
+        assert "hw_thermal_slowdown" in gpus[1]["throttle"] and "hw_thermal_slowdown" not in gpus[0]["throttle"]
         wait_until(lambda: cause(base) == "thermal", 10, "the loss attributed to heat")
 
 

@@ -37,8 +37,9 @@ def chromium(tmp_path, url, *args):
 def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
     # A long window keeps MFU steady between the browser's read and ours.
     with running_demo("--incident", "thermal", "--mfu.window", "60s", speed=20) as base:
-        throttled = ("mfu_gpu_throttle_active", (("gpu", "1"), ("reason", "hw_thermal_slowdown")))
-        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "GPU 1 throttled")
+        # The node's count of GPUs held down by heat (the per-GPU reasons are at series: full); the page names GPU 1.
+        throttled = ("mfu_node_gpus_throttled", (("cause", "thermal"),))
+        wait_until(lambda: metric_samples(base).get(throttled) == 1, 30, "a GPU throttled for heat")
         readings = []
 
         def settled():

@@ -43,12 +43,19 @@ from exporter.quantities import parse_duration
 from exporter.sim.targets import file_sd
 from exporter.sim.targets import instance as target_instance
 from tests.support.net import free_port
-from tests.support.prom_harness import ProcessFailed, log_tail, stop_process, wait_ready
+from tests.support.prom_harness import (
+    CENTRAL_RULE_FILES,
+    NODE_RULE_FILE,
+    ProcessFailed,
+    log_tail,
+    stop_process,
+    wait_ready,
+)
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "fleet"
-RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
+RULE_FILES = (*CENTRAL_RULE_FILES, NODE_RULE_FILE)  # the fleet's central engines run both tiers (README)
 SCRAPE_JOB = "mfu-exporter"
 START_ATTEMPTS = 3
 

@@ -71,8 +71,9 @@ def tuned_qos(interfaces: list[str]) -> FakeQos:
     )
 
 
-async def full_node(root: Path) -> Service:
-    """The fixture's service after one sample of every source, the jobs' reports and one evaluation tick."""
+async def sampled_node(root: Path, jobs: tuple[str, ...], interval: float, cycles: int) -> tuple[Service, Clock]:
+    """The fixture's service with one checkpoint write per job, after every source sampled ``cycles`` times at
+    ``interval`` (the fabric's counters advancing between samples), on a clock fixed at ``NOW``."""
     clock = Clock(NOW)
     fabric = fixture.build_fabric(root)
     write_procfs(root / "proc")
@@ -81,18 +82,26 @@ async def full_node(root: Path) -> Service:
     ctx = fixture.node_context(config, root, fixture.build_gpus(), procfs=str(root / "proc"), qos=qos)
     sources = build_sources(config, ctx)
     for source in sources:
-        source.interval = ONCE
+        source.interval = interval
     service = build_service(config, sources, clock=clock)
     assert service.checkpoints is not None, "the fixture runs the checkpoint source"
-    for job in fixture.JOBS:
+    for job in jobs:
         service.checkpoints.record(parse_checkpoint_event({**fixture.checkpoint_event(job), "time": NOW}, NOW))
     daemon = service.daemon
     await daemon.start()
     try:
-        while not all(state.cycles for state in daemon.states.values()):
-            await asyncio.sleep(0.01)
+        while not all(state.cycles >= cycles for state in daemon.states.values()):
+            if cycles > 1:
+                fabric.tick(interval)
+            await asyncio.sleep(0.01 if cycles == 1 else 0.05)
     finally:
         await daemon.stop()
+    return service, clock
+
+
+async def full_node(root: Path) -> Service:
+    """The fixture's service after one sample of every source, the jobs' reports and one evaluation tick."""
+    service, clock = await sampled_node(root, fixture.JOBS, ONCE, 1)
     for step in (1, 2):
         clock.now = NOW + step * REPORT_SECONDS
         for index, job in enumerate(fixture.JOBS):
@@ -135,3 +144,31 @@ def names_by_source(service: Service) -> dict[str, set[str]]:
         for name, state in service.daemon.states.items()
         if state.snapshot is not None
     }
+
+
+BUDGET_JOB = "budget-job"
+
+
+async def one_job_node(root: Path, cycles: int = 3) -> Service:
+    """The fixture's node as the series budget counts it: every default, eight GPUs and eight NICs, one job holding
+    all eight GPUs with two progress reports and one checkpoint write, and every source sampled ``cycles`` times
+    (more than once, so the rates, GPM ratios and windowed node summaries exist, as on a node running for a while)."""
+    # 0.15 s: over NVML's 100 ms between two GPM samples.
+    service, clock = await sampled_node(root, (BUDGET_JOB,), 0.15, cycles)
+    for step in (1, 2):
+        clock.now = NOW + step * REPORT_SECONDS
+        body = {
+            **fixture.progress_report(0, BUDGET_JOB, step * fixture.TOKENS_PER_REPORT, step),
+            "gpus": list(range(fixture.GPUS)),
+            "time": clock.now,
+        }
+        service.jobs.report(parse_progress(body, clock.now))
+    service.evaluate_once()
+    return service
+
+
+async def render_one_job_node(root: Path) -> tuple[str, Service]:
+    """The text body of a scrape of ``one_job_node``."""
+    service = await one_job_node(root)
+    body, _ = await service.cache.render(None, None)
+    return body.decode(), service

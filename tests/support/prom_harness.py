@@ -31,7 +31,11 @@ from tests.support.net import free_port
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
+# The central tier (cross-node rules on job and node-summary series) and the node tier (rules on a port's, an
+# interface's or a GPU's own series, README "Rules in two tiers"); one Prometheus loads all three.
+CENTRAL_RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
+NODE_RULE_FILE = ROOT / "alerts" / "mfu-exporter.node.yaml"
+RULE_FILES = (*CENTRAL_RULE_FILES, NODE_RULE_FILE)
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 SCRAPE_JOB = "mfu-exporter"  # the name the alerts select on (MfuExporterDown)
 START_ATTEMPTS = 3  # a free port can be taken between finding it and binding it

@@ -11,6 +11,7 @@ from dataclasses import fields
 import yaml
 
 from exporter.model import attribution
+from exporter.sources import gpu, rdma
 from tests.support.prom_harness import RULE_FILES
 
 RULES_FILE = RULE_FILES[0]
@@ -45,10 +46,12 @@ def test_counters_and_throttle_reasons_are_the_exporters():
     assert (
         regex_alternatives(rules["instance:mfu_rdma_retransmits:rate5m"], "counter") == attribution.RETRANSMIT_COUNTERS
     )
-    assert (
-        regex_alternatives(rules["instance:mfu_gpus_thermal_throttled:count"], "reason") == attribution.THERMAL_REASONS
-    )
-    assert regex_alternatives(rules["instance:mfu_gpus_power_throttled:count"], "reason") == attribution.POWER_REASONS
+    # The node sums the counters the rule selects: every retransmit counter is among them.
+    assert attribution.RETRANSMIT_COUNTERS <= set(rdma.NODE_ERROR_COUNTERS)
+    # The throttle causes are counted by the exporter (mfu_node_gpus_throttled) with the attribution's reasons.
+    assert dict(gpu.THROTTLE_CAUSES) == {"thermal": attribution.THERMAL_REASONS, "power": attribution.POWER_REASONS}
+    assert 'cause="thermal"' in rules["instance:mfu_gpus_thermal_throttled:count"]
+    assert 'cause="power"' in rules["instance:mfu_gpus_power_throttled:count"]
 
 
 def test_causes_and_their_precedence_are_the_exporters():

@@ -1,0 +1,94 @@
+"""The series budget (issue 25, README "Series budget"): a default 8-GPU, 8-NIC node running one job exports at most
+500 series, counted from a real exposition of the fixture node; and whatever a rule, dashboard panel or runbook step
+reads is among them, so the default level (``series: standard``) cuts nothing anyone looks at."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.sources import gpu
+from tests.support.dashboards import queries
+from tests.support.expo import samples, snapshot_samples
+from tests.support.golden import render_one_job_node
+from tests.support.prom_harness import RULE_FILES
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNBOOK = ROOT / "docs" / "runbook.md"
+BUDGET = 500  # series per default 8-GPU, 8-NIC node with one job
+# What issue 26 (goodput, ~30 per job) and issue 28 (throttle seconds, NVLink errors, ~40 per node) will add.
+HEADROOM = 30 + 40
+NAME = re.compile(r"(?<![A-Za-z0-9_:])mfu_[a-z0-9_]+(?![A-Za-z0-9_:])")
+SELECTOR = re.compile(r"(mfu_[a-z0-9_]+)\{([^}]*)\}")
+COUNTER_MATCHER = re.compile(r'counter=~?"([^"]+)"')
+# Families a reader names that a healthy node's first minutes cannot show, each with the event that makes it and the
+# level its source exports it at (the check that it is not cut at standard).
+ON_AN_EVENT = {
+    "mfu_gpu_xid_errors_total": "the GPU's first Xid",  # gpu.FAMILY_LEVELS: standard
+    "mfu_exporter_source_errors_total": "a source's first error",
+    "mfu_job_eta_seconds": "a job with target_tokens",
+    "mfu_job_baseline_mfu_ratio": "a learnt baseline (30 samples 10 s apart)",
+}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    text, service = asyncio.run(render_one_job_node(tmp_path_factory.mktemp("budget-node")))
+    return samples(text), service
+
+
+def read_texts() -> list[tuple[str, str]]:
+    """(where, text) of every rule expression, dashboard query and the runbook."""
+    texts = [
+        (f"{path.name}: {rule.get('alert') or rule.get('record')}", rule["expr"])
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+    ]
+    texts += queries()
+    texts.append((RUNBOOK.name, RUNBOOK.read_text()))
+    return texts
+
+
+def test_series_per_node_are_within_the_budget(node):
+    found, service = node
+    by_family = Counter(name for name, _ in found)
+    per_source = {}
+    for name, state in service.daemon.states.items():
+        if state.snapshot is not None:
+            per_source[name] = len(snapshot_samples(state.snapshot))
+    per_source["jobs and the exporter's own"] = len(found) - sum(per_source.values())
+    print(f"\nseries of a default 8-GPU, 8-NIC node with one job: {len(found)}")
+    for source, count in sorted(per_source.items(), key=lambda kv: -kv[1]):
+        print(f"  {source:28} {count}")
+    assert by_family["mfu_job_gpus"] == 1 and by_family["mfu_gpu_up"] == 8 and by_family["mfu_rdma_port_up"] == 8
+    assert len(found) <= BUDGET, per_source
+    assert len(found) <= BUDGET - HEADROOM, f"{len(found)} series leave no room for issues 26 and 28"
+
+
+def test_everything_a_rule_dashboard_or_runbook_reads_is_exported_by_default(node):
+    found, _ = node
+    exported = {name for name, _ in found}
+    counters: dict[str, set[str]] = {}
+    for name, labels in found:
+        for key, value in labels:
+            if key == "counter":
+                counters.setdefault(name, set()).add(value)
+    assert gpu.FAMILY_LEVELS["mfu_gpu_xid_errors"] == "standard"
+    missing, missing_counters = {}, {}
+    for where, text in read_texts():
+        for name in NAME.findall(text):
+            if name not in exported and name not in ON_AN_EVENT:
+                missing.setdefault(name, where)
+        for name, matchers in SELECTOR.findall(text):
+            for alternatives in COUNTER_MATCHER.findall(matchers):
+                for counter in alternatives.split("|"):
+                    if counter not in counters.get(name, set()):
+                        missing_counters.setdefault(f"{name}{{counter={counter!r}}}", where)
+    assert not missing, f"read but not exported at series: standard: {missing}"
+    assert not missing_counters, f"counters read but not exported at series: standard: {missing_counters}"
