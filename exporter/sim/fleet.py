@@ -129,6 +129,12 @@ def layout_jobs(nodes: int, sizes: tuple[int, ...] = JOB_SIZES, seed: int = 0) -
     return jobs
 
 
+def require_node(flag: str, node: int | None, nodes: int) -> None:
+    """A node named on the command line (``flag``) is one of the fleet's, or none."""
+    if node is not None and not 0 <= node < nodes:
+        raise ValueError(f"{flag} must be a node of the fleet: 0 to {nodes - 1}")
+
+
 def node_tokens_per_second() -> float:
     """A node's healthy token rate: the steady MFU on its 8 H100s, from the formula."""
     per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
@@ -221,7 +227,8 @@ class Machine:
             monotonic=clock.monotonic,
         )
         sources = build_sources(config, ctx)
-        self.shared = [SharedSample(source) for source in sources]
+        # Gated on the simulated clock: a fleet stepped faster than real time still samples once per step.
+        self.shared = [SharedSample(source, clock.monotonic) for source in sources]
 
     @property
     def paths(self) -> Paths:
@@ -308,8 +315,7 @@ class Fleet:
         host: str | None = None,
         seed: int = 0,
     ):
-        if not 0 <= incident_node < nodes:
-            raise ValueError(f"--incident-node must be a node of the fleet: 0 to {nodes - 1}")
+        require_node("--incident-node", incident_node, nodes)
         self.root = root
         self.clock = clock
         self.schedule = schedule
@@ -371,7 +377,7 @@ class Fleet:
         (source,) = build_sources(section_config, SourceContext(section_config, wall=self.clock.time))
         assert isinstance(source, CheckpointSource)
         job.source, job.tracker = source, source.tracker
-        job.shared = SharedSample(job.source)
+        job.shared = SharedSample(job.source, self.clock.monotonic)
 
     def _node(self, index: int, job: FleetJob, machine: Machine, base: dict, facts: dict) -> FleetNode:
         config = copy.deepcopy(base)

@@ -1,6 +1,8 @@
 """A simulated fleet on two real distributed metrics paths, all on loopback, in temp directories.
 
-- The fleet: ``mfu-exporter demo --nodes N`` as a subprocess, node i on 127.0.0.1:(base + i).
+- The fleet: ``mfu-exporter demo --nodes N`` as a subprocess, node i on 127.0.0.1:(base + i) (``source="demo"``,
+  whole exporters, up to a few hundred nodes); or, for thousands, the target server of exporter/sim/targets.py
+  (``source="targets"``): one port, node i at ``/node/<i>/metrics``, its ``instance`` set in the target list.
 - The VictoriaMetrics path: two ``vmagent`` shards (``-promscrape.cluster.membersCount=2``, ``memberNum`` 0 and 1)
   scrape the nodes (deploy/fleet/vmagent-static.yaml) and remote-write to ``victoria-metrics``; ``vmalert``
   evaluates alerts/*.yaml unchanged against it and writes the recorded series and ALERTS back
@@ -38,6 +40,8 @@ import requests
 import yaml
 
 from exporter.quantities import parse_duration
+from exporter.sim.targets import file_sd
+from exporter.sim.targets import instance as target_instance
 from tests.support.net import free_port
 from tests.support.prom_harness import (
     CENTRAL_RULE_FILES,
@@ -215,6 +219,8 @@ class FleetStack:
     interval: str = "2s"
     paths: Sequence[str] = ("victoria-metrics", "prometheus")
     fleet_args: Sequence[str] = ()
+    source: str = "demo"  # or "targets": exporter/sim/targets.py serves the nodes
+    rule_files: Sequence[Path] = RULE_FILES  # what vmalert and the receiver evaluate
     servers: dict[str, Server] = field(default_factory=dict)
     stores: dict[str, Store] = field(default_factory=dict)
     base_port: int = 0
@@ -224,13 +230,26 @@ class FleetStack:
 
     @property
     def targets(self) -> list[str]:
+        """Every node's ``instance``, as the scrapers label its series."""
+        if self.source == "targets":
+            return [target_instance(i, f"127.0.0.1:{self.base_port}") for i in range(self.nodes)]
         return [f"127.0.0.1:{self.base_port + i}" for i in range(self.nodes)]
 
     def instance(self, node: int) -> str:
-        return f"127.0.0.1:{self.base_port + node}"
+        return self.targets[node] if self.source == "targets" else f"127.0.0.1:{self.base_port + node}"
+
+    def metrics_url(self, node: int) -> str:
+        if self.source == "targets":
+            return f"http://127.0.0.1:{self.base_port}/node/{node}/metrics"
+        return f"http://127.0.0.1:{self.base_port + node}/metrics"
 
     def fleet_json(self) -> dict:
         return requests.get(f"http://127.0.0.1:{self.base_port}/api/v1/fleet", timeout=10).json()
+
+    def _target_list(self) -> list[dict]:
+        if self.source == "targets":
+            return file_sd(self.nodes, f"127.0.0.1:{self.base_port}")
+        return [{"targets": self.targets}]
 
     def _add(self, server: Server, timeout: float = 60.0, port: int | None = None) -> Server:
         self.servers[server.name] = server
@@ -249,8 +268,11 @@ class FleetStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sink = AlertSink()
         self._stack.callback(self.sink.stop)
-        self._start_fleet()
-        (self.workdir / "nodes.json").write_text(json.dumps([{"targets": self.targets}]))
+        if self.source == "targets":
+            self._start_targets()
+        else:
+            self._start_fleet()
+        (self.workdir / "nodes.json").write_text(json.dumps(self._target_list()))
         if "victoria-metrics" in self.paths:
             self._start_victoria_metrics()
         if "prometheus" in self.paths:
@@ -297,6 +319,33 @@ class FleetStack:
             except ProcessFailed:
                 if attempt == START_ATTEMPTS - 1 or "cannot listen" not in log_tail(server.log):
                     raise
+
+    def _start_targets(self) -> None:
+        """The target server: it captures its nodes' expositions first (seconds), then listens."""
+        if self.incident not in (None, "pfc-storm"):
+            raise ValueError(f"the target server serves a pfc-storm incident only, not {self.incident}")
+        incident = str(self.incident_node) if self.incident else "none"
+
+        def command(port: int) -> list[str]:
+            return [
+                sys.executable,
+                "-m",
+                "exporter.sim.targets",
+                "--nodes",
+                str(self.nodes),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--interval",
+                self.interval,
+                "--incident-node",
+                incident,
+                *self.fleet_args,
+            ]
+
+        server = self._add(Server("fleet", self.workdir, command, "/healthz"), timeout=180.0)
+        assert server.port is not None
+        self.base_port = server.port
+        self.started = time.time()
 
     def _start_victoria_metrics(self) -> None:
         vm_binary = require_tool("victoria-metrics", "victoria-metrics")
@@ -369,7 +418,7 @@ class FleetStack:
                 work,
                 lambda port: [
                     vmalert,
-                    *(f"-rule={path}" for path in RULE_FILES),
+                    *(f"-rule={path}" for path in self.rule_files),
                     f"-datasource.url={vm.url}",
                     f"-remoteWrite.url={vm.url}",
                     f"-remoteRead.url={vm.url}",
@@ -395,7 +444,7 @@ class FleetStack:
 
         def receiver_config(config: dict) -> None:
             config["global"]["evaluation_interval"] = self.interval
-            config["rule_files"] = [str(path) for path in RULE_FILES]
+            config["rule_files"] = [str(path) for path in self.rule_files]
             config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
 
         receiver_file = _copy_config(DEPLOY / "prometheus-receiver.yaml", work / "receiver.yml", receiver_config)
