@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -35,6 +34,7 @@ from tests.support.demo_harness import get, get_json
 from tests.support.net import free_port
 from tests.support.prom_harness import stop_process
 from tests.support.tools import require_tool
+from tests.support.unprivileged import checkout_view, python_in
 from tests.support.wait import wait_until
 from tests.unit.logs import framework_lines as fl
 
@@ -170,7 +170,9 @@ def exporter_as_rendered(daemon: Daemon, host_root: Path, port: int):
             f"mkdir -p {inside}",
             f"mount --bind -o ro {host_root / 'host' / host.lstrip('/')} {inside}",
         ]
-    script += ["mount -o remount,bind,ro /"]
+    view_lines, view = checkout_view(ROOT, host_root)
+    script += view_lines
+    script += ["mount -o remount,bind,ro /", f"cd {view}"]
     priv = [
         setpriv,
         f"--reuid={security['runAsUser']}",
@@ -181,13 +183,13 @@ def exporter_as_rendered(daemon: Daemon, host_root: Path, port: int):
         "--bounding-set=-all",
         "--no-new-privs" if security["allowPrivilegeEscalation"] is False else "--",
     ]
-    command = [*priv, sys.executable, "-m", "tests.support.fake_gpu_daemon", "--", *args]
+    command = [*priv, python_in(view, ROOT), "-m", "tests.support.fake_gpu_daemon", "--", *args]
     script.append("exec " + " ".join(command))
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}  # not in a cluster: no API server
     process = subprocess.Popen(
         [unshare, "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],
         cwd=ROOT,
-        env={**env, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(ROOT)},
+        env={**env, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(view)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

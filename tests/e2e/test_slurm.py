@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from exporter.sim import nvml as fake_nvml
 from exporter.sources import Paths, SourceContext, build_sources
 from tests.support.slurm_harness import SlurmCluster, SlurmError, missing_tools
 from tests.support.tools import require_tool
+from tests.support.unprivileged import checkout_view, python_in
 from tests.support.wait import wait_until
 from tests.unit.logs import framework_lines as fl
 
@@ -269,8 +269,20 @@ def test_cgroup_path_finds_the_job_through_its_tasks_pids(cluster, jobs):
         "found = ProcessJobs().job_of(int(sys.argv[1])); read = MappingDir(sys.argv[2]).read(); "
         "print(found.job, found.by, sorted(read.gpus), dict(read.errors))"
     )
+    # In a mount namespace of its own, with the checkout where that user may reach it (tests/support/unprivileged).
+    where = Path(tempfile.mkdtemp(prefix="slurm-probe-", dir="/tmp"))
+    where.chmod(0o755)
+    view_lines, view = checkout_view(ROOT, where)
     as_nobody = subprocess.run(
         [
+            require_tool("unshare", "util-linux"),
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "; ".join([*view_lines, f"cd {view}", 'exec "$@"']),
+            "sh",
             require_tool("setpriv", "util-linux"),
             "--reuid=65534",
             "--regid=65534",
@@ -278,7 +290,7 @@ def test_cgroup_path_finds_the_job_through_its_tasks_pids(cluster, jobs):
             "--inh-caps=-all",
             "--bounding-set=-all",
             "--no-new-privs",
-            sys.executable,
+            python_in(view, ROOT),
             "-c",
             probe,
             str(pid),
@@ -288,8 +300,9 @@ def test_cgroup_path_finds_the_job_through_its_tasks_pids(cluster, jobs):
         text=True,
         timeout=30,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(view)},
     )
+    shutil.rmtree(where, ignore_errors=True)
     mapped = sorted([*step_gpus, *(g for g, t in mapping_files(cluster).items() if t == jobs["holder"])])
     assert as_nobody.stdout.strip().split(maxsplit=2) == [jobs["job"], "cgroup", f"{mapped} {{}}"], as_nobody.stderr
 
