@@ -1064,11 +1064,15 @@ class GpuSource:
 
 def _nvlink_by_kind(gpu: _Gpu) -> dict[str, float]:
     """The GPU's NVLink errors by kind (summed over links), for the status page: the metric has only the sum."""
-    kinds = {field_id: kind for kind, field_id in (*NVLINK_ERRORS, *NVLINK_ERRORS_NEWER)}
     out: dict[str, float] = {}
     for (field_id, _), value in gpu.nvlink_values.items():
-        out[kinds[field_id]] = out.get(kinds[field_id], 0.0) + value
+        kind = _NVLINK_KIND[field_id]
+        out[kind] = out.get(kind, 0.0) + value
     return out
+
+
+# Built once, not per GPU and sample: the status is made every second.
+_NVLINK_KIND = {field_id: kind for kind, field_id in (*NVLINK_ERRORS, *NVLINK_ERRORS_NEWER)}
 
 
 def _field_key(spec: tuple) -> str:
