@@ -150,6 +150,11 @@ class Ledger:
     over_ideal: float = 0.0
     ended: bool = False
     fed: bool = False  # a progress feed said something: steps, or a client's start
+    # The medians of intervals and step_durations by name, with the count of appends they were taken at: each
+    # report and each view of the job reads them several times, and sorting 256 values each time was the ledger's
+    # largest cost per second (``_observe_steps`` is the only writer and counts its appends).
+    _appends: int = field(default=0, repr=False, compare=False)
+    _medians: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False, compare=False)
 
     # -- events -----------------------------------------------------------------------------------------------
     def start_run(self, at: float, offset: float, source: str, run_id: str | None = None, restart: bool = True) -> None:
@@ -346,14 +351,22 @@ class Ledger:
     def ideal_step(self) -> float | None:
         if not self.step_durations:
             return None
-        ordered = sorted(self.step_durations)
-        return ordered[len(ordered) // 2]
+        return self._median("step_durations", self.step_durations)
 
     def stall_after(self) -> float:
         if not self.intervals:
             return STALL_MIN_SECONDS
-        ordered = sorted(self.intervals)
-        return max(STALL_MIN_SECONDS, STALL_FACTOR * ordered[len(ordered) // 2])
+        return max(STALL_MIN_SECONDS, STALL_FACTOR * self._median("intervals", self.intervals))
+
+    def _median(self, name: str, values: deque) -> float:
+        """The upper median of ``values``, sorted again only after an append."""
+        kept = self._medians.get(name)
+        if kept is not None and kept[0] == self._appends:
+            return kept[1]
+        ordered = sorted(values)
+        median = ordered[len(ordered) // 2]
+        self._medians[name] = (self._appends, median)
+        return median
 
     def restarts(self) -> int:
         return max(self.run_count - 1, 0)
@@ -522,6 +535,7 @@ class Ledger:
         if not math.isfinite(per_step):
             return
         self.intervals.append(waited)
+        self._appends += 1
         if not steady:
             return
         count = max(int(round(done)), 1)
@@ -533,3 +547,4 @@ class Ledger:
         if ideal is not None and per_step > ideal:
             self.over_ideal += (per_step - ideal) * done
         self.step_durations.append(per_step)
+        self._appends += 1

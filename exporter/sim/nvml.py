@@ -279,6 +279,9 @@ class FakeNvml:
         value = getattr(pynvml, name)
         if callable(value) and not isinstance(value, type):
             raise AttributeError(f"the fake NVML does not implement {name}")
+        # Kept on the instance, so the next lookup is a dict hit as on the real module, not this call again: the GPU
+        # source reads constants per field, and the bench counts this fake's work as the daemon's.
+        self.__dict__[name] = value
         return value
 
     # --- simulation -------------------------------------------------------------------------------------------
@@ -493,14 +496,18 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list) -> ctypes.Array:
         gpu = self._enter("nvmlDeviceGetFieldValues", handle)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        # Members are set through object's setattr: pynvml's Python __setattr__ only encodes str, and no member here
+        # is one, while real NVML fills these structs in C (the bench counts this fake's work as the daemon's).
+        put = object.__setattr__
         for value, requested in zip(values, field_ids):
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
-            value.fieldId, value.scopeId = field_id, scope
+            put(value, "fieldId", field_id)
+            put(value, "scopeId", scope)
             if field_id in gpu.field_errors:
-                value.nvmlReturn = gpu.field_errors[field_id]
+                put(value, "nvmlReturn", gpu.field_errors[field_id])
                 continue
             if field_id not in gpu.fields:
-                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                put(value, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
                 continue
             if field_id == NVLINK_LINK_COUNT:
                 number = gpu.nvlink_links
@@ -508,23 +515,24 @@ class FakeNvml:
                 number = gpu.throttle_ns.get(field_id, 0)
             elif field_id in NVLINK_ERROR_FIELDS or field_id in NVLINK_ERROR_FIELDS_NEWER:
                 if not 0 <= scope < gpu.nvlink_links:
-                    value.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+                    put(value, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
                     continue
                 number = gpu.nvlink_errors.get((field_id, scope), 0)
             elif field_id in NVLINK_FIELDS:
                 if scope != ALL_LINKS and scope >= gpu.nvlink_links:
-                    value.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+                    put(value, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
                     continue
                 total = getattr(gpu, NVLINK_FIELDS[field_id]) / 1024  # NVML counts NVLink data in KiB
                 number = total if scope == ALL_LINKS else total / gpu.nvlink_links
             else:
                 number = getattr(gpu, PCIE_FIELDS[field_id])
-            value.valueType = gpu.field_value_types.get(field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
-            if value.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-                value.value.uiVal = int(number) % 2**32
+            value_type = gpu.field_value_types.get(field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+            put(value, "valueType", value_type)
+            if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+                object.__getattribute__(value, "value").uiVal = int(number) % 2**32
             else:
-                value.value.ullVal = int(number)
-            value.nvmlReturn = pynvml.NVML_SUCCESS
+                object.__getattribute__(value, "value").ullVal = int(number)
+            put(value, "nvmlReturn", pynvml.NVML_SUCCESS)
         return values
 
     # --- Xid events -------------------------------------------------------------------------------------------
