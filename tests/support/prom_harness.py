@@ -33,9 +33,13 @@ from tests.support.tools import require_tool
 ROOT = Path(__file__).resolve().parents[2]
 # The central tier (cross-node rules on job and node-summary series) and the node tier (rules on a port's, an
 # interface's or a GPU's own series, README "Rules in two tiers"); one Prometheus loads all three.
-CENTRAL_RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
+# The rules in three tiers (README "Rules in three tiers"): the global files read only the shard file's partial
+# aggregates; the shard file reads the nodes' summaries and job series; the node file a device's own series.
+GLOBAL_RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
+SHARD_RULE_FILE = ROOT / "alerts" / "mfu-exporter.shard.yaml"
 NODE_RULE_FILE = ROOT / "alerts" / "mfu-exporter.node.yaml"
-RULE_FILES = (*CENTRAL_RULE_FILES, NODE_RULE_FILE)
+SHARD_RULE_FILES = (SHARD_RULE_FILE, NODE_RULE_FILE)  # what a shard's evaluator loads
+RULE_FILES = (*GLOBAL_RULE_FILES, SHARD_RULE_FILE, NODE_RULE_FILE)  # one evaluator for the whole fleet: all four
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 SCRAPE_JOB = "mfu-exporter"  # the name the alerts select on (MfuExporterDown)
 START_ATTEMPTS = 3  # a free port can be taken between finding it and binding it
