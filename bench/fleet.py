@@ -42,7 +42,7 @@ from tests.support.fleet_harness import RULE_FILES, FleetStack
 
 TARGET_SHARE = 0.10  # every rule group under 10 % of its interval
 MFU_TOLERANCE = 0.02  # each job's recorded cluster MFU within 2 points of the truth
-NODE_TIER = "mfu-exporter.node.yaml"  # the rules that read a device's own series (README "Rules in two tiers")
+NODE_TIER = "mfu-exporter.node.yaml"  # the rules that read a device's own series (README "Rules in three tiers")
 SOURCES = (
     ("mfu_gpu_", "gpu"),
     ("mfu_rdma_", "rdma"),

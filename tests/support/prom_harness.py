@@ -31,8 +31,6 @@ from tests.support.net import free_port
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-# The central tier (cross-node rules on job and node-summary series) and the node tier (rules on a port's, an
-# interface's or a GPU's own series, README "Rules in two tiers"); one Prometheus loads all three.
 # The rules in three tiers (README "Rules in three tiers"): the global files read only the shard file's partial
 # aggregates; the shard file reads the nodes' summaries and job series; the node file a device's own series.
 GLOBAL_RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
