@@ -39,7 +39,7 @@ _FACTORS = {
 }
 
 _PREFIXES = (
-    re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:\s?"),  # mpirun --tag-output
+    re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:"),  # mpirun --tag-output (no space after it)
     re.compile(r"\((?:[^()]*?[\s,])?pid=\d+[^()]*\)\s?"),  # Ray: (pid=1), (head, rank=0, pid=1), (Worker pid=1, ip=..)
     re.compile(r"\s*\d+:\s"),  # srun --label
 )
