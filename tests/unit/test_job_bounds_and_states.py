@@ -12,6 +12,7 @@ from exporter.config import ConfigError, validate
 from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
 from exporter.model.jobs import GpuInfo, JobTracker, TooManyJobs, ValidationError, job_families, parse_progress
+from exporter.render.attribution import attribution_families
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
@@ -284,7 +285,7 @@ def test_an_ended_job_is_left_alone_by_the_attribution():
     jobs.report(report(tokens=3_000_000, time=clock.now + 1, state="finished"))
     attribution.evaluate(clock.now + 1, jobs.views(), NodeSignals())
     assert attribution.verdict("j") is None
-    families = {f.name: f for f in attribution.families()}
+    families = {f.name: f for f in attribution_families(attribution.standings())}
     assert not families["mfu_job_bottleneck"].samples
     assert families["mfu_job_lost_gpu_seconds"].samples  # a counter stays while the job is known
 

@@ -15,6 +15,7 @@ from exporter.logs import FORMATS
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
 from exporter.model.jobs import GpuInfo, JobTracker, job_families, parse_progress
+from exporter.sources.discovery import DiscoverySample
 from exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
 from tests.unit.logs import framework_lines as fl
 
@@ -435,7 +436,7 @@ def test_discovered_pods_from_reads_the_discovery_snapshot():
         pods = (Pod("kubernetes", "train", "llm-0"), Pod("slurm", "", ""))
 
     class Snap:
-        data = {"jobs": {"llm": Job()}}
+        readings = DiscoverySample({"llm": Job()})
 
     class State:
         snapshot = Snap()
