@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from exporter.config import AttributionConfig
-from exporter.model.jobs import JobView
+from exporter.model.job_view import JobView
 from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")

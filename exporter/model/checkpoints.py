@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from exporter.model.errors import CheckpointConflict, ValidationError
-from exporter.model.jobs import reject_unknown, require_object, validate_job_name, validate_time
+from exporter.model.progress import reject_unknown, require_object, validate_job_name, validate_time
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from exporter.config import GpuConfig
 from exporter.model.flops import gpu_model
-from exporter.model.jobs import GpuInfo
+from exporter.model.job_view import GpuInfo
 from exporter.model.readings import GpuReading
 from exporter.node.counters import Totals
 from exporter.node.nvml import NvmlSession, clock_event_reasons

@@ -15,13 +15,14 @@ from exporter.sources.base import Snapshot, SourceUnavailable
 
 @dataclass(frozen=True)
 class FakeValue:
-    """The scripted source's readings: one value."""
+    """The scripted source's readings: its name and one value."""
 
+    name: str
     value: float
 
 
 def fake_value_families(readings: FakeValue) -> Iterable[Metric]:
-    family = GaugeMetricFamily("mfu_fake_value", "A value from the scripted test source.")
+    family = GaugeMetricFamily(f"mfu_{readings.name}_value", "A value from the scripted test source.")
     family.add_metric([], readings.value)
     yield family
 
@@ -57,7 +58,7 @@ class ScriptedSource:
         if self.unavailable:
             raise self.unavailable
         value = self.value
-        return Snapshot(readings=FakeValue(value), status={"value": value})
+        return Snapshot(readings=FakeValue(self.name, value), status={"value": value})
 
     def close(self):
         self.closed = True

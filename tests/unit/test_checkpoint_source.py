@@ -22,7 +22,7 @@ from exporter.model.checkpoints import (
     CheckpointTracker,
     parse_checkpoint_event,
 )
-from exporter.model.jobs import ValidationError
+from exporter.model.errors import ValidationError
 from exporter.node.fswatch import filesystem_type, is_network_filesystem
 from exporter.render.checkpoint import checkpoint_families
 from exporter.render.snapshots import snapshot_families
