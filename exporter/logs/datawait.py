@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.logs.base import number
+from exporter.logs.base import leading_time, number
 from exporter.logs.records import PER_STEP, RUNNING_TOTAL, SINCE_LAST, DataWait
 
 # Substrings one of which every line read here contains: any other line is skipped before a regex.
@@ -87,7 +87,7 @@ def parse_data_wait(text: str) -> DataWait | None:
         match = TIME_LINE.search(text)
         if match:
             value = number(match.group(2))
-            return DataWait(value / 1000, SINCE_LAST, "deepspeed") if value is not None else None
+            return DataWait(value / 1000, SINCE_LAST, "deepspeed", leading_time(text)) if value is not None else None
         return None
     if "train_dataloader_next" in text or "get_train_batch" in text:
         return _lightning_row(text)

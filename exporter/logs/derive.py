@@ -131,6 +131,7 @@ class JobLog:
         self._wait_total = 0.0
         self._wait_step: int | None = None
         self._previous_step: int | None = None
+        self._last_progress_at: float | None = None
 
     def feed(
         self,
@@ -198,6 +199,9 @@ class JobLog:
                 return None
             self._wait_total += record.seconds * (step - since)
             self._wait_step = step
+            # The timers print right after the iteration line and carry no time of their own: the line's time.
+            if record.time is None and self._last_progress_at is not None:
+                at = self._last_progress_at
         elif record.scope == SINCE_LAST:
             self._wait_total += record.seconds
         else:
@@ -251,6 +255,7 @@ class JobLog:
             if self._last_step is not None and record.step < self._last_step:
                 self._wait_step = None  # a restart: the timers count from the resumed step
             self._previous_step, self._last_step = self._last_step, record.step
+        self._last_progress_at = at
         seq_len = facts.seq_len or self.startup.seq_len
         world = facts.world_size or self.startup.world_size
         gpus = facts.node_gpus

@@ -108,6 +108,7 @@ class DataWait:
     seconds: float
     scope: str
     framework: str
+    time: float | None = None  # the line's own timestamp (DeepSpeed's logger prefix), None where it has none
 
 
 Record = Progress | Startup | Checkpoint | Restore | DataWait

@@ -217,7 +217,7 @@ class LogStream:
         wait = parse_data_wait(line.text)
         if wait is None:
             return False
-        when = line.time if line.time is not None else read_time
+        when = line.time if line.time is not None else wait.time if wait.time is not None else read_time
         events.append(Event(wait, when, line.origin, wait.framework))
         return True
 
