@@ -160,7 +160,7 @@ def parse_mountstats(text: str) -> list[Mount]:
             numbers = _integers(fields)
             if numbers is not None and len(numbers) >= len(NFS_OP_FIELDS):
                 errors = numbers[len(NFS_OP_FIELDS)] if len(numbers) > len(NFS_OP_FIELDS) else None
-                current["ops"][name.strip()] = NfsOp(*numbers[: len(NFS_OP_FIELDS)], errors=errors)
+                current["ops"][name.strip()] = NfsOp(**dict(zip(NFS_OP_FIELDS, numbers)), errors=errors)
         elif name == "bytes":
             numbers = _integers(fields)
             if numbers is not None:

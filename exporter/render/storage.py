@@ -78,7 +78,7 @@ def _families(reading: StorageReading) -> Iterator[Metric]:
             seconds.add_metric(key, mount.read_seconds)
         for job, role in mount.jobs:
             jobs.add_metric([job, mount.mount_point, role], 1.0)
-    yield from (read_bytes, reads, seconds, jobs)
+    yield from (family for family in (read_bytes, reads, seconds, jobs) if family.samples)
     yield from _gds_families(reading)
 
 
@@ -140,7 +140,8 @@ def _gds_families(reading: StorageReading) -> Iterator[Metric]:
     )
     for gpu in stats.gpus:
         registered.add_metric([gpu.pci_address], gpu.registered_mib * MIB)
-    yield registered
+    if registered.samples:
+        yield registered
 
 
 def snapshot_families(data: dict) -> Iterator[Metric]:
