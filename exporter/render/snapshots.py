@@ -16,6 +16,7 @@ from exporter.render.ethtool import ethtool_families
 from exporter.render.gpu import gpu_families
 from exporter.render.preflight import preflight_families
 from exporter.render.rdma import rdma_families
+from exporter.render.storage import storage_families
 from exporter.sources.base import Snapshot
 from exporter.sources.checkpoint import CheckpointSample
 from exporter.sources.discovery import DiscoverySample
@@ -23,6 +24,7 @@ from exporter.sources.ethtool import EthtoolSample
 from exporter.sources.gpu import GpuSample
 from exporter.sources.preflight import PreflightSample
 from exporter.sources.rdma import RdmaSample
+from exporter.sources.storage import StorageReading
 
 Renderer = Callable[[Any], Iterable[Metric]]
 
@@ -33,6 +35,7 @@ RENDERERS: dict[type, Renderer] = {
     CheckpointSample: checkpoint_sample_families,
     PreflightSample: preflight_families,
     DiscoverySample: discovery_families,
+    StorageReading: storage_families,
 }
 
 
