@@ -10,7 +10,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.cli.flags import add_flag, add_path_flags
+from exporter.cli.flags import add_flag, add_path_flags, positive
 from exporter.config import ConfigError, load_config, typed_config
 from exporter.node.nic_qos import NicQos
 from exporter.preflight import nccl
@@ -44,7 +44,7 @@ def add_check_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--expect-busbw",
         metavar="GB/s",
-        type=float,
+        type=positive(float),
         help="with --nccl: the bus bandwidth the largest size should reach; default: from the ACTIVE RDMA ports",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import IO
 
-from exporter.cli.flags import add_flag
+from exporter.cli.flags import add_flag, positive
 from exporter.nccl.perf import Judgement, Reading, report
 from exporter.node.rdma import discover_ports
 from exporter.preflight.nccl import (
@@ -35,7 +35,7 @@ def add_nccl_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--expect-busbw",
         metavar="GB/s",
-        type=float,
+        type=positive(float),
         help="the bus bandwidth the largest size should reach; default: from the ACTIVE RDMA ports under --path.sysfs",
     )
     add_flag(

@@ -156,8 +156,10 @@ def test_missing_file_and_bad_expectation_exit_2(tmp_path: Path, capsys) -> None
     assert nccl(str(tmp_path / "missing.txt"))[0] == 2
     assert "missing.txt" in capsys.readouterr().err
     good = write(tmp_path, PERF["coreweave-nccl-tests-43-nvl72"].lines)
-    for bad in ("0", "-5", "nan", "inf"):
-        assert nccl(good, "--expect-busbw", bad)[0] == 2
+    for bad in ("0", "-5", "nan", "inf", "fast"):
+        with pytest.raises(SystemExit) as exc:
+            main(["nccl", good, "--expect-busbw", bad])
+        assert exc.value.code == 2
     with pytest.raises(SystemExit) as exc:
         main(["nccl"])  # FILE is required
     assert exc.value.code == 2
