@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
@@ -21,14 +21,21 @@ from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
 from exporter.model.readings import GpuReading
 from exporter.node.pci import nearest_devices
+from exporter.render.attribution import attribution_families
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
+from exporter.sources.discovery import DiscoverySample
+from exporter.sources.ethtool import EthtoolSample
+from exporter.sources.gpu import GpuSample
 from exporter.sources.logs import LogsSource, discovered_pods_from
+from exporter.sources.rdma import RdmaSample
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -94,17 +101,19 @@ class Service:
             "bottleneck": verdict.as_json() if verdict else None,
         }
 
+    def readings(self, name: str, kind: type[T]) -> T | None:
+        """The latest typed readings of source ``name`` (None while it is absent or has no snapshot yet)."""
+        return latest_readings(self.daemon, name, kind)
+
     def node_signals(self) -> NodeSignals:
-        """The latest data of the sources the attribution reads; a source that is absent or down adds nothing."""
-
-        def data(name: str, key: str) -> dict:
-            state = self.daemon.states.get(name)
-            return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
-
+        """The latest readings of the sources the attribution reads; a source that is absent or down adds nothing."""
+        gpu = self.readings("gpu", GpuSample)
+        ethtool = self.readings("ethtool", EthtoolSample)
+        rdma = self.readings("rdma", RdmaSample)
         return NodeSignals(
-            gpus=data("gpu", "gpus"),  # GpuReadings, with the PCI bus ID that places each GPU near its NICs
-            interfaces=data("ethtool", "interfaces"),
-            ports=data("rdma", "ports"),
+            gpus=gpu.gpus if gpu else {},  # GpuReadings, with the PCI bus ID that places each GPU near its NICs
+            interfaces=dict(ethtool.interfaces) if ethtool else {},
+            ports=dict(rdma.ports) if rdma else {},
             checkpoint=self.checkpoint_overlap,
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
         )
@@ -112,9 +121,9 @@ class Service:
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
         a kubelet restart does not end every job; jobs end only when an answer no longer lists them."""
-        state = self.daemon.states.get("discovery")
-        if state is not None and state.snapshot is not None:
-            self.jobs.set_discovered(state.snapshot.data.get("jobs", {}))
+        discovery = self.readings("discovery", DiscoverySample)
+        if discovery is not None:
+            self.jobs.set_discovered(discovery.jobs)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
@@ -147,14 +156,19 @@ class Service:
         self.history.record(now, views)
 
 
+def latest_readings(daemon: Scheduler, name: str, kind: type[T]) -> T | None:
+    """The typed readings of source ``name``'s latest snapshot, when it has them of ``kind``."""
+    state = daemon.states.get(name)
+    readings = state.snapshot.readings if state is not None and state.snapshot is not None else None
+    return readings if isinstance(readings, kind) else None
+
+
 def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
     """This node's GPUs as the GPU source last saw them; None while it is down or absent."""
 
     def inventory() -> list[GpuInfo] | None:
-        state = daemon.states.get(source_name)
-        if state is None or state.snapshot is None:
-            return None
-        return state.snapshot.data.get("inventory")
+        sample = latest_readings(daemon, source_name, GpuSample)
+        return sample.inventory if sample is not None else None
 
     return inventory
 
@@ -164,9 +178,10 @@ def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[
 
     def readings() -> dict[int, GpuReading] | None:
         state = daemon.states.get(source_name)
-        if state is None or state.snapshot is None or not state.up:
+        if state is None or not state.up:
             return None
-        return state.snapshot.data.get("gpus")
+        sample = latest_readings(daemon, source_name, GpuSample)
+        return sample.gpus if sample is not None else None
 
     return readings
 
@@ -196,7 +211,9 @@ def build_service(
     )
     attribution = Attributor(typed.attribution)
     registry = CollectorRegistry(auto_describe=False)
-    collector = ExporterCollector(daemon, jobs, extra=[attribution.families], clock=clock)
+    collector = ExporterCollector(
+        daemon, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
+    )
     registry.register(collector)
     cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, parts=collector.parts)
     daemon.on_sample(cache.sampled)
