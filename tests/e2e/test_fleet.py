@@ -65,6 +65,30 @@ def recent(store: Store, selector: str) -> list[dict]:
     return store.query(f"last_over_time({selector}[{RECENT}])")
 
 
+def wait_for_network_on_the_incident_node(stack: FleetStack, store: Store, path: str, incident_node: int) -> None:
+    """Until the incident job's recorded cause is network on the incident node, and MfuLow (pending) says so."""
+    job = incident_job(stack)
+    node = stack.instance(incident_node)
+    seen: list = []
+
+    def cause() -> bool:
+        found = recent(store, f'training_job:mfu_bottleneck:cause{{training_job="{job}"}}')
+        seen[:] = [(s["metric"].get("cause"), s["metric"].get("instance")) for s in found]
+        return seen == [("network", node)]
+
+    wait(stack, cause, f"{path}: cause network on {node} for {job} (last seen: {seen})")
+
+    def described() -> str | None:
+        for alert in store.alerts():
+            if alert["labels"].get("alertname") == "MfuLow" and alert["labels"].get("training_job") == job:
+                text = alert["annotations"]["description"]
+                if f"likely cause: network (worst node {node})" in text:
+                    return text
+        return None
+
+    wait(stack, described, f"{path}: MfuLow for {job} naming the network and {node}")
+
+
 def incident_job(stack: FleetStack) -> str:
     return stack.fleet_json()["incident"]["job"]
 
@@ -110,26 +134,7 @@ def test_pfc_storm_on_one_node_is_attributed_to_the_network_on_that_node(stack, 
     still show as their cause for a while on VictoriaMetrics: see the module's docstring.)"""
     store = stack.stores[path]
     job = incident_job(stack)
-    node = stack.instance(INCIDENT_NODE)
-
-    seen: list = []
-
-    def cause() -> bool:
-        found = recent(store, f'training_job:mfu_bottleneck:cause{{training_job="{job}"}}')
-        seen[:] = [(s["metric"].get("cause"), s["metric"].get("instance")) for s in found]
-        return seen == [("network", node)]
-
-    wait(stack, cause, f"{path}: cause network on {node} for {job} (last seen: {seen})")
-
-    def described() -> str | None:
-        for alert in store.alerts():
-            if alert["labels"].get("alertname") == "MfuLow" and alert["labels"].get("training_job") == job:
-                text = alert["annotations"]["description"]
-                if f"likely cause: network (worst node {node})" in text:
-                    return text
-        return None
-
-    wait(stack, described, f"{path}: MfuLow for {job} naming the network and {node}")
+    wait_for_network_on_the_incident_node(stack, store, path, INCIDENT_NODE)
     others = recent(store, f'training_job:mfu_bottleneck:cause{{training_job!="{job}"}}')
     assert "network" not in {s["metric"]["cause"] for s in others}, others
 

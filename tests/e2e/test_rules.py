@@ -257,7 +257,8 @@ def test_recorded_mfu_matches_the_exporter_through_a_real_prometheus(start_expor
     assert exporter_mfu == pytest.approx(EXPECTED_MFU, abs=0.01)
     (series,) = recorded
     assert series["value"] == pytest.approx(exporter_mfu, abs=0.02)
-    assert all(health == "ok" for _, health, _ in prometheus.rule_health()), prometheus.rule_health()
+    # The hour-long windows' groups run once a minute: they may not have run yet ("unknown"), but none fails.
+    assert all(health != "err" for _, health, _ in prometheus.rule_health()), prometheus.rule_health()
     for process in (exporter.process, prometheus.process):
         addresses = listening_addresses(process.pid)
         assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), addresses

@@ -25,7 +25,7 @@ import time
 import pytest
 import requests
 
-from tests.e2e.test_fleet import COMPARE_SECONDS, incident_job, recent, true_mfu, wait
+from tests.e2e.test_fleet import COMPARE_SECONDS, recent, true_mfu, wait, wait_for_network_on_the_incident_node
 from tests.support.fleet_harness import FleetStack, Store
 
 pytestmark = pytest.mark.slow
@@ -74,27 +74,7 @@ def test_cluster_mfu_of_every_job_through_the_tiers_matches_the_simulators_withi
 def test_the_incident_is_attributed_to_the_network_on_its_node_through_three_tiers(stack, path):
     """Node 17 blames the network (node tier), its shard carries it as the job's worst node for the network
     (shard tier), and the global tier names network and node 17 as the job's cause, and MfuLow (pending) says so."""
-    store = stack.stores[path]
-    job = incident_job(stack)
-    node = stack.instance(INCIDENT_NODE)
-    seen: list = []
-
-    def cause() -> bool:
-        found = recent(store, f'training_job:mfu_bottleneck:cause{{training_job="{job}"}}')
-        seen[:] = [(s["metric"].get("cause"), s["metric"].get("instance")) for s in found]
-        return seen == [("network", node)]
-
-    wait(stack, cause, f"{path}: cause network on {node} for {job} (last seen: {seen})")
-
-    def described() -> bool:
-        return any(
-            alert["labels"].get("alertname") == "MfuLow"
-            and alert["labels"].get("training_job") == job
-            and f"likely cause: network (worst node {node})" in alert["annotations"]["description"]
-            for alert in store.alerts()
-        )
-
-    wait(stack, described, f"{path}: MfuLow for {job} naming the network and {node}")
+    wait_for_network_on_the_incident_node(stack, stack.stores[path], path, INCIDENT_NODE)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -354,31 +354,11 @@ class FleetStack:
         self.started = time.time()
 
     def _start_victoria_metrics(self) -> None:
-        vm_binary = require_tool("victoria-metrics", "victoria-metrics")
         vmagent = require_tool("vmagent", "victoria-metrics")
         vmalert = require_tool("vmalert", "victoria-metrics")
         work = self.workdir / "vm"
         work.mkdir(parents=True, exist_ok=True)
-        vm = self._add(
-            Server(
-                "victoria-metrics",
-                work,
-                lambda port: [
-                    vm_binary,
-                    f"-storageDataPath={work / 'data'}",
-                    f"-httpListenAddr=127.0.0.1:{port}",
-                    "-retentionPeriod=1d",
-                    # Queries see samples at once (the default hides the last 30 s, for late-arriving data) and
-                    # are not cached: the test asks about the last few seconds.
-                    "-search.latencyOffset=0s",
-                    "-search.disableCache",
-                    # 300,000 by default: 256 nodes of ~1,200 series already exceed it in one query.
-                    "-search.maxUniqueTimeseries=20000000",
-                    "-loggerLevel=WARN",
-                ],
-                "/health",
-            )
-        )
+        vm = self._victoria_metrics("victoria-metrics", work, data="data")
 
         def interval(config: dict) -> None:
             config["global"]["scrape_interval"] = self.interval
@@ -442,35 +422,42 @@ class FleetStack:
         )
         self.stores["victoria-metrics"] = Store("victoria-metrics", vm.url, alert.url)
 
-    def _start_prometheus(self) -> None:
+    def _prometheus_receiver(self, name: str, work: Path, deploy_file: str, rule_files: Sequence[Path]) -> Server:
+        """A Prometheus taking remote writes and evaluating ``rule_files``, from deploy/fleet/``deploy_file`` with the
+        test's interval, rule paths and alert sink; its data in ``<name without prometheus->-data``."""
         prometheus = require_tool("prometheus", "prometheus")
-        work = self.workdir / "prom"
-        work.mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
         assert self.sink is not None
         sink_port = self.sink.port
 
         def receiver_config(config: dict) -> None:
             config["global"]["evaluation_interval"] = self.interval
-            config["rule_files"] = [str(path) for path in self.rule_files]
+            config["rule_files"] = [str(path) for path in rule_files]
             config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
 
-        receiver_file = _copy_config(DEPLOY / "prometheus-receiver.yaml", work / "receiver.yml", receiver_config)
-        receiver = self._add(
+        short = name.removeprefix("prometheus-")
+        config_file = _copy_config(DEPLOY / deploy_file, work / f"{short}.yml", receiver_config)
+        return self._add(
             Server(
-                "prometheus-receiver",
+                name,
                 work,
                 lambda port: [
                     prometheus,
-                    f"--config.file={receiver_file}",
+                    f"--config.file={config_file}",
                     "--web.enable-remote-write-receiver",
-                    f"--storage.tsdb.path={work / 'receiver-data'}",
+                    f"--storage.tsdb.path={work / f'{short}-data'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=warn",
                 ],
                 "/-/ready",
             )
         )
+
+    def _start_prometheus(self) -> None:
+        prometheus = require_tool("prometheus", "prometheus")
+        work = self.workdir / "prom"
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+        receiver = self._prometheus_receiver("prometheus-receiver", work, "prometheus-receiver.yaml", self.rule_files)
 
         def agent_config(config: dict) -> None:
             config["global"]["scrape_interval"] = self.interval
@@ -496,7 +483,10 @@ class FleetStack:
         )
         self.stores["prometheus"] = Store("prometheus", receiver.url, receiver.url)
 
-    def _victoria_metrics(self, name: str, work: Path) -> Server:
+    def _victoria_metrics(self, name: str, work: Path, data: str | None = None) -> Server:
+        """A VictoriaMetrics whose queries see samples at once (the default hides the last 30 s, for late-arriving
+        data) and are not cached: the tests ask about the last few seconds. -search.maxUniqueTimeseries is 300,000
+        by default: 256 nodes of ~1,200 series already exceed it in one query."""
         vm_binary = require_tool("victoria-metrics", "victoria-metrics")
         return self._add(
             Server(
@@ -504,7 +494,7 @@ class FleetStack:
                 work,
                 lambda port: [
                     vm_binary,
-                    f"-storageDataPath={work / (name + '-data')}",
+                    f"-storageDataPath={work / (data or name + '-data')}",
                     f"-httpListenAddr=127.0.0.1:{port}",
                     "-retentionPeriod=1d",
                     "-search.latencyOffset=0s",
@@ -615,26 +605,8 @@ class FleetStack:
         assert self.sink is not None
         sink_port = self.sink.port
 
-        def global_config(config: dict) -> None:
-            config["global"]["evaluation_interval"] = self.interval
-            config["rule_files"] = [str(path) for path in self.global_rule_files]
-            config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
-
-        global_file = _copy_config(DEPLOY / "prometheus-global.yaml", work / "global.yml", global_config)
-        receiver = self._add(
-            Server(
-                "prometheus-global",
-                work,
-                lambda port: [
-                    prometheus,
-                    f"--config.file={global_file}",
-                    "--web.enable-remote-write-receiver",
-                    f"--storage.tsdb.path={work / 'global-data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--log.level=warn",
-                ],
-                "/-/ready",
-            )
+        receiver = self._prometheus_receiver(
+            "prometheus-global", work, "prometheus-global.yaml", self.global_rule_files
         )
         self.shard_stores["prometheus"] = []
         for shard in range(self.shards):
