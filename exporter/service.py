@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Callable
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
-from exporter.config import Config, typed_config
+from exporter.config import CONFIG_ONLY_JOB_KEYS, Config, typed_config
 from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
@@ -181,7 +181,11 @@ def build_service(
     typed = typed_config(config)
     daemon = Scheduler(sources, clock=clock)
     jobs = JobTracker(
-        configured=config["jobs"],  # the facts stay dicts: the progress API's reports merge into them
+        # The facts stay dicts (the progress API's reports merge into them), without the node's keys (data_paths).
+        configured={
+            name: {key: value for key, value in facts.items() if key not in CONFIG_ONLY_JOB_KEYS}
+            for name, facts in config["jobs"].items()
+        },
         window=typed.mfu.window,
         max_jobs=typed.ingest.max_jobs,
         job_ttl=typed.ingest.job_ttl,

@@ -48,6 +48,30 @@ async def test_progress_reports_become_mfu_metrics(make_client):
     assert jobs["jobs"][0]["mfu"] == pytest.approx(values[("mfu_model_flops_utilization_ratio", key)])
 
 
+async def test_data_wait_reports_become_gpu_seconds_and_a_share_of_wall_time(make_client):
+    """The client's running total of one rank's wait: GPU-seconds (x the job's 8 GPUs here) and its share of wall
+    time over the MFU window, in /metrics and /api/v1/jobs."""
+    client = await make_client(JOB)
+    now = time.time()
+    for offset, tokens, wait in [(0, 1_000_000, 5.0), (10, 1_100_000, 7.5), (20, 1_200_000, 10.0)]:
+        response = await client.post(
+            "/api/v1/progress",
+            json={"job": "llama3-70b", "tokens_total": tokens, "time": now - 20 + offset, "data_wait_seconds": wait},
+        )
+        assert response.status == 200
+    values = samples(await (await client.get("/metrics")).text())
+    key = (("training_job", "llama3-70b"),)
+    assert values[("mfu_job_data_wait_seconds_total", key)] == pytest.approx(10.0 * 8)
+    assert values[("mfu_job_data_wait_ratio", key)] == pytest.approx(5.0 / 20)
+    job = (await (await client.get("/api/v1/jobs")).json())["jobs"][0]
+    assert job["data_wait"] == {
+        "gpu_seconds_total": pytest.approx(80.0),
+        "rank_seconds_total": pytest.approx(10.0),
+        "ratio": pytest.approx(0.25),
+        "source": "client",
+    }
+
+
 @pytest.mark.parametrize(
     "body,status,field",
     [
@@ -61,6 +85,10 @@ async def test_progress_reports_become_mfu_metrics(make_client):
         (b'{"job": "x", "event": "boot"}', 400, "event"),
         (b'{"job": "x", "event": "heartbeat", "heartbeat_seconds": 0}', 400, "heartbeat_seconds"),
         (b'{"job": "x", "tokens_total": 1, "duration_seconds": 3}', 400, "duration_seconds"),
+        (b'{"job": "x", "tokens_total": 1, "data_wait_seconds": -1}', 400, "data_wait_seconds"),
+        (b'{"job": "x", "tokens_total": 1, "data_wait_seconds": "3s"}', 400, "data_wait_seconds"),
+        (b'{"job": "x", "tokens_total": 1, "data_wait_seconds": true}', 400, "data_wait_seconds"),
+        (b'{"job": "x", "event": "heartbeat", "data_wait_seconds": 1}', 400, "data_wait_seconds"),
         (b"[" * 5000 + b"]" * 5000, 400, ""),
         (b"[" * 20_000 + b"]" * 20_000, 400, ""),  # 40 KB, under the body limit
         (b'{"job": "x", "tokens_total": ' + b"9" * 5000 + b"}", 400, ""),
