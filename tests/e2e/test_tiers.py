@@ -25,8 +25,15 @@ import time
 import pytest
 import requests
 
-from tests.e2e.test_fleet import COMPARE_SECONDS, recent, true_mfu, wait, wait_for_network_on_the_incident_node
-from tests.support.fleet_harness import FleetStack, Store
+from tests.support.fleet_harness import (
+    COMPARE_SECONDS,
+    FleetStack,
+    Store,
+    recent,
+    true_mfu,
+    wait,
+    wait_for_network_on_the_incident_node,
+)
 
 pytestmark = pytest.mark.slow
 
