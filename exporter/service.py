@@ -15,10 +15,12 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from exporter import __version__
 from exporter.config import CONFIG_ONLY_JOB_KEYS, Config, typed_config
 from exporter.model.attribution import Attributor, NodeSignals
-from exporter.model.checkpoints import CheckpointTracker
+from exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
+from exporter.model.errors import IngestError, NotFound, ValidationError
 from exporter.model.history import MfuHistory
 from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
 from exporter.model.readings import GpuReading
 from exporter.model.restore import RestoreMeter
 from exporter.node.pci import nearest_devices
@@ -37,6 +39,10 @@ from exporter.sources.rdma import RdmaSample
 from exporter.sources.storage import StorageReading
 
 log = logging.getLogger(__name__)
+
+CHECKPOINTS_OFF = "checkpoint events are off: the checkpoint source is disabled (sources.checkpoint.enabled: false)"
+# The service API's refusals, for the server to answer: each carries its HTTP status and the field at fault.
+__all__ = ["IngestError", "NotFound", "Service", "ValidationError", "build_service"]
 
 T = TypeVar("T")
 
@@ -82,6 +88,54 @@ class Service:
             yield self
         finally:
             await self.stop()
+
+    # --- the API the server calls (web/ never reaches the model or the sources) ----------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Whether every source has finished its first sample cycle (``/readyz``)."""
+        return self.daemon.ready
+
+    async def metrics(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
+        """The /metrics body in the format and encoding asked for, with its headers (cached per generation)."""
+        return await self.cache.render(accept, accept_encoding)
+
+    def ingest_progress(self, body: Any) -> dict[str, Any]:
+        """A progress report (the decoded JSON body) validated and merged into its job; the job's JSON after it.
+        Raises an ``IngestError`` naming the field at fault."""
+        view = self.jobs.report(parse_progress(body, self.clock()))
+        return self.job_json(view)
+
+    @property
+    def accepts_checkpoints(self) -> bool:
+        """Whether checkpoint events are taken: the checkpoint source (and its tracker) is on."""
+        return self.checkpoints is not None
+
+    def ingest_checkpoint(self, body: Any) -> dict[str, Any]:
+        """A checkpoint event (the decoded JSON body) recorded; the job's checkpoint JSON after it. A job known only
+        from its checkpoints counts against ingest.max_jobs too. Raises an ``IngestError`` naming the field."""
+        if self.checkpoints is None:
+            raise NotFound("", CHECKPOINTS_OFF)
+        event = parse_checkpoint_event(body, self.clock())
+        return self.checkpoints.record(event, admit=self.jobs.touch)
+
+    def jobs_json(self) -> list[dict[str, Any]]:
+        """Every job's JSON (``GET /api/v1/jobs``)."""
+        return [self.job_json(view) for view in self.jobs.views()]
+
+    def ledger_json(self, name: str) -> dict[str, Any]:
+        """Where job ``name``'s time on this node went (``GET /api/v1/jobs/<job>/ledger``); ``NotFound`` for a job
+        this node does not have, or one without a ledger yet."""
+        view = next((v for v in self.jobs.views() if v.name == name), None)
+        if view is None:
+            raise NotFound("job", f"no job {name!r} on this node")
+        if view.ledger is None:
+            raise NotFound(
+                "job",
+                f"job {name!r} has no ledger yet: it starts with the job's first progress (a report, a log's step "
+                "line) or its client's start event",
+            )
+        return {"job": name, **view.ledger.as_json()}
 
     def export_process_metrics(self) -> None:
         """Add client_python's ProcessCollector to /metrics: the daemon's own CPU seconds, resident and virtual
