@@ -651,7 +651,10 @@ RECENT = "5s"  # a little over two 2 s evaluations
 COMPARE_SECONDS = 20.0  # the stretch over which recorded and simulated MFU are averaged
 
 
-def wait(stack: FleetStack, predicate: Callable[[], Any], what: str, interval: float = 1.0) -> Any:
+def wait(
+    stack: FleetStack, predicate: Callable[[], Any], what: str, interval: float = 1.0, deadline: float = DEADLINE
+) -> Any:
+    """Until ``predicate`` answers something, up to ``deadline`` seconds after the fleet came up."""
     last = None
     while True:
         try:
@@ -660,7 +663,7 @@ def wait(stack: FleetStack, predicate: Callable[[], Any], what: str, interval: f
             last = exc
         if last and not isinstance(last, Exception):
             return last
-        if time.time() > stack.started + DEADLINE:
+        if time.time() > stack.started + deadline:
             raise AssertionError(f"timed out waiting for {what}; last answer: {last!r}")
         time.sleep(interval)
 
