@@ -15,7 +15,8 @@ MEGATRON_README = (
 MEGATRON_SLOW = MEGATRON_README.replace("MnEtpt/Rnk: 296.02TF/0", "MnEtpt/Rnk: 148.50TF/13")
 # nvidia-resiliency-ext's _format_gpu_scores layout (ptl_resiliency/straggler_det_callback.py), synthetic values.
 NVRX = """\
-[NeMo W 2025-01-10 10:00:00 straggler_det_callback:96] STRAGGLER DETECTION WARNING: Some GPUs have worse relative performance. Affected ranks: {5}
+[NeMo W 2025-01-10 10:00:00 straggler_det_callback:96] STRAGGLER DETECTION WARNING: Some GPUs have worse \
+relative performance. Affected ranks: {5}
 [NeMo I 2025-01-10 10:00:00 straggler_det_callback:130]
     GPU relative performance:
      Worst performing 3/16 ranks:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from exporter.nccl.inspector import (
-    CollectiveTally,
     JSON_FILE,
     PROM_FILE,
+    CollectiveTally,
     message_size_bytes,
     parse_line,
     parse_textfile,
