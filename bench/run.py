@@ -50,7 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import fixture, loadgen
 from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.jobs import parse_progress
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.render.encode import encode
 from exporter.service import build_service

@@ -17,7 +17,8 @@ from exporter.config import Config, typed_config
 from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
-from exporter.model.jobs import GpuInfo, JobTracker, JobView
+from exporter.model.job_view import GpuInfo, JobView
+from exporter.model.jobs import JobTracker
 from exporter.model.readings import GpuReading
 from exporter.node.pci import nearest_devices
 from exporter.render.collector import ExporterCollector

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.config import AttributionConfig
-from exporter.model.jobs import JobView
+from exporter.model.job_view import JobView
 from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, PortSignal
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "straggler", "stalled", "input", "unknown")

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from exporter.model.errors import CheckpointConflict, ValidationError
-from exporter.model.jobs import reject_unknown, require_object, validate_job_name, validate_time
+from exporter.model.progress import reject_unknown, require_object, validate_job_name, validate_time
 
 log = logging.getLogger(__name__)
 

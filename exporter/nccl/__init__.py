@@ -1,4 +1,10 @@
-"""What NCCL and its tools print, parsed: pure text in, dataclasses out (no files, no threads, no Prometheus).
+"""What NCCL and nccl-tests print, read as text: the transport NCCL chose (``debug``), a benchmark's table (``perf``),
+NCCL Inspector's JSON lines and Prometheus textfile (``inspector``).
 
-``inspector``: NCCL Inspector's JSON lines and Prometheus textfile (the nccl source tails them).
+Pure: no files, no threads, no Prometheus. The ``nccl`` command and the sources read the files and hand the lines
+here.
 """
+
+from exporter.nccl.debug import TransportFinding, TransportScanner, scan_transport
+
+__all__ = ["TransportFinding", "TransportScanner", "scan_transport"]

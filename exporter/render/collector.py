@@ -10,7 +10,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.model.jobs import JobTracker, job_families
+from exporter.model.jobs import JobTracker
+from exporter.render.jobs import job_families
 from exporter.render.ledger import ledger_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Snapshot

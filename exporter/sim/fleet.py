@@ -44,7 +44,8 @@ from aiohttp import web
 from exporter.config import load_config, read_yaml, validate
 from exporter.model import flops as mfu_math
 from exporter.model.checkpoints import CheckpointTracker
-from exporter.model.jobs import ValidationError, parse_progress
+from exporter.model.errors import ValidationError
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.quantities import parse_duration
 from exporter.service import Service, build_service

@@ -37,7 +37,7 @@ from prometheus_client.metrics_core import Metric
 from exporter.config import GpuConfig
 from exporter.model.attribution import POWER_REASONS, THERMAL_REASONS
 from exporter.model.flops import gpu_model
-from exporter.model.jobs import GpuInfo
+from exporter.model.job_view import GpuInfo
 from exporter.model.readings import GpuReading
 from exporter.node.counters import Totals
 from exporter.node.nvml import NvmlSession, clock_event_reasons

@@ -32,18 +32,12 @@ import time
 from collections import Counter
 from typing import Any, Callable, Iterable
 
-from exporter.config import LogsConfig
+from exporter.config import MAX_TOKENS, LogsConfig
 from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update
 from exporter.model.checkpoints import CheckpointTracker
-from exporter.model.jobs import (
-    MAX_FUTURE_SECONDS,
-    MAX_TOKENS,
-    REPORT_RESOLUTION_SECONDS,
-    JobTracker,
-    ProgressReport,
-    TooManyJobs,
-    ValidationError,
-)
+from exporter.model.errors import TooManyJobs, ValidationError
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import MAX_FUTURE_SECONDS, REPORT_RESOLUTION_SECONDS, ProgressReport
 from exporter.node.tail import HEAD, Follower, Lines
 from exporter.sources.base import Snapshot, SourceContext
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from exporter import __version__
 from exporter.model.checkpoints import parse_checkpoint_event
 from exporter.model.errors import IngestError, ValidationError
-from exporter.model.jobs import parse_progress
+from exporter.model.progress import parse_progress
 from exporter.service import Service
 from exporter.web.security import HTTP_LIMITS, WEB_SECURITY, WebSecurity
 

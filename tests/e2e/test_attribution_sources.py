@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exporter.config import validate
-from exporter.model.jobs import parse_progress
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.pci import pci_address_from_nvml
 from exporter.service import build_service

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from exporter.config import validate
-from exporter.model.jobs import parse_progress
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.service import build_service
 from exporter.sim import node as demo

@@ -36,10 +36,10 @@ class ScriptedSource:
         self.release.wait()
         if self.unavailable:
             raise self.unavailable
-        value = self.value
+        value, name = self.value, self.name
 
         def render():
-            family = GaugeMetricFamily("mfu_fake_value", "A value from the scripted test source.")
+            family = GaugeMetricFamily(f"mfu_{name}_value", "A value from the scripted test source.")
             family.add_metric([], value)
             yield family
 

@@ -7,7 +7,7 @@ import functools
 import pytest
 
 from exporter.model.attribution import CAUSES, Attributor, NodeSignals, Thresholds
-from exporter.model.jobs import JobView
+from exporter.model.job_view import JobView
 from exporter.model.readings import GpuReading, JobCollectives
 from exporter.node.counters import Changes
 from exporter.node.pci import nearest_devices

@@ -23,7 +23,7 @@ from exporter.model.checkpoints import (
     checkpoint_families,
     parse_checkpoint_event,
 )
-from exporter.model.jobs import ValidationError
+from exporter.model.errors import ValidationError
 from exporter.node.fswatch import filesystem_type, is_network_filesystem
 from exporter.sources import checkpoint as checkpoint_module
 from exporter.sources.checkpoint import CheckpointSource

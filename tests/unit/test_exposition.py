@@ -20,7 +20,8 @@ from prometheus_client.samples import Exemplar
 
 from exporter.config import validate
 from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.jobs import JobTracker, parse_progress
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.render import encode as exposition
 from exporter.render.collector import ExporterCollector

@@ -7,7 +7,9 @@ import pynvml
 import pytest
 
 from exporter.config import typed_config, validate
-from exporter.model.jobs import GpuInfo, JobTracker, parse_progress
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
 from exporter.service import build_service
 from exporter.sim import nvml as fake
 from exporter.sources import gpu as gpu_module

@@ -11,7 +11,11 @@ from prometheus_client.core import Metric
 from exporter.config import ConfigError, validate
 from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
-from exporter.model.jobs import GpuInfo, JobTracker, TooManyJobs, ValidationError, job_families, parse_progress
+from exporter.model.errors import TooManyJobs, ValidationError
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
+from exporter.render.jobs import job_families
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"

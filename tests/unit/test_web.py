@@ -11,6 +11,7 @@ from exporter.service import build_service
 from exporter.sources.base import SourceUnavailable
 from exporter.web.app import create_app
 from tests.support.expo import samples
+from tests.support.sources import ScriptedSource
 from tests.support.tools import require_tool
 from tests.support.wait import wait_for
 
@@ -106,8 +107,16 @@ async def test_openmetrics_and_gzip_are_negotiated(make_client):
     assert plain.headers["Content-Type"].startswith("text/plain")
 
 
+async def rounds_of(source: ScriptedSource, count: int) -> None:
+    """Wait until ``source`` has been sampled ``count`` more times: the scheduler went round, so anything it would
+    have done to another source meanwhile, it did (waits on the scheduler's own work, not on the wall clock)."""
+    target = source.calls + count
+    await wait_for(lambda: source.calls >= target, 10, f"{count} more samples of {source.name}")
+
+
 async def test_hanging_source_never_delays_metrics(make_client, scripted_source):
-    client = await make_client(sources=[scripted_source])
+    witness = ScriptedSource("witness")
+    client = await make_client(sources=[scripted_source, witness])
     runtime = client.runtime
     state = runtime.daemon.states["fake"]
     await wait_for(lambda: state.up)
@@ -115,17 +124,15 @@ async def test_hanging_source_never_delays_metrics(make_client, scripted_source)
     scripted_source.release.clear()  # the next sample blocks until the test releases it
     await wait_for(lambda: not state.up)
     assert state.reason == "timeout"
-    started = time.monotonic()
     body = await (await client.get("/metrics")).text()
-    elapsed = time.monotonic() - started
     values = samples(body)
     assert values[("mfu_exporter_source_up", (("source", "fake"),))] == 0
     assert values[("mfu_fake_value", ())] == 1.0  # the last good snapshot
     assert values[("mfu_exporter_source_errors_total", (("reason", "timeout"), ("source", "fake")))] >= 1
-    assert scripted_source.release.is_set() is False  # the scrape answered while the source was still blocked
-    assert elapsed < 1.0  # generous bound for loaded CI; the 50 ms target is `make bench`'s hung.scrape.p99_ms
+    # The scrape answered while the source was still blocked; how fast is `make bench`'s hung.scrape.p99_ms.
+    assert scripted_source.release.is_set() is False
     calls = scripted_source.calls
-    await asyncio.sleep(0.3)
+    await rounds_of(witness, 5)
     assert scripted_source.calls == calls  # no second call piles onto a hung source
     scripted_source.release.set()
     await wait_for(lambda: state.up)
@@ -134,17 +141,19 @@ async def test_hanging_source_never_delays_metrics(make_client, scripted_source)
 
 async def test_unavailable_source_reports_down_and_others_keep_serving(make_client, scripted_source):
     scripted_source.unavailable = SourceUnavailable("library_not_found", "libnvidia-ml.so.1 not found", retry_after=60)
-    client = await make_client(sources=[scripted_source])
+    witness = ScriptedSource("witness")
+    client = await make_client(sources=[scripted_source, witness])
     state = client.runtime.daemon.states["fake"]
     await wait_for(lambda: state.cycles >= 1)
     values = samples(await (await client.get("/metrics")).text())
     assert values[("mfu_exporter_source_up", (("source", "fake"),))] == 0
     assert values[("mfu_exporter_source_errors_total", (("reason", "library_not_found"), ("source", "fake")))] == 1
     assert ("mfu_fake_value", ()) not in values
-    await asyncio.sleep(0.2)
+    await rounds_of(witness, 5)
     assert scripted_source.calls == 1  # retry_after: no retry storm
     status = await (await client.get("/api/v1/status")).json()
-    assert status["sources"][0]["reason"] == "library_not_found"
+    fake = next(s for s in status["sources"] if s["source"] == "fake")
+    assert fake["reason"] == "library_not_found"
 
 
 async def test_status_page_and_its_assets_are_served_locally(make_client):

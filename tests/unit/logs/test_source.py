@@ -14,7 +14,10 @@ from exporter.config import LOG_FORMATS, ConfigError, typed_config, validate
 from exporter.logs import FORMATS
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
-from exporter.model.jobs import GpuInfo, JobTracker, job_families, parse_progress
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
+from exporter.render.jobs import job_families
 from exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
 from tests.unit.logs import framework_lines as fl
 
