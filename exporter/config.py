@@ -483,6 +483,16 @@ class PreflightConfig(SourceConfig):
 
 
 @dataclass(frozen=True)
+class NcclConfig(SourceConfig):
+    """NCCL's own reports of a job's collectives (issue 32): ``inspector_paths`` are globs of NCCL Inspector's dump
+    directories (``NCCL_INSPECTOR_DUMP_DIR``: its ``<host>-pid<pid>.log`` JSON lines and its
+    ``nccl_inspector_metrics_<GPU UUID>.prom`` textfiles), or of the files themselves."""
+
+    interval: float = setting(duration, 5.0)
+    inspector_paths: tuple[str, ...] = setting(string_list, [])
+
+
+@dataclass(frozen=True)
 class SourcesConfig:
     gpu: GpuConfig = subsection(GpuConfig)
     rdma: RdmaConfig = subsection(RdmaConfig)
@@ -490,6 +500,7 @@ class SourcesConfig:
     checkpoint: CheckpointConfig = subsection(CheckpointConfig)
     logs: LogsConfig = subsection(LogsConfig)
     preflight: PreflightConfig = subsection(PreflightConfig)
+    nccl: NcclConfig = subsection(NcclConfig)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.metrics_core import Metric
 
 from exporter import __version__
 from exporter.config import Config, typed_config
@@ -19,14 +20,16 @@ from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
 from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
-from exporter.model.readings import GpuReading
+from exporter.model.readings import GpuReading, JobCollectives
 from exporter.node.pci import nearest_devices
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
+from exporter.render.nccl import nccl_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
-from exporter.sources.logs import LogsSource, discovered_pods_from
+from exporter.sources.logs import LogCollectives, LogsSource, discovered_pods_from
+from exporter.sources.nccl import InspectorReading, NcclSource
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,19 @@ class Service:
             ports=data("rdma", "ports"),
             checkpoint=self.checkpoint_overlap,
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
+            collectives=job_collectives(data("logs", "collectives"), data("nccl", "inspector")),
         )
+
+    def nccl_families(self) -> Iterable[Metric]:
+        """Each job's NCCL transport, Inspector summaries and named straggler (render/nccl.py), from the logs and
+        nccl sources' latest data; whether sockets are a fallback needs the RDMA source's ports."""
+
+        def data(name: str, key: str) -> dict:
+            state = self.daemon.states.get(name)
+            return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
+
+        rdma_active = any(port.port.active for port in data("rdma", "ports").values())
+        return nccl_families(data("logs", "collectives"), data("nccl", "inspector"), rdma_active)
 
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
@@ -145,6 +160,25 @@ class Service:
         now, views = self.clock(), self.jobs.tick()
         self.attribution.evaluate(now, views, self.node_signals())
         self.history.record(now, views)
+
+
+def job_collectives(
+    logs: dict[str, LogCollectives], inspector: dict[str, InspectorReading]
+) -> dict[str, JobCollectives]:
+    """What the attribution reads of each job's collectives: the transport its log shows, and the slow rank the job
+    names (its own log first: it sees every rank) or NCCL Inspector finds among this node's ranks."""
+    result = {}
+    for job in sorted(set(logs) | set(inspector)):
+        log_found, measured = logs.get(job, LogCollectives()), inspector.get(job)
+        transport = log_found.transport
+        straggler = log_found.straggler.evidence if log_found.straggler is not None else None
+        result[job] = JobCollectives(
+            transport=transport.transport if transport is not None else None,
+            socket_fallback=bool(transport is not None and transport.fell_back_to_socket),
+            transport_evidence=transport.evidence if transport is not None else "",
+            straggler=straggler or (measured.straggler if measured is not None else None),
+        )
+    return result
 
 
 def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
@@ -202,7 +236,9 @@ def build_service(
     for source in sources:
         if isinstance(source, LogsSource):  # log lines feed the same job model and checkpoint tracker as the APIs
             source.attach(jobs, checkpoints, discovered_pods_from(lambda: daemon.states))
-    return Service(
+        elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
+            source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(daemon))
+    service = Service(
         config,
         daemon,
         jobs,
@@ -215,3 +251,15 @@ def build_service(
         collector=collector,
         settings=typed,
     )
+    collector.add(service.nccl_families)
+    return service
+
+
+def jobs_by_gpu(jobs: JobTracker) -> dict[int, str]:
+    """Each GPU index of this node with the job holding it (discovery's GPUs, or ``jobs.<job>.gpus``)."""
+    return {index: view.name for view in jobs.views() for index in view.gpu_indices or ()}
+
+
+def gpu_index_by_uuid(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[str, int]]:
+    inventory = gpu_inventory_from(daemon, source_name)
+    return lambda: {gpu.uuid: gpu.index for gpu in inventory() or ()}

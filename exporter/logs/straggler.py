@@ -64,6 +64,11 @@ class StragglerScanner:
             elif "performing" not in line:  # "Worst/Best performing 3/N ranks:" stay inside the block
                 self._close()
 
+    @property
+    def in_block(self) -> bool:
+        """Inside an nvidia-resiliency-ext score block: any other line ends it."""
+        return self._scores is not None
+
     def finding(self) -> StragglerFinding | None:
         self._close()
         return self._finding

@@ -56,6 +56,13 @@ def test_a_source_is_left_out_only_when_its_config_says_false(tmp_path):
     config = validate({"sources": {"gpu": OFF, "logs": OFF}, "discovery": {"kubernetes": OFF}})
     ctx, _ = context(tmp_path, config)
     names = [source.name for source in build_sources(config, ctx)]
-    assert names == ["checkpoint", "preflight", "rdma", "ethtool", "discovery"]  # discovery: slurm is still auto
+    assert names == [
+        "checkpoint",
+        "preflight",
+        "rdma",
+        "ethtool",
+        "nccl",
+        "discovery",
+    ]  # discovery: slurm is still auto
     typed = typed_config(validate({"discovery": {"kubernetes": OFF, "slurm": OFF}}))
     assert not enabled(typed, "discovery") and enabled(typed, "gpu")
