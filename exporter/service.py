@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.metrics_core import Metric
 
 from exporter import __version__
-from exporter.config import Config, typed_config
+from exporter.config import CONFIG_ONLY_JOB_KEYS, Config, typed_config
 from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.history import MfuHistory
@@ -24,7 +24,7 @@ from exporter.model.readings import GpuReading, JobCollectives
 from exporter.node.pci import nearest_devices
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
-from exporter.render.nccl import nccl_families
+from exporter.render.nccl import collective_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
@@ -113,16 +113,16 @@ class Service:
             collectives=job_collectives(data("logs", "collectives"), data("nccl", "inspector")),
         )
 
-    def nccl_families(self) -> Iterable[Metric]:
-        """Each job's NCCL transport, Inspector summaries and named straggler (render/nccl.py), from the logs and
-        nccl sources' latest data; whether sockets are a fallback needs the RDMA source's ports."""
+    def collective_families(self) -> Iterable[Metric]:
+        """Each job's NCCL transport and named straggler (render/nccl.py), from the logs and nccl sources' latest
+        data; whether sockets are a fallback needs the RDMA source's ports."""
 
         def data(name: str, key: str) -> dict:
             state = self.daemon.states.get(name)
             return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
 
         rdma_active = any(port.port.active for port in data("rdma", "ports").values())
-        return nccl_families(data("logs", "collectives"), data("nccl", "inspector"), rdma_active)
+        return collective_families(data("logs", "collectives"), data("nccl", "inspector"), rdma_active)
 
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
@@ -215,7 +215,11 @@ def build_service(
     typed = typed_config(config)
     daemon = Scheduler(sources, clock=clock)
     jobs = JobTracker(
-        configured=config["jobs"],  # the facts stay dicts: the progress API's reports merge into them
+        # The facts stay dicts (the progress API's reports merge into them), without the node's keys (data_paths).
+        configured={
+            name: {key: value for key, value in facts.items() if key not in CONFIG_ONLY_JOB_KEYS}
+            for name, facts in config["jobs"].items()
+        },
         window=typed.mfu.window,
         max_jobs=typed.ingest.max_jobs,
         job_ttl=typed.ingest.job_ttl,
@@ -251,7 +255,7 @@ def build_service(
         collector=collector,
         settings=typed,
     )
-    collector.add(service.nccl_families)
+    collector.add(service.collective_families)
     return service
 
 

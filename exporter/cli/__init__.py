@@ -9,7 +9,7 @@ from typing import Callable
 
 from exporter import __version__
 from exporter.cli import check, demo, healthcheck, plan, run
-from exporter.cli.flags import EXIT_CONFIG, BadEnv
+from exporter.cli.flags import EXIT_CONFIG, BadEnv, UsageError
 from exporter.config import ConfigError
 
 log = logging.getLogger("exporter")
@@ -70,4 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except ConfigError as exc:
         print(f"mfu-exporter: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except UsageError as exc:
+        print(f"mfu-exporter {args.command}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

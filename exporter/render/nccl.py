@@ -1,13 +1,15 @@
 """Each job's collectives as families: the NCCL transport its log shows, NCCL Inspector's bus bandwidth and
 execution time by collective and message-size class, and whether a slow rank is named (docs/metrics.md).
 
-Reads the logs source's ``LogCollectives`` and the nccl source's ``InspectorReading`` (their snapshots' ``data``);
-job-level series only, a handful per job and collective, never per communicator, rank or host."""
+Reads the logs source's ``LogCollectives`` and the nccl source's ``InspectorReading`` (their snapshots' ``data``):
+Inspector's summaries per snapshot (``snapshot_families``, through render/readings.py), what joins two sources once
+per render (``collective_families``, a part the service adds). Job-level series only, a handful per job and
+collective, never per communicator, rank or host."""
 
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from typing import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -19,34 +21,15 @@ MAX_COLLECTIVES = 8  # kinds of collective per job: NCCL has seven; a stranger n
 COLLECTIVE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,31}$")
 
 
-def nccl_families(
-    logs: Mapping[str, LogCollectives], inspector: Mapping[str, InspectorReading], rdma_active: bool
-) -> Iterable[Metric]:
-    """``rdma_active``: this node has an RDMA port up, so sockets between nodes are a fallback, not all it has."""
-    transport = GaugeMetricFamily(
-        "mfu_job_nccl_transport_info",
-        "1 for the transport NCCL uses between nodes as the job's log shows it (ib, roce, socket, ofi, mixed), and "
-        "whether GPUDirect RDMA is on (true, false, unknown).",
-        labels=["training_job", "transport", "gdr"],
-    )
-    fallback = GaugeMetricFamily(
-        "mfu_job_nccl_socket_fallback",
-        "1 when the job's NCCL carries inter-node traffic over TCP sockets on a node with an active RDMA port.",
-        labels=["training_job"],
-    )
-    straggler = GaugeMetricFamily(
-        "mfu_job_straggler",
-        "1 when a slow rank of the job is named, by source (megatron, nvidia_resiliency_ext, inspector); the "
-        "job's JSON (/api/v1/jobs bottleneck) names the rank, GPU and node.",
-        labels=["training_job", "source"],
-    )
-    for job, found in sorted(logs.items()):
-        if found.transport is not None and found.transport.transport is not None:
-            gdr = "unknown" if found.transport.gdr is None else str(found.transport.gdr).lower()
-            transport.add_metric([job, found.transport.transport, gdr], 1.0)
-            fallback.add_metric([job], 1.0 if found.transport.fell_back_to_socket and rdma_active else 0.0)
-        if found.straggler is not None:
-            straggler.add_metric([job, found.straggler.source.replace("-", "_")], 1.0)
+def snapshot_families(data: dict) -> Iterator[Metric]:
+    """The nccl source's snapshot: NCCL Inspector's summaries of each job (``data["inspector"]``)."""
+    readings = data.get("inspector")
+    if isinstance(readings, dict):
+        yield from inspector_families(readings)
+
+
+def inspector_families(inspector: Mapping[str, InspectorReading]) -> Iterator[Metric]:
+    """Bus bandwidth, execution time, counts and time by job, collective and message-size class."""
     bandwidth = GaugeMetricFamily(
         "mfu_job_nccl_bus_bandwidth_bytes_per_second",
         "NCCL Inspector's bus bandwidth of the job's recent collectives on this node (geometric mean), by collective "
@@ -86,7 +69,40 @@ def nccl_families(
             if summary.count:
                 count.add_metric(labels, summary.count)
                 seconds.add_metric(labels, summary.exec_seconds)
+    yield from (f for f in (bandwidth, exec_time, count, seconds) if f.samples)
+
+
+def collective_families(
+    logs: Mapping[str, LogCollectives], inspector: Mapping[str, InspectorReading], rdma_active: bool
+) -> Iterator[Metric]:
+    """What needs two sources: the transport from the logs source, whether sockets are a fallback (the RDMA
+    source's ports: ``rdma_active``, an RDMA port is up here), the straggler the log or Inspector names."""
+    transport = GaugeMetricFamily(
+        "mfu_job_nccl_transport_info",
+        "1 for the transport NCCL uses between nodes as the job's log shows it (ib, roce, socket, ofi, mixed), and "
+        "whether GPUDirect RDMA is on (true, false, unknown).",
+        labels=["training_job", "transport", "gdr"],
+    )
+    fallback = GaugeMetricFamily(
+        "mfu_job_nccl_socket_fallback",
+        "1 when the job's NCCL carries inter-node traffic over TCP sockets on a node with an active RDMA port.",
+        labels=["training_job"],
+    )
+    straggler = GaugeMetricFamily(
+        "mfu_job_straggler",
+        "1 when a slow rank of the job is named, by source (megatron, nvidia_resiliency_ext, inspector); the "
+        "job's JSON (/api/v1/jobs bottleneck) names the rank, GPU and node.",
+        labels=["training_job", "source"],
+    )
+    for job, found in sorted(logs.items()):
+        if found.transport is not None and found.transport.transport is not None:
+            gdr = "unknown" if found.transport.gdr is None else str(found.transport.gdr).lower()
+            transport.add_metric([job, found.transport.transport, gdr], 1.0)
+            fallback.add_metric([job], 1.0 if found.transport.fell_back_to_socket and rdma_active else 0.0)
+        if found.straggler is not None:
+            straggler.add_metric([job, found.straggler.source.replace("-", "_")], 1.0)
+    for job, reading in sorted(inspector.items()):
         if reading.straggler is not None:
             straggler.add_metric([job, "inspector"], 1.0)
     # A family with no series is left out: a node whose jobs print no NCCL lines and run no Inspector adds nothing.
-    yield from (f for f in (transport, fallback, straggler, bandwidth, exec_time, count, seconds) if f.samples)
+    yield from (f for f in (transport, fallback, straggler) if f.samples)

@@ -23,6 +23,7 @@ from exporter.sources.logs import logs_source
 from exporter.sources.nccl import NcclSource
 from exporter.sources.preflight import PreflightSource
 from exporter.sources.rdma import rdma_source
+from exporter.sources.storage import storage_source
 
 __all__ = ["SOURCES", "Paths", "SourceContext", "build_sources", "enabled", "require_sources", "section_of"]
 
@@ -37,6 +38,7 @@ SOURCES: dict[str, Factory] = {
     "ethtool": ethtool_source,
     "logs": logs_source,
     "nccl": NcclSource.from_config,
+    "storage": storage_source,
     "discovery": DiscoverySource.from_config,
 }
 

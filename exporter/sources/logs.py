@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from exporter.config import MAX_TOKENS, LogsConfig
-from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update
+from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update, WaitAction
 from exporter.logs.straggler import StragglerFinding, StragglerScanner
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.errors import TooManyJobs, ValidationError
@@ -310,6 +310,8 @@ class LogsSource:
                 self._save(job, item)
             elif isinstance(item, RunAction):
                 self._run(job, item, batch.read_time)
+            elif isinstance(item, WaitAction):
+                self._wait(job, item, batch.read_time)
 
     def _unread(self, job: str, path: str, reason: str) -> None:
         """A detected format whose progress lines read nothing: the job's reason and the log say so at once, rather
@@ -388,6 +390,15 @@ class LogsSource:
             self._counts["too_many_jobs"] += 1
             return
         self._jobs.run_event(job, action.event, at, step=action.step, duration=action.duration)
+
+    def _wait(self, job: str, action: WaitAction, read_time: float) -> None:
+        """The job's running data-wait total (one rank's seconds), for its data-wait figures and the cause input."""
+        if self._jobs is None or not math.isfinite(action.seconds) or action.seconds < 0:
+            return
+        at = action.time
+        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_FUTURE_SECONDS:
+            at = read_time
+        self._jobs.data_wait(job, action.seconds, at, f"log:{action.framework}")
 
     def _save(self, job: str, action: SaveAction) -> None:
         if self._checkpoints is None:

@@ -12,7 +12,8 @@ import pytest
 
 from exporter.config import typed_config, validate
 from exporter.node.nvml import NvmlSession
-from exporter.render.nccl import nccl_families
+from exporter.render.nccl import collective_families
+from exporter.render.readings import snapshot_families
 from exporter.sim.nvml import FakeNvml, h100
 from exporter.sources.nccl import NcclSource
 
@@ -57,7 +58,7 @@ def source_on(tmp_path, gpus, jobs_by_gpu):
 def series(snapshot):
     return {
         f.name: {tuple(s.labels.values()): s.value for s in f.samples}
-        for f in nccl_families({}, snapshot.data["inspector"], False)
+        for f in [*snapshot_families(snapshot), *collective_families({}, snapshot.data["inspector"], False)]
     }
 
 

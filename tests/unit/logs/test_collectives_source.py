@@ -9,7 +9,7 @@ from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
 from exporter.node.counters import Changes
 from exporter.node.rdma import RdmaPort
-from exporter.render.nccl import nccl_families
+from exporter.render.nccl import collective_families
 from exporter.service import job_collectives
 from exporter.sources.logs import LogsSource
 from exporter.sources.rdma import PortReading
@@ -87,7 +87,8 @@ def job_view(name="llm"):
 
 def families(logs, rdma_active=True):
     return {
-        f.name: {tuple(s.labels.values()): s.value for s in f.samples} for f in nccl_families(logs, {}, rdma_active)
+        f.name: {tuple(s.labels.values()): s.value for s in f.samples}
+        for f in collective_families(logs, {}, rdma_active)
     }
 
 
