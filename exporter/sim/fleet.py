@@ -367,7 +367,7 @@ class Fleet:
         job.checkpoints.root.mkdir(parents=True)
         watch = {"path": str(job.checkpoints.root), "job": job.name, "done_marker": ".metadata"}
         # Only the job's checkpoint source: the machines' sources are the rest of each node.
-        only = {name: {"enabled": False} for name in ("gpu", "rdma", "ethtool", "preflight", "logs")}
+        only = {name: {"enabled": False} for name in ("gpu", "rdma", "ethtool", "preflight", "logs", "nccl", "storage")}
         checkpoint = {"watch": [watch], "interval": f"{self.interval:g}s"}
         section_config = validate(
             {
