@@ -13,7 +13,7 @@ from exporter import __version__
 from exporter.model.jobs import JobTracker
 from exporter.render.jobs import job_families
 from exporter.render.ledger import ledger_families
-from exporter.render.readings import snapshot_families
+from exporter.render.snapshots import snapshot_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Snapshot
 

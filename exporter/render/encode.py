@@ -29,7 +29,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from exporter.render.readings import snapshot_families
+from exporter.render.snapshots import snapshot_families
 from exporter.sources.base import Snapshot
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from exporter.node.storage import MIB
-from exporter.sources.base import levelled
+from exporter.render.common import levelled
 from exporter.sources.storage import StorageReading
 
 # The lowest series level (sources.storage.series) at which each family is on. minimal: what the node rules read.
@@ -142,10 +142,3 @@ def _gds_families(reading: StorageReading) -> Iterator[Metric]:
         registered.add_metric([gpu.pci_address], gpu.registered_mib * MIB)
     if registered.samples:
         yield registered
-
-
-def snapshot_families(data: dict) -> Iterator[Metric]:
-    """Families of the typed readings a snapshot carries that this module renders."""
-    reading = data.get("storage")
-    if isinstance(reading, StorageReading):
-        yield from storage_families(reading)

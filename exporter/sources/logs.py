@@ -30,8 +30,8 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
 
 from exporter.config import MAX_TOKENS, LogsConfig
 from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update, WaitAction
@@ -43,6 +43,7 @@ from exporter.model.progress import MAX_FUTURE_SECONDS, REPORT_RESOLUTION_SECOND
 from exporter.nccl.debug import TransportFinding, TransportScanner
 from exporter.node.tail import HEAD, Follower, Lines
 from exporter.sources.base import Snapshot, SourceContext
+from exporter.sources.discovery import DiscoverySample
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,18 @@ DiscoveredPods = Callable[[], dict[str, list[tuple[str, str]]]]  # {job: [(names
 class LogCollectives:
     """What a job's log says of its collectives: the transport its ``NCCL INFO`` lines show
     (``exporter.nccl.debug``) and the slow rank the job names (``exporter.logs.straggler``). The logs source's
-    snapshot carries one per job (``data["collectives"]``); render/nccl.py exports it, the attribution reads it."""
+    snapshot carries one per job (``LogsSample``); render/collectives.py exports it, the attribution reads it."""
 
     transport: TransportFinding | None = None
     straggler: StragglerFinding | None = None
+
+
+@dataclass(frozen=True)
+class LogsSample:
+    """The logs source's readings: what each job's log says of its collectives (the rest of what it reads goes
+    to the job model and the checkpoint tracker, not into the snapshot)."""
+
+    collectives: Mapping[str, LogCollectives] = field(default_factory=dict)
 
 
 class _JobScanners:
@@ -181,9 +190,9 @@ class LogsSource:
             self._scanners = {job: s for job, s in self._scanners.items() if job in jobs_seen}
             collectives = {job: scanners.reading() for job, scanners in sorted(self._scanners.items())}
         return Snapshot(
+            readings=LogsSample({job: found for job, found in collectives.items() if found != LogCollectives()}),
             errors=self._new_errors(follower_errors),
             status=self._status(wanted, follower_errors),
-            data={"collectives": {job: found for job, found in collectives.items() if found != LogCollectives()}},
         )
 
     def close(self) -> None:
@@ -418,14 +427,15 @@ class LogsSource:
 
 
 def discovered_pods_from(states: Callable[[], dict], source_name: str = "discovery") -> DiscoveredPods:
-    """``{job: [(namespace, pod)]}`` from the discovery source's latest snapshot (``data["jobs"]``: its
+    """``{job: [(namespace, pod)]}`` from the discovery source's latest snapshot (``DiscoverySample.jobs``: its
     DiscoveredJob values, each with ``pods`` carrying ``scheduler``, ``namespace`` and ``pod``); empty while there
     is no discovery source or it has not sampled."""
 
     def pods() -> dict[str, list[tuple[str, str]]]:
         state = states().get(source_name)
         snapshot = getattr(state, "snapshot", None)
-        found = snapshot.data.get("jobs") if snapshot is not None else None
+        readings = getattr(snapshot, "readings", None)
+        found = readings.jobs if isinstance(readings, DiscoverySample) else None
         if not found:
             return {}
         values: Iterable = found.values() if isinstance(found, dict) else found

@@ -17,7 +17,7 @@ Which counters, by the mount's type (``exporter.node.storage`` has the layouts):
 GPUDirect Storage: the nvidia-fs driver's ``/proc/driver/nvidia-fs/stats`` (absent: the module is not loaded, said
 in the status). Its read and write counts stay at zero unless the module was loaded with ``rw_stats_enabled=1``.
 
-The source returns typed readings only (``StorageReading`` in ``Snapshot.data["storage"]``); ``exporter.render.storage``
+The source returns typed readings only (``StorageReading`` in ``Snapshot.readings``); ``exporter.render.storage``
 turns them into families.
 """
 
@@ -136,7 +136,7 @@ class StorageSource:
             "unplaced_paths": unplaced,
             "gds": gds_status,
         }
-        return Snapshot(errors=errors, status=status, data={"storage": reading})
+        return Snapshot(readings=reading, errors=errors, status=status)
 
     def close(self) -> None:
         pass

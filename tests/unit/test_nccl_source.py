@@ -12,8 +12,8 @@ import pytest
 
 from exporter.config import typed_config, validate
 from exporter.node.nvml import NvmlSession
-from exporter.render.nccl import collective_families
-from exporter.render.readings import snapshot_families
+from exporter.render.collectives import collective_families
+from exporter.render.snapshots import snapshot_families
 from exporter.sim.nvml import FakeNvml, h100
 from exporter.sources.nccl import NcclSource
 
@@ -58,7 +58,7 @@ def source_on(tmp_path, gpus, jobs_by_gpu):
 def series(snapshot):
     return {
         f.name: {tuple(s.labels.values()): s.value for s in f.samples}
-        for f in [*snapshot_families(snapshot), *collective_families({}, snapshot.data["inspector"], False)]
+        for f in [*snapshot_families(snapshot), *collective_families({}, snapshot.readings.inspector, False)]
     }
 
 
@@ -93,7 +93,7 @@ def test_the_rank_with_the_shortest_collectives_is_the_straggler(tmp_path):
             "".join(record(i, 5000 + i, sn, exec_us, 400.0) + "\n" for sn in range(8))
         )
     snapshot = source_on(tmp_path, gpus, dict.fromkeys(range(4), "llm")).sample()
-    evidence = snapshot.data["inspector"]["llm"].straggler
+    evidence = snapshot.readings.inspector["llm"].straggler
     assert evidence.startswith("NCCL Inspector: GPU 2 (pid 5002) spends 0.3 ms") and "median 1.2 ms" in evidence
     assert series(snapshot)["mfu_job_straggler"] == {("llm", "inspector"): 1.0}
 
@@ -106,7 +106,7 @@ def test_files_of_two_jobs_and_one_of_nobodys(tmp_path):
         (dump / f"node-a-pid{5000 + i}.log").write_text(record(0, 5000 + i, 1, 1200, 400.0) + "\n")
     (dump / "node-a-pid7777.log").write_text(record(0, 7777, 1, 1200, 400.0) + "\n")  # a process NVML does not know
     snapshot = source_on(tmp_path, gpus, {0: "a", 1: "b"}).sample()
-    assert set(snapshot.data["inspector"]) == {"a", "b"}
+    assert set(snapshot.readings.inspector) == {"a", "b"}
     assert snapshot.errors["file_without_job"] == 2  # GPU 2 has no job, pid 7777 no GPU, and two jobs: no guess
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.sources import gpu
+from exporter.render import gpu
 from tests.support.dashboards import queries
 from tests.support.expo import samples, snapshot_samples
 from tests.support.golden import render_one_job_node
@@ -34,12 +34,17 @@ ON_AN_EVENT = {
     "mfu_exporter_source_errors_total": "a source's first error",
     "mfu_job_eta_seconds": "a job with target_tokens",
     "mfu_job_baseline_mfu_ratio": "a learnt baseline (30 samples 10 s apart)",
-    # render/nccl.py, always on: a job's log with NCCL INFO lines, NCCL Inspector's dumps, a slow rank named.
+    # render/collectives.py, always on: a job's log with NCCL INFO lines, NCCL Inspector's dumps, a slow rank named.
     "mfu_job_nccl_transport_info": "a job's log showing NCCL's transport",
     "mfu_job_nccl_socket_fallback": "a job's log showing NCCL's transport",
     "mfu_job_straggler": "a slow rank named by the job or NCCL Inspector",
     "mfu_job_nccl_collective_duration_seconds": "NCCL Inspector's dumps of a job",
     "mfu_job_nccl_bus_bandwidth_bytes_per_second": "NCCL Inspector's dumps of a job",
+    # storage.FAMILY_LEVELS (render/storage.py): minimal and standard; a default node names no data path or mount.
+    "mfu_storage_read_bytes_total": "a job with jobs.<name>.data_paths, a checkpoint watch or sources.storage.mounts",
+    "mfu_storage_reads_total": "the same",
+    "mfu_storage_read_seconds_total": "the same",
+    "mfu_storage_job_mount_info": "a job with jobs.<name>.data_paths or a checkpoint watch",
 }
 
 

@@ -53,7 +53,7 @@ PATHS = {
 
 def test_each_mount_of_the_jobs_is_read_from_its_own_counters(tmp_path):
     snapshot = source(tmp_path, PATHS).sample()
-    reading = snapshot.data["storage"]
+    reading = snapshot.readings
     assert isinstance(reading, StorageReading)
     by_point = {m.mount_point: m for m in reading.mounts}
     assert set(by_point) == {"/mnt/datasets", "/lustre/scratch", "/raid", "/dev/shm"}
@@ -96,12 +96,12 @@ def test_series_levels_and_the_rate_between_samples(tmp_path):
     section = typed_config(validate({"sources": {"storage": {"series": "full"}}})).sources.storage
     storage = StorageSource(section, procfs, sysfs, {("llama", "data"): ("/mnt/datasets",)}, monotonic=clock)
     first = storage.sample()
-    assert first.data["storage"].mounts[0].read_bytes_per_second is None
+    assert first.readings.mounts[0].read_bytes_per_second is None
     stats = Path(procfs) / "self" / "mountstats"
     stats.write_text(stats.read_text().replace("398458880000", str(398458880000 + 50 * MIB)))
     clock.now += 5
     second = storage.sample()
-    assert second.data["storage"].mounts[0].read_bytes_per_second == 10 * MIB
+    assert second.readings.mounts[0].read_bytes_per_second == 10 * MIB
     names = {name for name, _ in snapshot_samples(second)}
     assert {"mfu_gds_gpu_registered_bytes", "mfu_gds_read_latency_seconds", "mfu_gds_batches_total"} <= names
     minimal = StorageSource(
@@ -142,7 +142,7 @@ def test_a_path_on_no_mount_and_a_missing_mount_table(tmp_path):
     with pytest.raises(SourceUnavailable, match="no_mountstats"):
         storage.sample()
     # With no paths to follow, the mount table is not even read: a default node pays nothing for it.
-    assert source(tmp_path / "n", {}).sample().data["storage"].mounts == ()
+    assert source(tmp_path / "n", {}).sample().readings.mounts == ()
 
 
 def test_config_keys_and_the_registered_factory(tmp_path):
@@ -164,7 +164,7 @@ def test_config_keys_and_the_registered_factory(tmp_path):
     )
     assert "storage" in SOURCES
     storage = next(s for s in build_sources(config, SourceContext(config, Paths(sysfs, procfs))) if s.name == "storage")
-    roles = {(m.mount_point, m.jobs) for m in storage.sample().data["storage"].mounts}
+    roles = {(m.mount_point, m.jobs) for m in storage.sample().readings.mounts}
     assert roles == {
         ("/mnt/datasets", (("llama", "data"),)),
         ("/raid", (("llama", "checkpoint"),)),
@@ -229,10 +229,10 @@ def test_reads_of_a_real_file_show_in_its_mounts_counters(tmp_path):
         os.fsync(out.fileno())  # clean pages: DONTNEED can drop them
     section = typed_config(validate({})).sources.storage
     storage = StorageSource(section, "/proc", "/sys", {("e2e", "data"): (str(tmp_path),)})
-    before = storage.sample().data["storage"].mounts[0]
+    before = storage.sample().readings.mounts[0]
     assert before.mount_point == mount.mount_point and before.counters in ("diskstats", "mountstats"), before.detail
     how = read_uncached(str(path), size)
-    after = storage.sample().data["storage"].mounts[0]
+    after = storage.sample().readings.mounts[0]
     # Other readers of the device only add to the difference: at least the file's bytes and one read more.
     assert after.read_bytes - before.read_bytes >= size, how
     assert after.reads > before.reads

@@ -1,5 +1,5 @@
 """A job's NCCL transport and named straggler through the logs source on real files, to the attribution's cause
-and the families render/nccl.py makes of them (issue 32, item 3)."""
+and the families render/collectives.py makes of them (issue 32, item 3)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
 from exporter.node.counters import Changes
 from exporter.node.rdma import RdmaPort
-from exporter.render.nccl import collective_families
+from exporter.render.collectives import collective_families, log_families
 from exporter.service import job_collectives
-from exporter.sources.logs import LogsSource
+from exporter.sources.logs import LogsSample, LogsSource
 from exporter.sources.rdma import PortReading
 from tests.unit.logs import framework_lines as fl
 
@@ -86,35 +86,34 @@ def job_view(name="llm"):
 
 
 def families(logs, rdma_active=True):
-    return {
-        f.name: {tuple(s.labels.values()): s.value for s in f.samples}
-        for f in collective_families(logs, {}, rdma_active)
-    }
+    """The families of the logs source's snapshot and those the service joins with the RDMA ports."""
+    made = [*log_families(LogsSample(logs)), *collective_families(logs, {}, rdma_active)]
+    return {f.name: {tuple(s.labels.values()): s.value for s in f.samples} for f in made}
 
 
 def test_sockets_in_the_log_make_the_cause_network_with_that_evidence(tmp_path):
     lines = [fl.megatron_iteration(T0, 10, 1000, 2560, 5.0, 300.0, 1e-4, 256, 2.3), *NCCL_SOCKETS]
     snapshot = sample_log(tmp_path, lines)
-    found = snapshot.data["collectives"]["llm"]
+    found = snapshot.readings.collectives["llm"]
     assert found.transport.transport == "socket" and found.transport.fell_back_to_socket
-    signals = NodeSignals(ports=active_port(), collectives=job_collectives(snapshot.data["collectives"], {}))
+    signals = NodeSignals(ports=active_port(), collectives=job_collectives(snapshot.readings.collectives, {}))
     attributor = Attributor()
     attributor.evaluate(1.0, [job_view()], signals)  # one evaluation: the first poll after the lines were read
     verdict = attributor.verdict("llm")
     assert verdict.cause == "network" and verdict.evidence.startswith(SOCKET_FALLBACK)
     assert "via NET/Socket/0" in verdict.evidence
-    exported = families(snapshot.data["collectives"])
+    exported = families(snapshot.readings.collectives)
     assert exported["mfu_job_nccl_transport_info"] == {("llm", "socket", "false"): 1.0}
     assert exported["mfu_job_nccl_socket_fallback"] == {("llm",): 1.0}
-    assert families(snapshot.data["collectives"], rdma_active=False)["mfu_job_nccl_socket_fallback"] == {("llm",): 0.0}
+    assert families(snapshot.readings.collectives, rdma_active=False)["mfu_job_nccl_socket_fallback"] == {("llm",): 0.0}
 
 
 def test_rdma_in_the_log_is_no_fallback(tmp_path):
     snapshot = sample_log(tmp_path, NCCL_IB)
-    exported = families(snapshot.data["collectives"])
+    exported = families(snapshot.readings.collectives)
     assert exported["mfu_job_nccl_transport_info"] == {("llm", "roce", "true"): 1.0}
     assert exported["mfu_job_nccl_socket_fallback"] == {("llm",): 0.0}
-    signals = NodeSignals(ports=active_port(), collectives=job_collectives(snapshot.data["collectives"], {}))
+    signals = NodeSignals(ports=active_port(), collectives=job_collectives(snapshot.readings.collectives, {}))
     attributor = Attributor()
     attributor.evaluate(1.0, [job_view()], signals)
     assert attributor.verdict("llm").cause == "unknown"
@@ -122,14 +121,14 @@ def test_rdma_in_the_log_is_no_fallback(tmp_path):
 
 def test_a_straggler_the_job_names_is_its_cause(tmp_path):
     snapshot = sample_log(tmp_path, [MEGATRON_STRAGGLER])
-    signals = NodeSignals(collectives=job_collectives(snapshot.data["collectives"], {}))
+    signals = NodeSignals(collectives=job_collectives(snapshot.readings.collectives, {}))
     attributor = Attributor()
     attributor.evaluate(1.0, [job_view()], signals)
     verdict = attributor.verdict("llm")
     assert verdict.cause == "straggler" and "rank 13 is slowest" in verdict.evidence
-    assert families(snapshot.data["collectives"])["mfu_job_straggler"] == {("llm", "megatron"): 1.0}
+    assert families(snapshot.readings.collectives)["mfu_job_straggler"] == {("llm", "megatron"): 1.0}
 
 
 def test_a_log_without_nccl_lines_adds_nothing(tmp_path):
     snapshot = sample_log(tmp_path, [fl.megatron_iteration(T0, 10, 1000, 2560, 5.0, 300.0, 1e-4, 256, 2.3)])
-    assert snapshot.data["collectives"] == {} and families(snapshot.data["collectives"]) == {}
+    assert snapshot.readings.collectives == {} and families(snapshot.readings.collectives) == {}

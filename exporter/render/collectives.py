@@ -1,9 +1,10 @@
 """Each job's collectives as families: the NCCL transport its log shows, NCCL Inspector's bus bandwidth and
 execution time by collective and message-size class, and whether a slow rank is named (docs/metrics.md).
 
-Reads the logs source's ``LogCollectives`` and the nccl source's ``InspectorReading`` (their snapshots' ``data``):
-Inspector's summaries per snapshot (``snapshot_families``, through render/readings.py), what joins two sources once
-per render (``collective_families``, a part the service adds). Job-level series only, a handful per job and
+Reads the logs source's ``LogsSample`` and the nccl source's ``NcclSample``: each snapshot's own families through
+render/snapshots.py (``log_families``: the transport; ``nccl_families``: Inspector's summaries), what joins two
+sources once per render (``collective_families``, a part the service adds: the socket fallback needs the RDMA
+ports, the straggler comes from either source). Job-level series only, a handful per job and
 collective, never per communicator, rank or host."""
 
 from __future__ import annotations
@@ -14,18 +15,33 @@ from typing import Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.sources.logs import LogCollectives
-from exporter.sources.nccl import InspectorReading
+from exporter.sources.inspector import InspectorReading
+from exporter.sources.logs import LogCollectives, LogsSample
+from exporter.sources.nccl import NcclSample
 
 MAX_COLLECTIVES = 8  # kinds of collective per job: NCCL has seven; a stranger name past them is left out
 COLLECTIVE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,31}$")
 
 
-def snapshot_families(data: dict) -> Iterator[Metric]:
-    """The nccl source's snapshot: NCCL Inspector's summaries of each job (``data["inspector"]``)."""
-    readings = data.get("inspector")
-    if isinstance(readings, dict):
-        yield from inspector_families(readings)
+def nccl_families(sample: NcclSample) -> Iterator[Metric]:
+    """The nccl source's snapshot: NCCL Inspector's summaries of each job."""
+    return inspector_families(sample.inspector)
+
+
+def log_families(sample: LogsSample) -> Iterator[Metric]:
+    """The logs source's snapshot: the transport each job's NCCL uses, as its log shows it."""
+    transport = GaugeMetricFamily(
+        "mfu_job_nccl_transport_info",
+        "1 for the transport NCCL uses between nodes as the job's log shows it (ib, roce, socket, ofi, mixed), and "
+        "whether GPUDirect RDMA is on (true, false, unknown).",
+        labels=["training_job", "transport", "gdr"],
+    )
+    for job, found in sorted(sample.collectives.items()):
+        if found.transport is not None and found.transport.transport is not None:
+            gdr = "unknown" if found.transport.gdr is None else str(found.transport.gdr).lower()
+            transport.add_metric([job, found.transport.transport, gdr], 1.0)
+    if transport.samples:
+        yield transport
 
 
 def inspector_families(inspector: Mapping[str, InspectorReading]) -> Iterator[Metric]:
@@ -75,14 +91,8 @@ def inspector_families(inspector: Mapping[str, InspectorReading]) -> Iterator[Me
 def collective_families(
     logs: Mapping[str, LogCollectives], inspector: Mapping[str, InspectorReading], rdma_active: bool
 ) -> Iterator[Metric]:
-    """What needs two sources: the transport from the logs source, whether sockets are a fallback (the RDMA
-    source's ports: ``rdma_active``, an RDMA port is up here), the straggler the log or Inspector names."""
-    transport = GaugeMetricFamily(
-        "mfu_job_nccl_transport_info",
-        "1 for the transport NCCL uses between nodes as the job's log shows it (ib, roce, socket, ofi, mixed), and "
-        "whether GPUDirect RDMA is on (true, false, unknown).",
-        labels=["training_job", "transport", "gdr"],
-    )
+    """What needs two sources: whether sockets are a fallback (the logs source's transport, the RDMA source's
+    ports: ``rdma_active``, an RDMA port is up here), the straggler the log or Inspector names."""
     fallback = GaugeMetricFamily(
         "mfu_job_nccl_socket_fallback",
         "1 when the job's NCCL carries inter-node traffic over TCP sockets on a node with an active RDMA port.",
@@ -96,8 +106,6 @@ def collective_families(
     )
     for job, found in sorted(logs.items()):
         if found.transport is not None and found.transport.transport is not None:
-            gdr = "unknown" if found.transport.gdr is None else str(found.transport.gdr).lower()
-            transport.add_metric([job, found.transport.transport, gdr], 1.0)
             fallback.add_metric([job], 1.0 if found.transport.fell_back_to_socket and rdma_active else 0.0)
         if found.straggler is not None:
             straggler.add_metric([job, found.straggler.source.replace("-", "_")], 1.0)
@@ -105,4 +113,4 @@ def collective_families(
         if reading.straggler is not None:
             straggler.add_metric([job, "inspector"], 1.0)
     # A family with no series is left out: a node whose jobs print no NCCL lines and run no Inspector adds nothing.
-    yield from (f for f in (transport, fallback, straggler) if f.samples)
+    yield from (f for f in (fallback, straggler) if f.samples)
