@@ -121,4 +121,4 @@ def test_the_prometheus_textfile_by_gpu_uuid(tmp_path):
         {("llm", "AllReduce", "large"): 678.263e9, ("llm", "AllGather", "medium"): 301.5e9}
     )
     assert "mfu_job_nccl_collectives" not in exported  # the textfile has means, not counts
-    assert source.sample().status["bytes_read"] == 0  # not rewritten since: not read again
+    assert source.sample().status["inspector"]["bytes_read"] == 0  # not rewritten since: not read again
