@@ -23,11 +23,13 @@ from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
 from exporter.model.readings import GpuReading, JobCollectives
+from exporter.model.restore import RestoreMeter
 from exporter.node.pci import nearest_devices
 from exporter.render.attribution import attribution_families
 from exporter.render.collectives import collective_families
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
+from exporter.render.restore import restore_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
@@ -38,6 +40,7 @@ from exporter.sources.inspector import InspectorReading
 from exporter.sources.logs import LogCollectives, LogsSample, LogsSource, discovered_pods_from
 from exporter.sources.nccl import NcclSample, NcclSource
 from exporter.sources.rdma import RdmaSample
+from exporter.sources.storage import StorageReading
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class Service:
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
     collector: ExporterCollector | None = None  # the registry's one collector, for parts added later
     settings: Config = field(default_factory=Config)  # ``config`` typed (exporter.config.typed_config)
+    restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
 
@@ -225,6 +229,26 @@ class Service:
         now, views = self.clock(), self.jobs.tick()
         self.attribution.evaluate(now, views, self.node_signals())
         self.history.record(now, views)
+        self.observe_restores(now, views)
+
+    def observe_restores(self, now: float, views: list[JobView]) -> None:
+        """Each job's finished checkpoint loads (its ledger's bands) with the reads of its checkpoint mounts."""
+        storage = self.readings("storage", StorageReading)
+        state = self.daemon.states.get("storage")
+        mounts: dict[str, list[str]] = {}
+        if storage is not None and state is not None and state.last_success is not None:
+            counters = {}
+            for mount in storage.mounts:
+                jobs = [job for job, role in mount.jobs if role == "checkpoint"]
+                if jobs and mount.read_bytes is not None:
+                    counters[mount.mount_point] = float(mount.read_bytes)
+                    for job in jobs:
+                        mounts.setdefault(job, []).append(mount.mount_point)
+            self.restores.observe_mounts(state.last_success, counters)
+        for view in views:
+            if view.ledger is not None:
+                self.restores.observe_job(view.name, view.ledger.bands, tuple(mounts.get(view.name, ())), now)
+        self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
 
 
 def job_collectives(
@@ -315,6 +339,8 @@ def build_service(
             source.attach(jobs, checkpoints, discovered_pods_from(lambda: daemon.states))
         elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
             source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(daemon))
+    restores = RestoreMeter()
+    collector.add(lambda: restore_families(restores.totals()))
     service = Service(
         config,
         daemon,
@@ -327,6 +353,7 @@ def build_service(
         paths=paths or Paths(),
         collector=collector,
         settings=typed,
+        restores=restores,
     )
     collector.add(service.collective_families)
     return service
