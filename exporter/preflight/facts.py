@@ -19,7 +19,7 @@ from exporter.node.rdma import RdmaPort, discover_ports
 
 MIB = 1024 * 1024
 GUIDE_NCCL = {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "5"}  # the guide's all_reduce_perf command line
-_DEFAULT = DEFAULTS.sources.preflight  # the defaults are the config table's (exporter/config.py), written once
+_DEFAULT = DEFAULTS.sources.preflight  # the defaults are the config table's (exporter/config/), written once
 
 
 TRANSLATED_IOMMU_TYPES = ("DMA", "DMA-FQ")
