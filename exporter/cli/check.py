@@ -23,8 +23,6 @@ from exporter.preflight.checks import (
     run_checks,
 )
 
-CHECK_HELP = "Check this node for what a distributed training job needs (read-only); exit 1 when a check FAILs."
-
 
 def add_check_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--config", "YAML config file; thresholds come from sources.preflight", metavar="FILE")
