@@ -9,7 +9,7 @@ import sys
 from typing import Callable
 
 from exporter import __version__
-from exporter.cli.flags import EXIT_CONFIG, BadEnv
+from exporter.cli.flags import EXIT_CONFIG, BadEnv, UsageError
 from exporter.config import ConfigError
 
 log = logging.getLogger("exporter")
@@ -27,6 +27,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "check",
         "add_check_flags",
         "run_check",
+    ),
+    "nccl": (
+        "Judge an NCCL test's output (nccl-tests, NCCL_DEBUG=INFO) against this node's fabric; exit 1 on FAIL.",
+        "nccl",
+        "add_nccl_flags",
+        "run_nccl",
     ),
     "plan": (
         "Size a training run with the guide's t_train = 6·P·D / (N·T_peak·MFU).",
@@ -103,4 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except ConfigError as exc:
         print(f"mfu-exporter: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except UsageError as exc:
+        print(f"mfu-exporter {args.command}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from exporter.model import flops as mfu_math
+from exporter.model.datawait import DataWaitView
 from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
 from exporter.model.ledger import LedgerView
 from exporter.model.progress import FACT_DEFAULTS, FACT_KEYS, MODEL_KEYS, REPORT_RESOLUTION_SECONDS, RUNNING
@@ -63,6 +64,7 @@ class JobView:
     framework_mfu: float | None = None  # the framework's own MFU (printed, or its TFLOP/s/GPU over our peak)
     framework_tflops_per_gpu: float | None = None
     ledger: LedgerView | None = None  # None until a run of it shows progress (or its client says it started)
+    data_wait: DataWaitView | None = None  # None until its client or log gives a data-wait figure
 
     @property
     def running(self) -> bool:
@@ -71,9 +73,10 @@ class JobView:
     def as_json(self) -> dict[str, Any]:
         return {
             "job": self.name,
-            "tokens_total": self.tokens_total,
+            # What never happened is null, not 0: a job known only by discovery (or by name) has reported nothing.
+            "tokens_total": self.tokens_total if self.reported else None,
             "step": self.step,
-            "last_report_time": self.last_report_time,
+            "last_report_time": self.last_report_time if self.reported else None,
             "tokens_per_second": self.tokens_per_second,
             "flops_per_token": self.flops_per_token,
             "gpus": self.gpus,
@@ -93,6 +96,7 @@ class JobView:
             "framework_mfu": self.framework_mfu,
             "framework_tflops_per_gpu": self.framework_tflops_per_gpu,
             "ledger": self.ledger.as_json() if self.ledger is not None else None,
+            "data_wait": self.data_wait.as_json() if self.data_wait is not None else None,
             "model": {k: self.facts.get(k) for k in MODEL_KEYS},
             **{k: self.facts.get(k) for k in FACT_KEYS},
         }
@@ -249,6 +253,7 @@ class ViewBuilder:
             framework_mfu=framework,
             framework_tflops_per_gpu=job.framework_tflops_per_gpu,
             ledger=ledger,
+            data_wait=self._data_wait(job, running),
             reported=job.reported,
             found_by=self._found_by(job),
             discovered=job.discovered,
@@ -258,6 +263,17 @@ class ViewBuilder:
                 job.discovered.shared_gpus if job.discovered else (),
             ),
         )
+
+    def _data_wait(self, job: Job, running: bool) -> DataWaitView | None:
+        meter = job.data_wait
+        if meter is None:
+            return None
+        ratio = None
+        # A share only while figures keep coming: one from a window before the job's newest report is history.
+        newest = meter.newest
+        if running and newest is not None and job.last_report_time - newest <= self.window:
+            ratio = meter.share(newest, self.window)
+        return DataWaitView(meter.gpu_seconds, meter.rank_seconds, ratio, meter.source)
 
     def _implausible(
         self, facts: dict, gpus: list[GpuInfo] | None, count: int | None, achieved: float, peak: float

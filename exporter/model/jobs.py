@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from exporter.config import DEFAULTS
+from exporter.model.datawait import DataWaitMeter
 from exporter.model.discovery_jobs import DiscoveredJob
 from exporter.model.errors import TooManyJobs
 from exporter.model.job_view import GpuInfo, JobView, ViewBuilder, flops_per_token, gpu_facts
@@ -70,6 +71,7 @@ class Job:
     discovered: DiscoveredJob | None = None  # what discovery found of it on this node, while it finds it
     ledger: Ledger = field(default_factory=Ledger)  # where its time here went (exporter.model.ledger)
     pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
+    data_wait: DataWaitMeter | None = None  # its wait for input, once its client or log gives one
     version: int = 0  # counts the changes to the job, so its kept view is known to be stale
     view: tuple[int, float, JobView] | None = None  # (version, clock, the view then), shared by reads until stale
 
@@ -159,6 +161,8 @@ class JobTracker:
             while len(job.window) > 2 and job.window[1][0] < at - self.window:
                 job.window.popleft()
             job.tokens_total = report.tokens_total
+            if report.data_wait_seconds is not None:
+                self._data_wait(job, at, report.data_wait_seconds, "client")
             if report.step is not None:
                 job.step = report.step
             job.last_report_time = at
@@ -249,6 +253,21 @@ class JobTracker:
                 ledger.resume_at(when, offset, float(max(step - 1, 0)), source)
             else:
                 ledger.alive(when)
+
+    def data_wait(self, name: str, total: float, at: float, source: str) -> None:
+        """A running total of one rank's seconds waiting for input, from a feed other than the progress API (a
+        log: ``source`` "log:<framework>"). Needs the job known (observe or touch)."""
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is None:
+                return
+            self._data_wait(job, at, total, source)
+            self._changed(job)
+
+    def _data_wait(self, job: Job, at: float, total: float, source: str) -> None:
+        if job.data_wait is None:
+            job.data_wait = DataWaitMeter(source)
+        job.data_wait.observe(at, total, self._job_gpus(job), source)
 
     def checkpoint_event(self, name: str, phase: str, at: float, duration: float | None) -> None:
         """A checkpoint write of the job started, finished or failed (the checkpoint tracker tells, for every feed)."""

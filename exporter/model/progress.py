@@ -31,6 +31,7 @@ FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
 EVENTS = ("start", "heartbeat", "checkpoint_load_started", "checkpoint_load_finished")
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 MAX_HEARTBEAT_SECONDS = 3600.0
+MAX_DATA_WAIT_SECONDS = 10 * 365 * 86400.0  # ten years of one rank's wall time: more is not a wait, it is a bug
 
 
 def validate_job_name(value: Any, field_name: str = "job") -> str:
@@ -98,6 +99,7 @@ class ProgressReport:
     event: str | None = None
     heartbeat: float | None = None  # seconds between the client's heartbeats, when it sends them
     duration: float | None = None  # of a finished checkpoint load, timed by the job
+    data_wait_seconds: float | None = None  # running total of one rank's seconds waiting for input (issue 34)
 
 
 def parse_progress(body: Any, now: float) -> ProgressReport:
@@ -116,6 +118,7 @@ def parse_progress(body: Any, now: float) -> ProgressReport:
             "event",
             "heartbeat_seconds",
             "duration_seconds",
+            "data_wait_seconds",
         )
         + FACT_KEYS,
     )
@@ -157,7 +160,32 @@ def parse_progress(body: Any, now: float) -> ProgressReport:
         raise ValidationError(field_name, f"{field_name}: {exc.detail}") from None
     facts = {k: validated[k] for k in raw_facts}
     total = float(tokens) if tokens is not None else None
-    return ProgressReport(job, total, step, report_time, facts, state, run, event, heartbeat, duration)
+    wait = body.get("data_wait_seconds")
+    if wait is not None and (
+        tokens is None
+        or isinstance(wait, bool)
+        or not isinstance(wait, (int, float))
+        or not math.isfinite(wait)
+        or not 0 <= wait <= MAX_DATA_WAIT_SECONDS
+    ):
+        raise ValidationError(
+            "data_wait_seconds",
+            "data_wait_seconds must be the seconds the training loop has waited for its next batch so far (a running "
+            f"total, from 0 to {MAX_DATA_WAIT_SECONDS:g}), sent with tokens_total",
+        )
+    return ProgressReport(
+        job,
+        total,
+        step,
+        report_time,
+        facts,
+        state,
+        run,
+        event,
+        heartbeat,
+        duration,
+        float(wait) if wait is not None else None,
+    )
 
 
 def _run_fields(body: dict) -> tuple[str | None, str | None, float | None, float | None]:

@@ -79,8 +79,22 @@ def job_families(views: list[JobView]) -> Iterable:
         "training_job label on every GPU series.",
         labels=label,
     )
+    data_wait = CounterMetricFamily(
+        "mfu_job_data_wait_seconds",
+        "GPU-seconds this job's training loop waited for its next batch on this node: one rank's wait (its client's "
+        "data_wait_seconds, or its framework's data-loading timer) times the job's GPUs here.",
+        labels=label,
+    )
+    data_wait_ratio = GaugeMetricFamily(
+        "mfu_job_data_wait_ratio",
+        "Share of wall time this job's training loop spent waiting for its next batch over the MFU window (0-1).",
+        labels=label,
+    )
     for view in views:
         key = [view.name]
+        if view.data_wait is not None:
+            # A counter stays while the job is known, ended or not (gaps in a counter read as resets).
+            data_wait.add_metric(key, view.data_wait.gpu_seconds)
         if view.reported:
             # A node of the job that sees no progress (its log has none: the framework prints on another rank)
             # exports no token or FLOPs counters, so the cluster rules count only the nodes that measure. A job only
@@ -137,6 +151,8 @@ def job_families(views: list[JobView]) -> Iterable:
         # A framework dividing by a wrong peak prints impossible figures (torchtitan's A100 fallback: 563 %).
         if view.framework_mfu is not None and 0.0 <= view.framework_mfu <= 1.0:
             framework.add_metric(key, view.framework_mfu)
+        if view.data_wait is not None and view.data_wait.ratio is not None:
+            data_wait_ratio.add_metric(key, view.data_wait.ratio)
     return (
         tokens,
         flops,
@@ -155,4 +171,6 @@ def job_families(views: list[JobView]) -> Iterable:
         gpu_util,
         tensor,
         job_gpu,
+        data_wait,
+        data_wait_ratio,
     )
