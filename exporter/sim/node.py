@@ -23,7 +23,7 @@ from exporter.config import read_yaml, typed_config, validate
 from exporter.model import flops as mfu_math
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.nic_qos import GlobalPause
-from exporter.preflight.checks import PreflightSettings
+from exporter.preflight.facts import PreflightSettings
 from exporter.quantities import format_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
