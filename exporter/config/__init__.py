@@ -217,6 +217,16 @@ class PreflightConfig(SourceConfig):
 
 
 @dataclass(frozen=True)
+class NcclConfig(SourceConfig):
+    """NCCL's own reports of a job's collectives (issue 32): ``inspector_paths`` are globs of NCCL Inspector's dump
+    directories (``NCCL_INSPECTOR_DUMP_DIR``: its ``<host>-pid<pid>.log`` JSON lines and its
+    ``nccl_inspector_metrics_<GPU UUID>.prom`` textfiles), or of the files themselves."""
+
+    interval: float = setting(duration, 5.0)
+    inspector_paths: tuple[str, ...] = setting(string_list, [])
+
+
+@dataclass(frozen=True)
 class StorageConfig(SourceConfig):
     """``sources.storage``: reads per mount of the jobs' data (``jobs.<name>.data_paths``), of their checkpoint
     watches and of ``mounts``, and the nvidia-fs driver's GPUDirect Storage counters (``gds``)."""
@@ -234,6 +244,7 @@ class SourcesConfig:
     checkpoint: CheckpointConfig = subsection(CheckpointConfig)
     logs: LogsConfig = subsection(LogsConfig)
     preflight: PreflightConfig = subsection(PreflightConfig)
+    nccl: NcclConfig = subsection(NcclConfig)
     storage: StorageConfig = subsection(StorageConfig)
 
 
