@@ -551,7 +551,7 @@ async def serve_fleet(
         # Reports start once every node has sampled its GPUs (whose models give the peak), so the job models do
         # not each log that the peak is unknown yet.
         deadline = loop.time() + 30.0
-        while loop.time() < deadline and any(n.service.daemon.states["gpu"].snapshot is None for n in fleet.nodes):
+        while loop.time() < deadline and any(n.service.scheduler.states["gpu"].snapshot is None for n in fleet.nodes):
             await asyncio.sleep(0.1)
         ticker = asyncio.create_task(_tick_forever(fleet, period))
         host = fleet.host if fleet.host not in (None, "", "0.0.0.0", "::") else "localhost"

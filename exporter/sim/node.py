@@ -603,6 +603,6 @@ def build_demo(
     ctx = node.context(config)
     sources = build_sources(config, ctx)
     require_sources(config, sources, args.config)
-    runtime = build_service(config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic)
+    service = build_service(config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic)
     # At high speed, tick often enough that a warm-up still carries several progress reports.
-    return runtime, node, Simulation(node, period=min(1.0, 2.5 / args.speed))
+    return service, node, Simulation(node, period=min(1.0, 2.5 / args.speed))
