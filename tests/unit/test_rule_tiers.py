@@ -97,10 +97,14 @@ def test_what_the_global_tier_reads_of_the_shard_is_partial_aggregates():
             assert "training_job" in (aggregations[0].modifier.labels if aggregations[0].modifier else []), rule
 
 
-def test_the_shard_records_only_partials():
-    """A shard writes nothing per node for the global tier to pick up: every record of its file is a partial."""
+def test_the_shard_records_partials_and_per_node_steps_that_stay_there():
+    """Every record of the shard's file is a partial, or a per-node step of one (``training_job_instance:``, the
+    straggler comparison) that no global rule reads and a shard's remote write filters out."""
+    global_reads = {n for path in GLOBAL_RULE_FILES for rule in rules(path) for n in selected(rule["expr"])}
     for record in records(SHARD_RULE_FILE):
-        assert record.startswith(PARTIAL_PREFIXES), record
+        assert record.startswith((*PARTIAL_PREFIXES, "training_job_instance:")), record
+        if record.startswith("training_job_instance:"):
+            assert record not in global_reads, record
 
 
 def test_job_alerts_fire_in_the_global_tier_and_node_alerts_in_the_shard():
