@@ -500,6 +500,7 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
             "gpu": {"retry_interval": "30s"},
             "checkpoint": {"watch": [watch]},
             "logs": logs,
+            "storage": {"interval": "1s"},  # a restore (15 s of demo time) spans a few storage samples
         },
         # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds
         # rather than the default five minutes, so its cause shows soon after start.
