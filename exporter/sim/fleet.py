@@ -58,6 +58,7 @@ from exporter.sim.node import (
     LOST_GPU,
     MODEL,
     RATE_FACTOR,
+    SLOW_CLOCK_MHZ,
     STEADY_MFU,
     STORM_NICS,
     TOKENS_PER_STEP,
@@ -77,7 +78,9 @@ from exporter.web.security import HTTP_LIMITS
 
 log = logging.getLogger(__name__)
 
-FLEET_INCIDENTS = ("pfc-storm", "thermal", "gpu-lost")  # a checkpoint stall is one node's storage: not a fleet state
+# A checkpoint stall is one node's storage, not a fleet state. straggler: the incident node's GPUs clocked low with no
+# throttle reason; the central rules find it against its job's other nodes (median ± 3 MAD).
+FLEET_INCIDENTS = ("pfc-storm", "thermal", "gpu-lost", "straggler")
 JOB_SIZES = (16, 8, 32)  # nodes per job, in turn: jobs of 8-32 nodes, the remainder a smaller last job
 JOB_PREFIX = "llama3-70b"
 HEALTHY, WAITING, INCIDENT = "healthy", "waiting", "incident"
@@ -93,7 +96,7 @@ THREAD_STACK = 512 * 1024  # 5 source threads per node: 1,024 nodes would reserv
 
 
 class FleetSchedule(Schedule):
-    """The demo's schedule over the incidents a fleet simulates (pfc-storm, thermal, gpu-lost)."""
+    """The demo's schedule over the incidents a fleet simulates (pfc-storm, thermal, gpu-lost, straggler)."""
 
     incidents = FLEET_INCIDENTS
 
@@ -281,6 +284,10 @@ class Machine:
             hot = self.nvml.gpus[HOT_GPU]
             hot.temperature_c, hot.sm_clock_mhz, hot.power_mw = 91, 1155, 520_000
             hot.clocks_event_reasons = 0x40 | 0x20  # HW and SW thermal slowdown
+        elif state == "straggler":
+            for gpu in self.nvml.gpus:  # the slow node computes all the time, at a low clock; its peers wait for it
+                gpu.sm_clock_mhz = SLOW_CLOCK_MHZ
+                gpu.set_activity(tensor=60.0, sm=85.0)
 
     def close(self) -> None:
         for shared in self.shared:
