@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable
 
 from exporter.config import AttributionConfig
 from exporter.model.job_view import JobView
-from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, PortSignal
+from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, MountSignal, PortSignal
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "straggler", "stalled", "input", "unknown")
 SOCKET_FALLBACK = "NCCL uses sockets, not RDMA"
@@ -106,6 +106,8 @@ class NodeSignals:
     nearest_nics: Callable[[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = lambda bus_id, nics: ()
     # Each job's collectives as its log and NCCL Inspector show them (the logs and nccl sources): job -> reading.
     collectives: dict[str, JobCollectives] = field(default_factory=dict)
+    # The mounts holding a job's data (jobs.<name>.data_paths) with their read throughput (the storage source).
+    data_mounts: Callable[[str], tuple[MountSignal, ...]] = lambda job: ()
 
 
 @dataclass(frozen=True)
