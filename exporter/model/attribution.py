@@ -11,8 +11,12 @@ on every node and in the cluster rules):
 4. ``thermal``     a GPU of the job throttles for heat
 5. ``power``       a GPU of the job throttles for power (power cap, power brake, HW slowdown)
 6. ``stalled``     no progress at all
-7. ``input``       the job's GPUs are mostly idle with none of the above: data loading or host side
-8. ``unknown``     a gap and no signal that explains it
+7. ``input``       the job says it waits for its input: its data-wait share of wall time (client or log,
+                   ``exporter.model.datawait``) at or over ``input_wait_ratio``; the evidence names the wait and the
+                   read throughput of the node's dataset mounts where the storage source reads them
+8. ``idle``        the job's GPUs are mostly idle and no sampled signal explains it (no data-wait figure says why:
+                   data loading, host side, or a fault no source sees); before issue 34 this was called ``input``
+9. ``unknown``     a gap and no signal that explains it
 
 A job's NICs are the RDMA devices nearest each of its GPUs by PCIe topology (same switch, else same host bridge or
 NUMA node: the path its GPUDirect traffic takes), so on a node shared by jobs one job's paused NIC does not blame
@@ -38,7 +42,7 @@ from exporter.config import AttributionConfig
 from exporter.model.job_view import JobView
 from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
 
-CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")
+CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "idle", "unknown")
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
 # hw_counters that mean the transport retransmitted or timed out: traffic the collective waited for.
@@ -86,6 +90,9 @@ class NodeSignals:
     interfaces: dict[str, InterfaceSignal] = field(default_factory=dict)  # ethtool source: name -> InterfaceReading
     ports: dict[str, PortSignal] = field(default_factory=dict)  # rdma source: "mlx5_0/1" -> PortReading
     checkpoint: Callable[[str], dict | None] = lambda job: None  # the tracker's view of a job's writes
+    # The node's dataset mounts, for the evidence of "input": a line of their read throughput, or None where no
+    # source reads them (the storage plane's reads, issue 34).
+    dataset_reads: Callable[[], str | None] = lambda: None
     # (GPU's NVML bus ID, ((RDMA device, PCI address), ...)) -> the devices on the shortest PCIe path from the GPU.
     # The service binds it to the node's sysfs (``exporter.node.pci.nearest_devices``); the default places nothing.
     nearest_nics: Callable[[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = lambda bus_id, nics: ()
@@ -189,13 +196,31 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[s
             )
     if view.tokens_per_second == 0:
         return "stalled", "no token progress over the MFU window"
+    wait = view.data_wait
+    if wait is not None and wait.ratio is not None and wait.ratio >= limits.input_wait_ratio:
+        reads = signals.dataset_reads()
+        return "input", (
+            f"waiting for its next batch {100 * wait.ratio:.0f}% of wall time ({_wait_source(wait.source)}), over the "
+            f"{100 * limits.input_wait_ratio:.0f}% line" + (f"; {reads}" if reads else "")
+        )
     utilizations = [g.utilization for g in gpus if g.utilization is not None]
     if utilizations and sum(utilizations) / len(utilizations) < limits.idle_utilization:
         return (
-            "input",
-            f"GPUs {100 * sum(utilizations) / len(utilizations):.0f}% busy on average with no fault seen: data loading or host side",
+            "idle",
+            f"GPUs {100 * sum(utilizations) / len(utilizations):.0f}% busy on average, no sampled signal explains it"
+            + (
+                " (the job gives no data-wait figure: report data_wait_seconds to tell input from the rest)"
+                if wait is None
+                else ""
+            ),
         )
     return "unknown", "MFU is below its baseline and no sampled signal explains it"
+
+
+def _wait_source(source: str) -> str:
+    if source.startswith("log:"):
+        return f"its {source[4:]} log's data-loading timer"
+    return "its client's data_wait_seconds"
 
 
 @dataclass

@@ -20,6 +20,7 @@ THRESHOLD_RULES = {  # recorded constant -> the attribution.Thresholds field it 
     "mfu:threshold_pause:ratio": "pause_ratio",
     "mfu:threshold_cnp:rate": "cnp_per_second",
     "mfu:threshold_idle_gpu_utilization:ratio": "idle_utilization",
+    "mfu:threshold_input_wait:ratio": "input_wait_ratio",
 }
 
 
