@@ -40,6 +40,7 @@ from exporter.model.jobs import JobTracker
 from exporter.model.progress import MAX_FUTURE_SECONDS, REPORT_RESOLUTION_SECONDS, ProgressReport
 from exporter.node.tail import HEAD, Follower, Lines
 from exporter.sources.base import Snapshot, SourceContext
+from exporter.sources.discovery import DiscoverySample
 
 log = logging.getLogger(__name__)
 
@@ -373,14 +374,15 @@ class LogsSource:
 
 
 def discovered_pods_from(states: Callable[[], dict], source_name: str = "discovery") -> DiscoveredPods:
-    """``{job: [(namespace, pod)]}`` from the discovery source's latest snapshot (``data["jobs"]``: its
+    """``{job: [(namespace, pod)]}`` from the discovery source's latest snapshot (``DiscoverySample.jobs``: its
     DiscoveredJob values, each with ``pods`` carrying ``scheduler``, ``namespace`` and ``pod``); empty while there
     is no discovery source or it has not sampled."""
 
     def pods() -> dict[str, list[tuple[str, str]]]:
         state = states().get(source_name)
         snapshot = getattr(state, "snapshot", None)
-        found = snapshot.data.get("jobs") if snapshot is not None else None
+        readings = getattr(snapshot, "readings", None)
+        found = readings.jobs if isinstance(readings, DiscoverySample) else None
         if not found:
             return {}
         values: Iterable = found.values() if isinstance(found, dict) else found

@@ -170,5 +170,5 @@ def test_a_hung_kubelet_keeps_the_last_answer_and_degrades_only_discovery(node):
     assert getattr(caught.value, "reason", "") == "kubernetes_timeout"
     node.service.apply_discovery()  # the scheduler keeps the last good snapshot: the jobs stand
     assert sorted(node.jobs()) == ["bert", "llama"]
-    assert state.snapshot.data["jobs"]
+    assert state.snapshot.readings.jobs
     node.kubelet.hang.clear()

@@ -15,6 +15,7 @@ from exporter.model.errors import TooManyJobs, ValidationError
 from exporter.model.job_view import GpuInfo
 from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
+from exporter.render.attribution import attribution_families
 from exporter.render.jobs import job_families
 
 NOW = 1_800_000_000.0
@@ -288,7 +289,7 @@ def test_an_ended_job_is_left_alone_by_the_attribution():
     jobs.report(report(tokens=3_000_000, time=clock.now + 1, state="finished"))
     attribution.evaluate(clock.now + 1, jobs.views(), NodeSignals())
     assert attribution.verdict("j") is None
-    families = {f.name: f for f in attribution.families()}
+    families = {f.name: f for f in attribution_families(attribution.standings())}
     assert not families["mfu_job_bottleneck"].samples
     assert families["mfu_job_lost_gpu_seconds"].samples  # a counter stays while the job is known
 

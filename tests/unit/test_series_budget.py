@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.sources import gpu
+from exporter.render import gpu
 from tests.support.dashboards import queries
 from tests.support.expo import samples, snapshot_samples
 from tests.support.golden import render_one_job_node
@@ -35,6 +35,11 @@ ON_AN_EVENT = {
     "mfu_job_eta_seconds": "a job with target_tokens",
     "mfu_job_baseline_mfu_ratio": "a learnt baseline (30 samples 10 s apart)",
     "mfu_job_data_wait_seconds_total": "a job that gives its data wait (client data_wait_seconds or a log's timer)",
+    # storage.FAMILY_LEVELS (render/storage.py): minimal and standard; a default node names no data path or mount.
+    "mfu_storage_read_bytes_total": "a job with jobs.<name>.data_paths, a checkpoint watch or sources.storage.mounts",
+    "mfu_storage_reads_total": "the same",
+    "mfu_storage_read_seconds_total": "the same",
+    "mfu_storage_job_mount_info": "a job with jobs.<name>.data_paths or a checkpoint watch",
 }
 
 

@@ -18,6 +18,7 @@ from exporter.model.job_view import GpuInfo
 from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
 from exporter.render.jobs import job_families
+from exporter.sources.discovery import DiscoverySample
 from exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
 from tests.unit.logs import framework_lines as fl
 
@@ -438,7 +439,7 @@ def test_discovered_pods_from_reads_the_discovery_snapshot():
         pods = (Pod("kubernetes", "train", "llm-0"), Pod("slurm", "", ""))
 
     class Snap:
-        data = {"jobs": {"llm": Job()}}
+        readings = DiscoverySample({"llm": Job()})
 
     class State:
         snapshot = Snap()
