@@ -34,6 +34,7 @@ from exporter.sources.ethtool import EthtoolSample
 from exporter.sources.gpu import GpuSample
 from exporter.sources.logs import LogsSource, discovered_pods_from
 from exporter.sources.rdma import RdmaSample
+from exporter.sources.storage import StorageReading
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +165,13 @@ class Service:
         gpu = self.readings("gpu", GpuSample)
         ethtool = self.readings("ethtool", EthtoolSample)
         rdma = self.readings("rdma", RdmaSample)
+        storage = self.readings("storage", StorageReading)
         return NodeSignals(
             gpus=gpu.gpus if gpu else {},  # GpuReadings, with the PCI bus ID that places each GPU near its NICs
             interfaces=dict(ethtool.interfaces) if ethtool else {},
             ports=dict(rdma.ports) if rdma else {},
             checkpoint=self.checkpoint_overlap,
+            mounts=storage.mounts if storage else (),
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
         )
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 
 from exporter.config import AttributionConfig
 from exporter.model.job_view import JobView
-from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
+from exporter.model.readings import GpuReading, InterfaceSignal, MountSignal, PortSignal
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "idle", "unknown")
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
@@ -97,9 +97,9 @@ class NodeSignals:
     interfaces: dict[str, InterfaceSignal] = field(default_factory=dict)  # ethtool source: name -> InterfaceReading
     ports: dict[str, PortSignal] = field(default_factory=dict)  # rdma source: "mlx5_0/1" -> PortReading
     checkpoint: Callable[[str], dict | None] = lambda job: None  # the tracker's view of a job's writes
-    # The node's dataset mounts, for the evidence of "input": a line of their read throughput, or None where no
-    # source reads them (the storage plane's reads, issue 34).
-    dataset_reads: Callable[[], str | None] = lambda: None
+    # The mounts the storage source reads (MountReading), for the evidence of "input": the job's dataset mounts'
+    # read throughput. Empty where no storage source runs.
+    mounts: tuple[MountSignal, ...] = ()
     # (GPU's NVML bus ID, ((RDMA device, PCI address), ...)) -> the devices on the shortest PCIe path from the GPU.
     # The service binds it to the node's sysfs (``exporter.node.pci.nearest_devices``); the default places nothing.
     nearest_nics: Callable[[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = lambda bus_id, nics: ()
@@ -205,7 +205,7 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[s
         return "stalled", "no token progress over the MFU window"
     wait = view.data_wait
     if wait is not None and wait.ratio is not None and wait.ratio >= limits.input_wait_ratio:
-        reads = signals.dataset_reads()
+        reads = dataset_reads(view.name, signals.mounts)
         return "input", (
             f"waiting for its next batch {100 * wait.ratio:.0f}% of wall time ({_wait_source(wait.source)}), over the "
             f"{100 * limits.input_wait_ratio:.0f}% line" + (f"; {reads}" if reads else "")
@@ -222,6 +222,19 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[s
             ),
         )
     return "unknown", "MFU is below its baseline and no sampled signal explains it"
+
+
+def dataset_reads(job: str, mounts: Iterable[MountSignal]) -> str | None:
+    """The job's dataset mounts and their read throughput now, for the evidence of "input"; None when the storage
+    source knows none of its data paths (``jobs.<name>.data_paths``)."""
+    parts = []
+    for mount in mounts:
+        if (job, "data") not in mount.jobs:
+            continue
+        rate = mount.read_bytes_per_second
+        read = f"reads {rate / 1e6:,.1f} MB/s" if rate is not None else "reads not measured yet"
+        parts.append(f"dataset mount {mount.mount_point} ({mount.fstype} {mount.device}) {read}")
+    return "; ".join(parts) or None
 
 
 def _wait_source(source: str) -> str:

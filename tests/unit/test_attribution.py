@@ -17,6 +17,7 @@ from exporter.render.attribution import attribution_families
 from exporter.sim.nvml import h100
 from exporter.sources.ethtool import InterfaceReading
 from exporter.sources.rdma import PortReading
+from exporter.sources.storage import MountReading
 from tests.support.nodes import hgx_node
 
 
@@ -162,12 +163,17 @@ def waiting(ratio, source="client", **kw):
 
 def test_input_when_the_job_says_it_waits_for_its_batches_with_the_wait_and_the_mounts_as_evidence():
     """GPUs busy between waits (utilization 95 %): the old leftover could never say input; the wait does."""
-    signals = NodeSignals(gpus=healthy_gpus(), dataset_reads=lambda: "/data (nfs4 srv:/datasets) read 2.1 MB/s")
+    mounts = (
+        MountReading("/data", "nfs4", "srv:/datasets", "mountstats", 10, 1, 0.1, 2.1e6, (("llama", "data"),)),
+        MountReading("/ckpt", "nfs4", "srv:/ckpt", "mountstats", 10, 1, 0.1, 9e9, (("llama", "checkpoint"),)),
+        MountReading("/other", "ext4", "/dev/nvme1n1", "diskstats", 10, 1, 0.1, 5e8, (("bert", "data"),)),
+    )
+    signals = NodeSignals(gpus=healthy_gpus(), mounts=mounts)
     _, found = verdict(waiting(0.3, "log:megatron"), signals)
     assert found.cause == "input"
     assert found.evidence == (
         "waiting for its next batch 30% of wall time (its megatron log's data-loading timer), over the 10% line; "
-        "/data (nfs4 srv:/datasets) read 2.1 MB/s"
+        "dataset mount /data (nfs4 srv:/datasets) reads 2.1 MB/s"
     )
     _, found = verdict(waiting(0.3), NodeSignals(gpus=healthy_gpus()))
     assert (
