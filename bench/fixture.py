@@ -23,7 +23,6 @@ from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.nic_qos import NicQos
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names
-from exporter.sim.node import train_healthily
 from exporter.sources import Paths, SourceContext, build_sources
 from exporter.sources.base import Source
 
@@ -57,7 +56,7 @@ def build_gpus() -> fake_nvml.FakeNvml:
     """Eight H100s in steady training, as the demo's healthy node has them."""
     nvml = fake_nvml.FakeNvml([fake_nvml.h100(index) for index in range(GPUS)])
     for gpu in nvml.gpus:
-        train_healthily(gpu)
+        fake_nvml.train_healthily(gpu)
     return nvml
 
 

@@ -8,9 +8,10 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterable, TypeVar
 
 from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.metrics_core import Metric
 
 from exporter import __version__
 from exporter.config import CONFIG_ONLY_JOB_KEYS, Config, typed_config
@@ -21,10 +22,11 @@ from exporter.model.history import MfuHistory
 from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
-from exporter.model.readings import GpuReading
+from exporter.model.readings import GpuReading, JobCollectives
 from exporter.model.restore import RestoreMeter
 from exporter.node.pci import nearest_devices
 from exporter.render.attribution import attribution_families
+from exporter.render.collectives import collective_families
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
 from exporter.render.restore import restore_families
@@ -34,7 +36,9 @@ from exporter.sources.checkpoint import CheckpointSource
 from exporter.sources.discovery import DiscoverySample
 from exporter.sources.ethtool import EthtoolSample
 from exporter.sources.gpu import GpuSample
-from exporter.sources.logs import LogsSource, discovered_pods_from
+from exporter.sources.inspector import InspectorReading
+from exporter.sources.logs import LogCollectives, LogsSample, LogsSource, discovered_pods_from
+from exporter.sources.nccl import NcclSample, NcclSource
 from exporter.sources.rdma import RdmaSample
 from exporter.sources.storage import StorageReading
 
@@ -176,7 +180,20 @@ class Service:
             checkpoint=self.checkpoint_overlap,
             mounts=storage.mounts if storage else (),
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
+            collectives=job_collectives(*self._collectives()),
         )
+
+    def _collectives(self) -> tuple[dict[str, LogCollectives], dict[str, InspectorReading]]:
+        logs = self.readings("logs", LogsSample)
+        nccl = self.readings("nccl", NcclSample)
+        return (dict(logs.collectives) if logs else {}), (dict(nccl.inspector) if nccl else {})
+
+    def collective_families(self) -> Iterable[Metric]:
+        """What joins two sources (render/collectives.py): whether a job's NCCL fell back to sockets (the logs source's
+        transport, the RDMA source's ports) and the slow rank its log or NCCL Inspector names."""
+        rdma = self.readings("rdma", RdmaSample)
+        rdma_active = any(port.port.active for port in rdma.ports.values()) if rdma else False
+        return collective_families(*self._collectives(), rdma_active)
 
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
@@ -234,6 +251,25 @@ class Service:
             if view.ledger is not None:
                 self.restores.observe_job(view.name, view.ledger.bands, tuple(mounts.get(view.name, ())), now)
         self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
+
+
+def job_collectives(
+    logs: dict[str, LogCollectives], inspector: dict[str, InspectorReading]
+) -> dict[str, JobCollectives]:
+    """What the attribution reads of each job's collectives: the transport its log shows, and the slow rank the job
+    names (its own log first: it sees every rank) or NCCL Inspector finds among this node's ranks."""
+    result = {}
+    for job in sorted(set(logs) | set(inspector)):
+        log_found, measured = logs.get(job, LogCollectives()), inspector.get(job)
+        transport = log_found.transport
+        straggler = log_found.straggler.evidence if log_found.straggler is not None else None
+        result[job] = JobCollectives(
+            transport=transport.transport if transport is not None else None,
+            socket_fallback=bool(transport is not None and transport.fell_back_to_socket),
+            transport_evidence=transport.evidence if transport is not None else "",
+            straggler=straggler or (measured.straggler if measured is not None else None),
+        )
+    return result
 
 
 def latest_readings(daemon: Scheduler, name: str, kind: type[T]) -> T | None:
@@ -303,9 +339,11 @@ def build_service(
     for source in sources:
         if isinstance(source, LogsSource):  # log lines feed the same job model and checkpoint tracker as the APIs
             source.attach(jobs, checkpoints, discovered_pods_from(lambda: daemon.states))
+        elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
+            source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(daemon))
     restores = RestoreMeter()
     collector.add(lambda: restore_families(restores.totals()))
-    return Service(
+    service = Service(
         config,
         daemon,
         jobs,
@@ -319,3 +357,15 @@ def build_service(
         settings=typed,
         restores=restores,
     )
+    collector.add(service.collective_families)
+    return service
+
+
+def jobs_by_gpu(jobs: JobTracker) -> dict[int, str]:
+    """Each GPU index of this node with the job holding it (discovery's GPUs, or ``jobs.<job>.gpus``)."""
+    return {index: view.name for view in jobs.views() for index in view.gpu_indices or ()}
+
+
+def gpu_index_by_uuid(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[str, int]]:
+    inventory = gpu_inventory_from(daemon, source_name)
+    return lambda: {gpu.uuid: gpu.index for gpu in inventory() or ()}

@@ -30,8 +30,6 @@ from exporter.sim.node import (
 )
 from exporter.web.app import serve
 
-DEMO_HELP = "Run a simulated 8-GPU training node through the real exporter, with live MFU and incidents."
-
 
 class NotForTheDemo(argparse.Action):
     """``--path.sysfs`` and ``--path.procfs`` say where the kernel's trees are, and the demo reads no kernel tree: its

@@ -12,8 +12,6 @@ from exporter.service import build_service
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
 from exporter.web.app import serve
 
-RUN_HELP = "Run the exporter daemon (the default command)."
-
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     add_daemon_flags(parser)

@@ -858,7 +858,7 @@ def test_a_gpu_unbound_from_the_driver_leaves_the_enumeration_and_labels_follow_
 def test_gpu_source_discovery_and_preflight_share_one_nvml_session_so_a_reinit_enumerates_anew():
     from exporter.config import typed_config
     from exporter.node.nvml import NvmlSession
-    from exporter.preflight.checks import read_gpus
+    from exporter.preflight.facts import read_gpus
     from exporter.sources.discovery import DiscoverySource
 
     nvml = fake.node(fake.h100, count=4)

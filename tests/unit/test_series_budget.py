@@ -35,6 +35,12 @@ ON_AN_EVENT = {
     "mfu_job_eta_seconds": "a job with target_tokens",
     "mfu_job_baseline_mfu_ratio": "a learnt baseline (30 samples 10 s apart)",
     "mfu_job_data_wait_seconds_total": "a job that gives its data wait (client data_wait_seconds or a log's timer)",
+    # render/collectives.py, always on: a job's log with NCCL INFO lines, NCCL Inspector's dumps, a slow rank named.
+    "mfu_job_nccl_transport_info": "a job's log showing NCCL's transport",
+    "mfu_job_nccl_socket_fallback": "a job's log showing NCCL's transport",
+    "mfu_job_straggler": "a slow rank named by the job or NCCL Inspector",
+    "mfu_job_nccl_collective_duration_seconds": "NCCL Inspector's dumps of a job",
+    "mfu_job_nccl_bus_bandwidth_bytes_per_second": "NCCL Inspector's dumps of a job",
     # storage.FAMILY_LEVELS (render/storage.py): minimal and standard; a default node names no data path or mount.
     "mfu_storage_read_bytes_total": "a job with jobs.<name>.data_paths, a checkpoint watch or sources.storage.mounts",
     "mfu_storage_reads_total": "the same",
