@@ -54,7 +54,7 @@ T = TypeVar("T")
 @dataclass
 class Service:
     config: dict
-    daemon: Scheduler
+    scheduler: Scheduler
     jobs: JobTracker
     registry: CollectorRegistry
     cache: MetricsCache
@@ -71,7 +71,7 @@ class Service:
 
     async def start(self) -> None:
         """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop."""
-        await self.daemon.start()
+        await self.scheduler.start()
         self._ticking = asyncio.create_task(self.evaluate_jobs(), name="evaluate-jobs")
 
     async def stop(self) -> None:
@@ -81,7 +81,7 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticking
             self._ticking = None
-        await self.daemon.stop()
+        await self.scheduler.stop()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Service]:
@@ -98,7 +98,7 @@ class Service:
     @property
     def ready(self) -> bool:
         """Whether every source has finished its first sample cycle (``/readyz``)."""
-        return self.daemon.ready
+        return self.scheduler.ready
 
     async def metrics(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
         """The /metrics body in the format and encoding asked for, with its headers (cached per generation)."""
@@ -165,7 +165,7 @@ class Service:
 
     def readings(self, name: str, kind: type[T]) -> T | None:
         """The latest typed readings of source ``name`` (None while it is absent or has no snapshot yet)."""
-        return latest_readings(self.daemon, name, kind)
+        return latest_readings(self.scheduler, name, kind)
 
     def node_signals(self) -> NodeSignals:
         """The latest readings of the sources the attribution reads; a source that is absent or down adds nothing."""
@@ -208,8 +208,8 @@ class Service:
         return {
             "version": __version__,
             "time": now,
-            "ready": self.daemon.ready,
-            "sources": [s.as_json(now) for s in self.daemon.states.values()],
+            "ready": self.scheduler.ready,
+            "sources": [s.as_json(now) for s in self.scheduler.states.values()],
             "jobs": [self.job_json(v) for v in views],
             "history": {v.name: self.history.of(v.name) for v in views},
         }
@@ -236,7 +236,7 @@ class Service:
     def observe_restores(self, now: float, views: list[JobView]) -> None:
         """Each job's finished checkpoint loads (its ledger's bands) with the reads of its checkpoint mounts."""
         storage = self.readings("storage", StorageReading)
-        state = self.daemon.states.get("storage")
+        state = self.scheduler.states.get("storage")
         mounts: dict[str, list[str]] = {}
         if storage is not None and state is not None and state.last_success is not None:
             counters = {}
@@ -272,31 +272,31 @@ def job_collectives(
     return result
 
 
-def latest_readings(daemon: Scheduler, name: str, kind: type[T]) -> T | None:
+def latest_readings(scheduler: Scheduler, name: str, kind: type[T]) -> T | None:
     """The typed readings of source ``name``'s latest snapshot, when it has them of ``kind``."""
-    state = daemon.states.get(name)
+    state = scheduler.states.get(name)
     readings = state.snapshot.readings if state is not None and state.snapshot is not None else None
     return readings if isinstance(readings, kind) else None
 
 
-def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
+def gpu_inventory_from(scheduler: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
     """This node's GPUs as the GPU source last saw them; None while it is down or absent."""
 
     def inventory() -> list[GpuInfo] | None:
-        sample = latest_readings(daemon, source_name, GpuSample)
+        sample = latest_readings(scheduler, source_name, GpuSample)
         return sample.inventory if sample is not None else None
 
     return inventory
 
 
-def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, GpuReading] | None]:
+def gpu_readings_from(scheduler: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, GpuReading] | None]:
     """The GPU source's latest readings by GPU index; None while it is down or absent."""
 
     def readings() -> dict[int, GpuReading] | None:
-        state = daemon.states.get(source_name)
+        state = scheduler.states.get(source_name)
         if state is None or not state.up:
             return None
-        sample = latest_readings(daemon, source_name, GpuSample)
+        sample = latest_readings(scheduler, source_name, GpuSample)
         return sample.gpus if sample is not None else None
 
     return readings
@@ -310,7 +310,7 @@ def build_service(
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Service:
     typed = typed_config(config)
-    daemon = Scheduler(sources, clock=clock)
+    scheduler = Scheduler(sources, clock=clock)
     jobs = JobTracker(
         # The facts stay dicts (the progress API's reports merge into them), without the node's keys (data_paths).
         configured={
@@ -320,32 +320,32 @@ def build_service(
         window=typed.mfu.window,
         max_jobs=typed.ingest.max_jobs,
         job_ttl=typed.ingest.job_ttl,
-        gpu_inventory=gpu_inventory_from(daemon),
+        gpu_inventory=gpu_inventory_from(scheduler),
         clock=clock,
-        gpu_readings=gpu_readings_from(daemon),
+        gpu_readings=gpu_readings_from(scheduler),
         monotonic=monotonic,
     )
     attribution = Attributor(typed.attribution)
     registry = CollectorRegistry(auto_describe=False)
     collector = ExporterCollector(
-        daemon, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
+        scheduler, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
     )
     registry.register(collector)
-    cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, parts=collector.parts)
-    daemon.on_sample(cache.sampled)
+    cache = MetricsCache(registry, lambda: scheduler.generation + jobs.generation, parts=collector.parts)
+    scheduler.on_sample(cache.sampled)
     checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
     if checkpoints is not None:
         checkpoints.listeners.append(jobs.checkpoint_event)  # every feed's saves reach the jobs' time ledgers
     for source in sources:
         if isinstance(source, LogsSource):  # log lines feed the same job model and checkpoint tracker as the APIs
-            source.attach(jobs, checkpoints, discovered_pods_from(lambda: daemon.states))
+            source.attach(jobs, checkpoints, discovered_pods_from(lambda: scheduler.states))
         elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
-            source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(daemon))
+            source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(scheduler))
     restores = RestoreMeter()
     collector.add(lambda: restore_families(restores.totals()))
     service = Service(
         config,
-        daemon,
+        scheduler,
         jobs,
         registry,
         cache,
@@ -366,6 +366,6 @@ def jobs_by_gpu(jobs: JobTracker) -> dict[int, str]:
     return {index: view.name for view in jobs.views() for index in view.gpu_indices or ()}
 
 
-def gpu_index_by_uuid(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[str, int]]:
-    inventory = gpu_inventory_from(daemon, source_name)
+def gpu_index_by_uuid(scheduler: Scheduler, source_name: str = "gpu") -> Callable[[], dict[str, int]]:
+    inventory = gpu_inventory_from(scheduler, source_name)
     return lambda: {gpu.uuid: gpu.index for gpu in inventory() or ()}

@@ -25,6 +25,6 @@ def run_daemon(args: argparse.Namespace, nvml: Any = None) -> int:
         ctx = dataclasses.replace(ctx, nvml=nvml)
     sources = build_sources(config, ctx)
     require_sources(config, sources, args.config)
-    runtime = build_service(config, sources, paths=ctx.paths, monotonic=ctx.monotonic)
-    asyncio.run(serve(runtime))
+    service = build_service(config, sources, paths=ctx.paths, monotonic=ctx.monotonic)
+    asyncio.run(serve(service))
     return 0

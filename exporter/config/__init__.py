@@ -234,6 +234,9 @@ class StorageConfig(SourceConfig):
     interval: float = setting(duration, 5.0)
     mounts: tuple[str, ...] = setting(string_list, [])
     gds: Enabled = setting(tristate, Enabled.AUTO)
+    # Whose mounts, under --path.procfs: the exporter's own (self), or, in a container with the host's PID
+    # namespace and /proc, the host's (1/mountstats), where the training pods' volumes are mounted.
+    mount_table: str = setting(string, "self/mountstats")
 
 
 @dataclass(frozen=True)

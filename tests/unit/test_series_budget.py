@@ -77,7 +77,7 @@ def test_series_per_node_are_within_the_budget(node):
     found, service = node
     by_family = Counter(name for name, _ in found)
     per_source = {}
-    for name, state in service.daemon.states.items():
+    for name, state in service.scheduler.states.items():
         if state.snapshot is not None:
             per_source[name] = len(snapshot_samples(state.snapshot))
     per_source["jobs and the exporter's own"] = len(found) - sum(per_source.values())
