@@ -40,7 +40,7 @@ from exporter.sources.inspector import InspectorReading
 from exporter.sources.logs import LogCollectives, LogsSample, LogsSource, discovered_pods_from
 from exporter.sources.nccl import NcclSample, NcclSource
 from exporter.sources.rdma import RdmaSample
-from exporter.sources.storage import MountReading, StorageReading
+from exporter.sources.storage import StorageReading
 
 log = logging.getLogger(__name__)
 
@@ -181,13 +181,7 @@ class Service:
             mounts=storage.mounts if storage else (),
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
             collectives=job_collectives(*self._collectives()),
-            data_mounts=self.data_mounts,
         )
-
-    def data_mounts(self, job: str) -> tuple[MountReading, ...]:
-        """The mounts holding ``job``'s data on this node, as the storage source last read them."""
-        storage = self.readings("storage", StorageReading)
-        return storage.job_mounts(job, role="data") if storage is not None else ()
 
     def _collectives(self) -> tuple[dict[str, LogCollectives], dict[str, InspectorReading]]:
         logs = self.readings("logs", LogsSample)

@@ -125,8 +125,6 @@ class NodeSignals:
     nearest_nics: Callable[[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = lambda bus_id, nics: ()
     # Each job's collectives as its log and NCCL Inspector show them (the logs and nccl sources): job -> reading.
     collectives: dict[str, JobCollectives] = field(default_factory=dict)
-    # The mounts holding a job's data (jobs.<name>.data_paths) with their read throughput (the storage source).
-    data_mounts: Callable[[str], tuple[MountSignal, ...]] = lambda job: ()
 
 
 @dataclass(frozen=True)

@@ -127,20 +127,3 @@ class JobCollectives:
     socket_fallback: bool = False  # inter-node traffic went over TCP sockets
     transport_evidence: str = ""  # the NCCL line(s) that show it
     straggler: str | None = None  # who holds the job back, with the evidence; None when nobody is named
-
-
-class MountSignal(Protocol):
-    """A mount holding a job's data, as the attribution reads it (``exporter.sources.storage.MountReading``): which
-    mount, and how fast the storage behind it read since the storage source's previous sample."""
-
-    @property
-    def mount_point(self) -> str: ...
-
-    @property
-    def fstype(self) -> str: ...
-
-    @property
-    def device(self) -> str: ...
-
-    @property
-    def read_bytes_per_second(self) -> float | None: ...

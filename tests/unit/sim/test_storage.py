@@ -46,7 +46,7 @@ def test_the_demo_loader_reads_the_dataset_mount_and_gds_as_it_trains(tmp_path):
 
 
 def test_the_attribution_sees_the_jobs_data_mounts_through_the_service(tmp_path):
-    """NodeSignals.data_mounts: the mounts of a job's data_paths with their read rate, for the input evidence."""
+    """NodeSignals.mounts: the storage source's mounts with their jobs and read rate, for the input evidence."""
     import asyncio
 
     from exporter.service import build_service
@@ -72,6 +72,5 @@ def test_the_attribution_sees_the_jobs_data_mounts_through_the_service(tmp_path)
 
     storage.interval = 0.05
     asyncio.run(sample_twice())
-    (mount,) = service.node_signals().data_mounts(JOB)
+    (mount,) = [m for m in service.node_signals().mounts if (JOB, "data") in m.jobs]
     assert (mount.mount_point, mount.fstype) == (DATASET_MOUNT, "nfs4")
-    assert service.node_signals().data_mounts("another-job") == ()
