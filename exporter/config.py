@@ -285,6 +285,12 @@ def string_list(value: Any) -> list[str]:
     return value
 
 
+def absolute_globs(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item.startswith("/") for item in value):
+        raise Invalid('a list of absolute paths or globs, like ["/var/lib/mfu-exporter/nccl/*.txt"]')
+    return value
+
+
 def command(value: Any) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
         raise Invalid('a command as a list of arguments, like ["squeue", "-h", "-o", "%j", "-j", "{job}"], or []')
@@ -493,6 +499,17 @@ class StorageConfig(SourceConfig):
 
 
 @dataclass(frozen=True)
+class NcclConfig(SourceConfig):
+    """``sources.nccl``: the node's last NCCL verification, the newest file matching ``tests_paths`` (an
+    all_reduce_perf output a Slurm prolog or a Kubernetes init container wrote), judged like ``mfu-exporter nccl``.
+    ``expect_busbw`` (GB/s) overrides the figure read from the ACTIVE RDMA ports."""
+
+    interval: float = setting(duration, 30.0)
+    tests_paths: tuple[str, ...] = setting(absolute_globs, [])
+    expect_busbw: float | None = setting(optional(positive_quantity), None)
+
+
+@dataclass(frozen=True)
 class SourcesConfig:
     gpu: GpuConfig = subsection(GpuConfig)
     rdma: RdmaConfig = subsection(RdmaConfig)
@@ -501,6 +518,7 @@ class SourcesConfig:
     logs: LogsConfig = subsection(LogsConfig)
     preflight: PreflightConfig = subsection(PreflightConfig)
     storage: StorageConfig = subsection(StorageConfig)
+    nccl: NcclConfig = subsection(NcclConfig)
 
 
 @dataclass(frozen=True)

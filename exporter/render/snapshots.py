@@ -14,6 +14,7 @@ from exporter.render.checkpoint import checkpoint_sample_families
 from exporter.render.discovery import discovery_families
 from exporter.render.ethtool import ethtool_families
 from exporter.render.gpu import gpu_families
+from exporter.render.nccl import nccl_families
 from exporter.render.preflight import preflight_families
 from exporter.render.rdma import rdma_families
 from exporter.render.storage import storage_families
@@ -22,6 +23,7 @@ from exporter.sources.checkpoint import CheckpointSample
 from exporter.sources.discovery import DiscoverySample
 from exporter.sources.ethtool import EthtoolSample
 from exporter.sources.gpu import GpuSample
+from exporter.sources.nccl import NcclTestReading
 from exporter.sources.preflight import PreflightSample
 from exporter.sources.rdma import RdmaSample
 from exporter.sources.storage import StorageReading
@@ -36,6 +38,7 @@ RENDERERS: dict[type, Renderer] = {
     PreflightSample: preflight_families,
     DiscoverySample: discovery_families,
     StorageReading: storage_families,
+    NcclTestReading: nccl_families,
 }
 
 

@@ -62,6 +62,7 @@ def test_a_source_is_left_out_only_when_its_config_says_false(tmp_path):
         "rdma",
         "ethtool",
         "storage",
+        "nccl",
         "discovery",
     ]  # discovery: slurm is still auto
     typed = typed_config(validate({"discovery": {"kubernetes": OFF, "slurm": OFF}}))
