@@ -39,6 +39,11 @@ ON_AN_EVENT = {
     "mfu_storage_reads_total": "the same",
     "mfu_storage_read_seconds_total": "the same",
     "mfu_storage_job_mount_info": "a job with jobs.<name>.data_paths or a checkpoint watch",
+    # nccl.FAMILY_LEVELS (render/nccl.py): minimal and standard; a default node has no sources.nccl.tests_paths file.
+    "mfu_nccl_test_passed": "a verification file under sources.nccl.tests_paths",
+    "mfu_nccl_test_busbw_bytes_per_second": "the same",
+    "mfu_nccl_test_expected_busbw_bytes_per_second": "the same, and an ACTIVE RDMA port or expect_busbw",
+    "mfu_nccl_test_wrong_values": "the same, from a test that checked its values",
 }
 
 
