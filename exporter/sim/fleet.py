@@ -69,7 +69,7 @@ from exporter.sim.node import (
     train_healthily,
     write_procfs,
 )
-from exporter.sources import build_sources
+from exporter.sources import SOURCES, build_sources
 from exporter.sources.base import Paths, Snapshot, Source, SourceContext
 from exporter.sources.checkpoint import CheckpointSource
 from exporter.web.app import create_app
@@ -367,7 +367,8 @@ class Fleet:
         job.checkpoints.root.mkdir(parents=True)
         watch = {"path": str(job.checkpoints.root), "job": job.name, "done_marker": ".metadata"}
         # Only the job's checkpoint source: the machines' sources are the rest of each node.
-        only = {name: {"enabled": False} for name in ("gpu", "rdma", "ethtool", "preflight", "logs")}
+        # Every other source of the registry off, so a source added later does not join the job's shared one.
+        only = {name: {"enabled": False} for name in SOURCES if name not in ("checkpoint", "discovery")}
         checkpoint = {"watch": [watch], "interval": f"{self.interval:g}s"}
         section_config = validate(
             {
