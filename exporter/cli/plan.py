@@ -223,7 +223,7 @@ def _quantity(value: str) -> float:
 
 
 def bounded(low: float, high: float, what: str) -> Callable[[str], float]:
-    """A positive quantity within the bounds the daemon holds a job's facts to (exporter/config.py), so every figure
+    """A positive quantity within the bounds the daemon holds a job's facts to (exporter/config/), so every figure
     the plan derives from it stays finite."""
 
     def parse(value: str) -> float:

@@ -54,7 +54,7 @@ RETRANSMIT_COUNTERS = frozenset(
 )
 
 
-# The thresholds are the config's ``attribution`` section, defaults and all (one table: exporter/config.py).
+# The thresholds are the config's ``attribution`` section, defaults and all (one table: exporter/config/).
 Thresholds = AttributionConfig
 
 

@@ -87,7 +87,7 @@ class JobTracker:
     def __init__(
         self,
         configured: dict[str, dict] | None = None,
-        window: float = DEFAULTS.mfu.window,  # the config table's defaults (exporter/config.py)
+        window: float = DEFAULTS.mfu.window,  # the config table's defaults (exporter/config/)
         max_jobs: int = DEFAULTS.ingest.max_jobs,
         job_ttl: float = DEFAULTS.ingest.job_ttl,
         gpu_inventory: Callable[[], list[GpuInfo] | None] = lambda: None,

@@ -20,7 +20,7 @@ from exporter.config import JOB_NAME_PATTERN, ConfigError, defaults, load_config
 from exporter.service import build_service
 from exporter.sources import Paths, SourceContext, build_sources
 from exporter.web.app import create_app
-from exporter.web.security import load_web_config
+from exporter.web.webconfig import load_web_config
 
 MAX_JOBS = 3
 MAX_BODY = 4096

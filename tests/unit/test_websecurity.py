@@ -20,7 +20,8 @@ from exporter.config import ConfigError, validate
 from exporter.service import build_service
 from exporter.web import security as websecurity
 from exporter.web.app import create_app, serve
-from exporter.web.security import WebSecurity, is_loopback, load_web_config
+from exporter.web.security import WebSecurity, is_loopback
+from exporter.web.webconfig import load_web_config
 from tests.support.net import free_port
 from tests.support.wait import wait_for
 
