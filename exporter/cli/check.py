@@ -18,8 +18,6 @@ from exporter.preflight.checks import read_env_file, run_checks
 from exporter.preflight.facts import CheckResult, PreflightSettings, Status, gather
 from exporter.preflight.report import render_table, results_json
 
-CHECK_HELP = "Check this node for what a distributed training job needs (read-only); exit 1 when a check FAILs."
-
 
 def add_check_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--config", "YAML config file; thresholds come from sources.preflight", metavar="FILE")

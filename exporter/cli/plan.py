@@ -207,9 +207,6 @@ def render_plan(plan: Plan) -> str:
 # --- command line -----------------------------------------------------------------------------------------------
 
 
-PLAN_HELP = "Size a training run with the guide's t_train = 6·P·D / (N·T_peak·MFU)."
-
-
 def _quantity(value: str) -> float:
     try:
         number = parse_quantity(value)

@@ -218,6 +218,22 @@ class PreflightConfig(SourceConfig):
 
 
 @dataclass(frozen=True)
+class NcclConfig(SourceConfig):
+    """NCCL's own reports of a job's collectives (issue 32): ``inspector_paths`` are globs of NCCL Inspector's dump
+    directories (``NCCL_INSPECTOR_DUMP_DIR``: its ``<host>-pid<pid>.log`` JSON lines and its
+    ``nccl_inspector_metrics_<GPU UUID>.prom`` textfiles), or of the files themselves.
+
+    And the node's last NCCL verification: the newest file matching ``tests_paths`` (an all_reduce_perf output a
+    Slurm prolog or a Kubernetes init container wrote), judged like ``mfu-exporter nccl``; ``expect_busbw`` (GB/s)
+    overrides the figure read from the ACTIVE RDMA ports."""
+
+    interval: float = setting(duration, 5.0)
+    inspector_paths: tuple[str, ...] = setting(string_list, [])
+    tests_paths: tuple[str, ...] = setting(absolute_globs, [])
+    expect_busbw: float | None = setting(optional(positive_quantity), None)
+
+
+@dataclass(frozen=True)
 class StorageConfig(SourceConfig):
     """``sources.storage``: reads per mount of the jobs' data (``jobs.<name>.data_paths``), of their checkpoint
     watches and of ``mounts``, and the nvidia-fs driver's GPUDirect Storage counters (``gds``)."""
@@ -225,17 +241,9 @@ class StorageConfig(SourceConfig):
     interval: float = setting(duration, 5.0)
     mounts: tuple[str, ...] = setting(string_list, [])
     gds: Enabled = setting(tristate, Enabled.AUTO)
-
-
-@dataclass(frozen=True)
-class NcclConfig(SourceConfig):
-    """``sources.nccl``: the node's last NCCL verification, the newest file matching ``tests_paths`` (an
-    all_reduce_perf output a Slurm prolog or a Kubernetes init container wrote), judged like ``mfu-exporter nccl``.
-    ``expect_busbw`` (GB/s) overrides the figure read from the ACTIVE RDMA ports."""
-
-    interval: float = setting(duration, 30.0)
-    tests_paths: tuple[str, ...] = setting(absolute_globs, [])
-    expect_busbw: float | None = setting(optional(positive_quantity), None)
+    # Whose mounts, under --path.procfs: the exporter's own (self), or, in a container with the host's PID
+    # namespace and /proc, the host's (1/mountstats), where the training pods' volumes are mounted.
+    mount_table: str = setting(string, "self/mountstats")
 
 
 @dataclass(frozen=True)
@@ -246,8 +254,8 @@ class SourcesConfig:
     checkpoint: CheckpointConfig = subsection(CheckpointConfig)
     logs: LogsConfig = subsection(LogsConfig)
     preflight: PreflightConfig = subsection(PreflightConfig)
-    storage: StorageConfig = subsection(StorageConfig)
     nccl: NcclConfig = subsection(NcclConfig)
+    storage: StorageConfig = subsection(StorageConfig)
 
 
 @dataclass(frozen=True)

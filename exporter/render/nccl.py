@@ -1,4 +1,5 @@
-"""The nccl source's reading (``exporter.sources.nccl.NcclTestReading``) as metric families.
+"""The nccl source's verification reading (``exporter.sources.nccl_tests.NcclTestReading``) as metric families;
+``exporter.render.collectives.nccl_families`` renders the rest of the source's sample and calls this.
 
 One verification per node: its bus bandwidth at the largest size (by collective, as the file names it), the figure
 it was held to, whether wrong values were seen, when it ran and whether it passed. Nothing while no file matches.
@@ -12,7 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from exporter.render.common import levelled
-from exporter.sources.nccl import NcclTestReading
+from exporter.sources.nccl_tests import NcclTestReading
 
 # The lowest series level (sources.nccl.series) at which each family is on. minimal: what MfuNcclTestFailed reads.
 FAMILY_LEVELS = {
@@ -24,7 +25,7 @@ FAMILY_LEVELS = {
 }
 
 
-def nccl_families(reading: NcclTestReading) -> Iterable[Metric]:
+def nccl_test_families(reading: NcclTestReading) -> Iterable[Metric]:
     return levelled(_families(reading), FAMILY_LEVELS, reading.series)
 
 

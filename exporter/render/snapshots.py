@@ -1,7 +1,7 @@
 """A source's snapshot to metric families: its typed readings go to the renderer of their type.
 
 Every source's sample type has one renderer here (readings in, families out); a snapshot without readings (the logs
-source's) exports nothing of its own. A source defined elsewhere (a test's) adds its renderer with ``register``.
+source's before it is attached) exports nothing of its own. A source defined elsewhere (a test's) adds its renderer with ``register``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any, Callable, Iterable
 from prometheus_client.metrics_core import Metric
 
 from exporter.render.checkpoint import checkpoint_sample_families
+from exporter.render.collectives import log_families, nccl_families
 from exporter.render.discovery import discovery_families
 from exporter.render.ethtool import ethtool_families
 from exporter.render.gpu import gpu_families
-from exporter.render.nccl import nccl_families
 from exporter.render.preflight import preflight_families
 from exporter.render.rdma import rdma_families
 from exporter.render.storage import storage_families
@@ -23,7 +23,8 @@ from exporter.sources.checkpoint import CheckpointSample
 from exporter.sources.discovery import DiscoverySample
 from exporter.sources.ethtool import EthtoolSample
 from exporter.sources.gpu import GpuSample
-from exporter.sources.nccl import NcclTestReading
+from exporter.sources.logs import LogsSample
+from exporter.sources.nccl import NcclSample
 from exporter.sources.preflight import PreflightSample
 from exporter.sources.rdma import RdmaSample
 from exporter.sources.storage import StorageReading
@@ -38,7 +39,8 @@ RENDERERS: dict[type, Renderer] = {
     PreflightSample: preflight_families,
     DiscoverySample: discovery_families,
     StorageReading: storage_families,
-    NcclTestReading: nccl_families,
+    LogsSample: log_families,
+    NcclSample: nccl_families,
 }
 
 

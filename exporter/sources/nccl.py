@@ -1,49 +1,30 @@
-"""The node's last NCCL verification: the newest file matching ``sources.nccl.tests_paths``, judged.
+"""The nccl source (``sources.nccl``): NCCL's own reports of the node's jobs, NCCL Inspector's dump files
+(``inspector_paths``, followed by ``exporter.sources.inspector``), and the node's last NCCL verification
+(``tests_paths``, judged by ``exporter.sources.nccl_tests``).
 
-A Slurm prolog or a Kubernetes init container runs a short all_reduce_perf and writes its output there (README,
-"Verifying the fabric"). The source reads the newest matching file, judges it the way ``mfu-exporter nccl`` does
-(``exporter.preflight.nccl``: busbw at the largest size against the ACTIVE RDMA ports, wrong values, sockets
-between nodes) and keeps the verdict until a newer file comes. A file is read again only when its modification
-time or size changes.
-
-No ``tests_paths`` configured, or none matching yet: an empty reading and a status saying so, not an error. A
-file that cannot be read or holds no NCCL output is a failed verification, never a silent pass.
-
-The source returns typed readings (``NcclTestReading``); ``exporter.render.nccl`` turns them into families.
+It returns typed readings (``NcclSample``); ``exporter.render.collectives`` and ``exporter.render.nccl`` turn them
+into families.
 """
 
 from __future__ import annotations
 
-import glob
-import os
+import time
 from collections import Counter
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from exporter.config import NcclConfig
-from exporter.node.rdma import RdmaPort, discover_ports
-from exporter.preflight.nccl import Expectation, Unreadable, fabric_expectation, read_lines, user_expectation, verify
+from exporter.node.nvml import NvmlSession
+from exporter.node.rdma import RdmaPort
 from exporter.sources.base import Snapshot, SourceContext
-
-GB = 1e9  # nccl-tests' GB/s are 10^9 bytes per second
+from exporter.sources.inspector import GpuIndexByUuid, InspectorFiles, InspectorReading, JobsByGpu
+from exporter.sources.nccl_tests import NcclTestReading, NcclTests, fabric_ports
 
 
 @dataclass(frozen=True)
-class NcclTestReading:
-    """The last verification; every figure None where the file does not show it. ``path`` None: no file yet."""
-
-    path: str | None
-    verified_at: float | None  # the file's modification time (Unix seconds): when the test finished writing it
-    verdict: str  # "pass", "fail", "unreadable", or "none" while no file matches
-    passed: bool | None  # unreadable counts as failed; None while no file matches
-    collective: str | None
-    busbw_bytes_per_second: float | None  # out-of-place busbw at the largest size
-    largest_size_bytes: int | None
-    expected_bytes_per_second: float | None
-    wrong_values: bool | None  # None: not checked (N/A) or the old error column
-    fell_back_to_socket: bool | None
-    reasons: tuple[str, ...]
-    series: str  # the source's series level, for the renderer
+class NcclSample:
+    inspector: Mapping[str, InspectorReading] = field(default_factory=dict)  # job -> its collectives here
+    test: NcclTestReading | None = None  # the node's last verification (None: no tests_paths configured)
 
 
 class NcclSource:
@@ -52,104 +33,33 @@ class NcclSource:
     def __init__(
         self,
         section: NcclConfig,
+        nvml_session: NvmlSession | None = None,
+        clock: Callable[[], float] = time.monotonic,
         ports: Callable[[], list[RdmaPort]] = list,
     ):
-        """``ports``: the node's RDMA ports, read on each new file for the expected figure (unless expect_busbw)."""
+        """``ports``: the node's RDMA ports, read on each new verification file for its expected figure."""
         self.interval = section.interval
         self.timeout = section.timeout
-        self.series = section.series
-        self._patterns = tuple(section.tests_paths)
-        self._expect = section.expect_busbw
-        self._ports = ports
-        self._last: tuple[tuple[str, int, int], NcclTestReading] | None = None
+        self.inspector = InspectorFiles(section.inspector_paths, nvml_session, clock)
+        self.tests = NcclTests(section, ports)
+
+    @classmethod
+    def from_config(cls, section: NcclConfig, ctx: SourceContext) -> NcclSource:
+        """The ``exporter.sources.SOURCES`` factory: ``sources.nccl``, with ``ctx``'s NVML session for the GPUs of
+        the processes that wrote Inspector's files, and its sysfs's RDMA ports for the verification's expected figure."""
+        return cls(section, nvml_session=ctx.nvml_session, clock=ctx.monotonic, ports=fabric_ports(ctx))
+
+    def attach(self, jobs_by_gpu: JobsByGpu, gpu_by_uuid: GpuIndexByUuid) -> None:
+        """Where a GPU's job (the job model) and a UUID's GPU index (the GPU source) come from."""
+        self.inspector.attach(jobs_by_gpu, gpu_by_uuid)
 
     def sample(self) -> Snapshot:
         errors: Counter = Counter()
-        if not self._patterns:
-            return self._empty("no sources.nccl.tests_paths configured")
-        newest = self._newest(errors)
-        if newest is None:
-            return self._empty(f"no file matches {', '.join(self._patterns)} yet", errors)
-        path, stat = newest
-        key = (path, stat.st_mtime_ns, stat.st_size)
-        if self._last is None or self._last[0] != key:
-            self._last = (key, self._judge(path, stat.st_mtime, errors))
-        reading = self._last[1]
-        status = {
-            "file": reading.path,
-            "verified_at": reading.verified_at,
-            "verdict": reading.verdict,
-            "reasons": list(reading.reasons),
-        }
-        return Snapshot(readings=reading, errors=errors, status=status)
+        readings, status = self.inspector.sample(errors)
+        test, test_status = self.tests.sample(errors)
+        return Snapshot(
+            readings=NcclSample(readings, test), errors=errors, status={"inspector": status, "test": test_status}
+        )
 
     def close(self) -> None:
-        pass
-
-    # internals
-
-    def _empty(self, why: str, errors: Counter | None = None) -> Snapshot:
-        reading = NcclTestReading(None, None, "none", None, None, None, None, None, None, None, (why,), self.series)
-        return Snapshot(readings=reading, errors=errors or Counter(), status={"file": None, "verdict": why})
-
-    def _newest(self, errors: Counter) -> tuple[str, os.stat_result] | None:
-        best: tuple[str, os.stat_result] | None = None
-        for pattern in self._patterns:
-            for path in glob.glob(pattern):
-                try:
-                    stat = os.stat(path)
-                except OSError:
-                    errors["file_vanished"] += 1  # removed between the listing and the stat: the next file wins
-                    continue
-                if not os.path.isfile(path):
-                    continue
-                if best is None or (stat.st_mtime_ns, path) > (best[1].st_mtime_ns, best[0]):
-                    best = (path, stat)
-        return best
-
-    def _expectation(self) -> Expectation:
-        if self._expect is not None:
-            return user_expectation(self._expect)
-        return fabric_expectation(self._ports())
-
-    def _judge(self, path: str, mtime: float, errors: Counter) -> NcclTestReading:
-        expectation = self._expectation()
-        expected = None if expectation.busbw_gbps is None else expectation.busbw_gbps * GB
-        try:
-            lines = read_lines(path)
-        except Unreadable as exc:
-            errors["unreadable_file"] += 1
-            return NcclTestReading(
-                path, mtime, "unreadable", False, None, None, None, expected, None, None, (str(exc),), self.series
-            )
-        reading, judgement = verify(lines, expectation)
-        perf, transport = reading.perf, reading.transport
-        measured = judgement.measured_busbw_gbps
-        return NcclTestReading(
-            path=path,
-            verified_at=mtime,
-            verdict=judgement.verdict,
-            passed=judgement.verdict == "pass",
-            collective=None if perf is None else perf.collective,
-            busbw_bytes_per_second=None if measured is None else measured * GB,
-            largest_size_bytes=None if perf is None else perf.largest_size_bytes,
-            expected_bytes_per_second=expected,
-            wrong_values=None if perf is None else perf.wrong_nonzero,
-            fell_back_to_socket=None if transport is None else transport.fell_back_to_socket,
-            reasons=judgement.reasons,
-            series=self.series,
-        )
-
-
-def nccl_source(section: NcclConfig, ctx: SourceContext) -> NcclSource:
-    """The ``exporter.sources.SOURCES`` factory: the RDMA ports under ``ctx``'s sysfs, filtered as the rdma source
-    filters them, give the expected figure."""
-    rdma = ctx.settings.sources.rdma
-    sysfs = ctx.paths.sysfs
-
-    def ports() -> list[RdmaPort]:
-        return discover_ports(
-            sysfs, rdma.devices_include, rdma.devices_exclude, virtual_functions=rdma.virtual_functions
-        )
-
-    return NcclSource(section, ports)
+        self.inspector.close()

@@ -1,5 +1,5 @@
-"""The nccl source through its registered factory: the newest file under sources.nccl.tests_paths, judged against a
-fixture /sys of eight ACTIVE 400 Gb/s ports (320 GB/s expected), rendered through render/nccl.py."""
+"""The nccl source's verification half through the registered factory: the newest file under sources.nccl.tests_paths,
+judged against a fixture /sys of eight ACTIVE 400 Gb/s ports (320 GB/s expected), rendered through render/nccl.py."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_the_newest_file_is_judged_and_rendered(tmp_path: Path) -> None:
     write(results / "old.txt", PERF["nccl-tests-232-tree-two-nodes"].lines, 1_700_000_000)
     write(results / "new.txt", PERF["coreweave-nccl-tests-43-nvl72"].lines, 1_700_000_100)
     snapshot = source.sample()
-    assert snapshot.readings.path == str(results / "new.txt")
+    assert snapshot.readings.test.path == str(results / "new.txt")
     assert snapshot_value(snapshot, "mfu_nccl_test_passed") == 1.0
     assert snapshot_value(snapshot, "mfu_nccl_test_busbw_bytes_per_second", collective="unknown") == 834.57e9
     assert snapshot_value(snapshot, "mfu_nccl_test_expected_busbw_bytes_per_second") == 320e9
@@ -58,20 +58,20 @@ def test_the_newest_file_is_judged_and_rendered(tmp_path: Path) -> None:
     assert snapshot_value(snapshot, "mfu_nccl_test_passed") == 0.0
     assert snapshot_value(snapshot, "mfu_nccl_test_busbw_bytes_per_second", collective="all_reduce") == 71.55e9
     assert snapshot_value(snapshot, "mfu_nccl_test_wrong_values") is None  # the 2021 error column: not a count
-    assert any("below 0.9 x the expected 320 GB/s" in r for r in snapshot.status["reasons"])
+    assert any("below 0.9 x the expected 320 GB/s" in r for r in snapshot.status["test"]["reasons"])
 
 
 def test_socket_fallback_and_an_empty_file_fail(tmp_path: Path) -> None:
     source = build(tmp_path, tests_paths=[str(tmp_path / "*.txt")])
     write(tmp_path / "a.txt", DEBUG["nccl-226-aws-sockets-many-hosts"].lines, 1_700_000_000)
     snapshot = source.sample()
-    assert snapshot.readings.fell_back_to_socket is True
+    assert snapshot.readings.test.fell_back_to_socket is True
     assert snapshot_value(snapshot, "mfu_nccl_test_passed") == 0.0
     assert snapshot_value(snapshot, "mfu_nccl_test_timestamp_seconds") == 1_700_000_000
     (tmp_path / "b.txt").write_bytes(b"")  # a prolog whose test died before printing
     os.utime(tmp_path / "b.txt", (1_700_000_100, 1_700_000_100))
     snapshot = source.sample()
-    assert snapshot.readings.verdict == "unreadable"
+    assert snapshot.readings.test.verdict == "unreadable"
     assert snapshot_value(snapshot, "mfu_nccl_test_passed") == 0.0
     (tmp_path / "c.txt").write_bytes(b"\xff\xfe binary")
     os.utime(tmp_path / "c.txt", (1_700_000_200, 1_700_000_200))
@@ -85,20 +85,23 @@ def test_nothing_configured_or_matching_is_a_status_not_an_error(tmp_path: Path)
         snapshot = source.sample()
         assert snapshot_samples(snapshot) == {}
         assert not snapshot.errors
-        assert snapshot.readings.verdict == "none"
-        assert "tests_paths" in snapshot.status["verdict"] or "no file matches" in snapshot.status["verdict"]
+        assert snapshot.readings.test.verdict == "none"
+        assert (
+            "tests_paths" in snapshot.status["test"]["verdict"]
+            or "no file matches" in snapshot.status["test"]["verdict"]
+        )
 
 
 def test_a_file_is_read_again_only_when_it_changes(tmp_path: Path, monkeypatch) -> None:
     source = build(tmp_path, tests_paths=[str(tmp_path / "*.txt")], expect_busbw=40)
     write(tmp_path / "a.txt", PERF["nccl-tests-232-tree-two-nodes"].lines, 1_700_000_000)
-    first = source.sample().readings
+    first = source.sample().readings.test
     assert first.passed is True and first.expected_bytes_per_second == 40e9  # expect_busbw, in GB/s
     reads = []
-    import exporter.sources.nccl as module
+    import exporter.sources.nccl_tests as module
 
     monkeypatch.setattr(module, "read_lines", lambda path: reads.append(path) or [])
-    assert source.sample().readings is first
+    assert source.sample().readings.test is first
     assert reads == []
     write(tmp_path / "a.txt", PERF["nccl-tests-232-tree-two-nodes"].lines[:-1], 1_700_000_050)
     source.sample()
