@@ -63,7 +63,6 @@ def test_a_source_is_left_out_only_when_its_config_says_false(tmp_path):
         "ethtool",
         "nccl",
         "storage",
-        "nccl",
         "discovery",
     ]  # discovery: slurm is still auto
     typed = typed_config(validate({"discovery": {"kubernetes": OFF, "slurm": OFF}}))
