@@ -272,6 +272,8 @@ class AttributionConfig:
     # A fixed level, not a rise: above what the job's ports see when healthy.
     cnp_per_second: float = setting(positive_quantity, 1000.0)
     idle_utilization: float = setting(ratio, 0.5)  # mean GPU utilization under which GPUs count as mostly idle
+    # Share of wall time the job's loop waited for its next batch (client or log) over which the gap is "input".
+    input_wait_ratio: float = setting(ratio, 0.10)
     baseline_window: float = setting(duration, 3600.0)
     baseline_percentile: float = setting(ratio, 0.9)
     baseline_min_samples: int = setting(positive_int, 30)

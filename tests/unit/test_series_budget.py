@@ -34,6 +34,7 @@ ON_AN_EVENT = {
     "mfu_exporter_source_errors_total": "a source's first error",
     "mfu_job_eta_seconds": "a job with target_tokens",
     "mfu_job_baseline_mfu_ratio": "a learnt baseline (30 samples 10 s apart)",
+    "mfu_job_data_wait_seconds_total": "a job that gives its data wait (client data_wait_seconds or a log's timer)",
     # render/collectives.py, always on: a job's log with NCCL INFO lines, NCCL Inspector's dumps, a slow rank named.
     "mfu_job_nccl_transport_info": "a job's log showing NCCL's transport",
     "mfu_job_nccl_socket_fallback": "a job's log showing NCCL's transport",
