@@ -67,6 +67,9 @@ INCIDENT_SECONDS = {
 }
 CHECKPOINT_EVERY = 600.0
 FIRST_CHECKPOINT = 20.0
+# The job's loader, as its client times it (ProgressReporter's data_wait_seconds): healthy, it keeps the GPUs fed
+# and the step waits 1% of wall time for its next batch.
+DATA_WAIT_SHARE = 0.01
 STORM_NICS = (2, 5)
 HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3
@@ -317,6 +320,8 @@ class DemoNode:
         self.tokens = 0.0
         self.incident: str | None = None
         self.reporter: ProgressReporter | None = None
+        self.data_wait = 0.0  # seconds the job's loop waited for its next batch, as its client sums them
+        self.data_wait_share = DATA_WAIT_SHARE  # of wall time, while it trains; an input incident raises it
         self.new_reporter: Callable[[], ProgressReporter] | None = None  # a new process's reporter (a new run)
         self._checkpointed = (0.0, None)  # (tokens, tokens of the write under way): a restart resumes at the first
         self._restoring: tuple[float, Any] | None = None  # (when the load ends, the reporter's open load)
@@ -381,8 +386,13 @@ class DemoNode:
         self.nvml.advance(dt)
         self.fabric.tick(dt)
         self.storage.tick(dt, rate / healthy_tokens_per_second(), restoring=False)  # the loader reads as it trains
+        self.data_wait += self.data_wait_share * dt
         if self.reporter is not None and self.incident not in ("gpu-lost", "crash-restart"):
-            self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
+            self.reporter.update(
+                tokens_total=int(self.tokens),
+                step=int(self.tokens // TOKENS_PER_STEP),
+                data_wait_seconds=self.data_wait,
+            )
         if self.training_log is not None and self.incident not in ("gpu-lost", "crash-restart"):
             self.training_log.progress(stamp, self.tokens)
 
