@@ -41,7 +41,7 @@ lint: $(STAMP)
 
 # Rewrite tests/fixtures/e2e-output.txt (the golden exposition) after an intended change of the metrics; review its diff.
 golden: $(STAMP)
-	$(PY) -m pytest -q tests/unit/test_golden_exposition.py --update-golden
+	$(PY) -m pytest -q tests/unit/render/test_golden_exposition.py --update-golden
 
 # The fault soak of tests/e2e/test_soak.py for longer: ten minutes unless SOAK_SECONDS says otherwise (make test: 50 s).
 soak: $(STAMP)

@@ -4,7 +4,7 @@ Eight H100s through the fake NVML, eight ConnectX-7 RoCE ports with every ``coun
 their eight netdevs with at least 300 ``ethtool -S`` statistics each, and four jobs of two GPUs each reporting
 progress and one checkpoint write each. Only the inputs are simulated: the daemon runs the real sources on them (the GPU source on the fake
 NVML module, the RDMA source on the sysfs tree, the ethtool source on ``ethtool -S`` texts) and every other source
-the runtime registers, as a real node's daemon does.
+the service registers, as a real node's daemon does.
 
 The fabric files are written by the bench driver (``SimulatedNode.tick``), not by the daemon, so the daemon's CPU
 is the exporter's own. ``Hangable`` wraps a source so the driver can make its sample hang, as NVML's calls do on a
@@ -118,7 +118,7 @@ class Hangable:
         self.switch = str(switch)
         self.blocked = str(switch) + ".blocked"
 
-    def __getattr__(self, name: str) -> Any:  # name, interval, timeout and whatever else the runtime reads
+    def __getattr__(self, name: str) -> Any:  # name, interval, timeout and whatever else the service reads
         return getattr(self.source, name)
 
     def sample(self):

@@ -310,35 +310,35 @@ def text_reader_cpu(fabric: SimulatedNode, root: Path, cycles: int = 20) -> floa
 
 
 async def measure_rendering(plan: Plan, root: Path, figures: Figures) -> dict[str, str]:
-    """The CPU of one full render per format, on a runtime whose daemon sampled once, with the jobs reported and
+    """The CPU of one full render per format, on a service whose daemon sampled once, with the jobs reported and
     attributed; returns which source each family comes from (by its name in the text format)."""
     config = fixture.node_config()
-    runtime = build_service(config, fixture.node_sources(config, root, fixture.build_gpus()))
-    if runtime.checkpoints is not None:
+    service = build_service(config, fixture.node_sources(config, root, fixture.build_gpus()))
+    if service.checkpoints is not None:
         for job in fixture.JOBS:
-            runtime.checkpoints.record(parse_checkpoint_event(fixture.checkpoint_event(job), time.time()))
-    daemon = runtime.daemon
-    await daemon.start()
+            service.checkpoints.record(parse_checkpoint_event(fixture.checkpoint_event(job), time.time()))
+    scheduler = service.scheduler
+    await scheduler.start()
     try:
-        while not all(state.cycles for state in daemon.states.values()):
+        while not all(state.cycles for state in scheduler.states.values()):
             await asyncio.sleep(0.05)
     finally:
-        await daemon.stop()
+        await scheduler.stop()
     for index, job in enumerate(fixture.JOBS):
         for step in (1, 2):
-            runtime.jobs.report(
+            service.jobs.report(
                 parse_progress(fixture.progress_report(index, job, step * fixture.TOKENS_PER_REPORT, step), time.time())
             )
-    runtime.attribution.evaluate(time.time(), runtime.jobs.views(), runtime.node_signals())  # as evaluate_jobs does
+    service.attribution.evaluate(time.time(), service.jobs.views(), service.node_signals())  # as evaluate_jobs does
     source_of = {}
-    for name, state in daemon.states.items():
+    for name, state in scheduler.states.items():
         for family in snapshot_families(state.snapshot) if state.snapshot else ():
             source_of[family.name + "_info" if family.type == "info" else family.name] = name
     for label, accept in (("text", ""), ("openmetrics", loadgen.PROMETHEUS_ACCEPT)):
         encoder, content_type = choose_encoder(accept)
         renders = {
-            "cpu_ms": lambda: encode(runtime.registry, encoder, content_type),  # what a scrape waits for
-            "library_cpu_ms": lambda: encoder(runtime.registry),
+            "cpu_ms": lambda: encode(service.registry, encoder, content_type),  # what a scrape waits for
+            "library_cpu_ms": lambda: encoder(service.registry),
         }  # prometheus_client's own, for comparison
         for _ in range(plan.repetitions):
             for figure, render in renders.items():
@@ -873,7 +873,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.ERROR)  # the in-process runtime's notes (a job's first report) are expected
+    logging.basicConfig(level=logging.ERROR)  # the in-process service's notes (a job's first report) are expected
     result = asyncio.run(run(QUICK if args.quick else FULL))
     print(show(result), flush=True)
     if args.json:

@@ -104,7 +104,7 @@ def run_demo(args: argparse.Namespace) -> int:
         raise UsageError("--incident-node needs --nodes")
     root = Path(tempfile.mkdtemp(prefix="mfu-demo-"))
     try:
-        runtime, node, simulation = build_demo(args, root, flags=lambda config: demo_flags(config, args))
+        service, node, simulation = build_demo(args, root, flags=lambda config: demo_flags(config, args))
 
         def started(urls: list[str]) -> None:
             url = urls[0]
@@ -119,7 +119,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     target_tokens=NODE_TARGET_TOKENS,
                     clock=lambda: node.stamp,  # the time of the tick's token count, not of the send
                     monotonic=node.clock.monotonic,  # heartbeats and the load's duration on the simulated clock
-                    **reporter_access(runtime.config, url),
+                    **reporter_access(service.config, url),
                 )
                 node.reporter = node.new_reporter()
             simulation.start()
@@ -138,7 +138,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 print(f"  training log {node.training_log.path} (torchtitan's lines; MFU comes from here)", flush=True)
             print("  Ctrl-C stops it.", flush=True)
 
-        asyncio.run(serve(runtime, on_started=started))
+        asyncio.run(serve(service, on_started=started))
         simulation.stop()
         if node.kubelet is not None:
             node.kubelet.stop()

@@ -217,6 +217,16 @@ class PreflightConfig(SourceConfig):
 
 
 @dataclass(frozen=True)
+class NcclConfig(SourceConfig):
+    """NCCL's own reports of a job's collectives (issue 32): ``inspector_paths`` are globs of NCCL Inspector's dump
+    directories (``NCCL_INSPECTOR_DUMP_DIR``: its ``<host>-pid<pid>.log`` JSON lines and its
+    ``nccl_inspector_metrics_<GPU UUID>.prom`` textfiles), or of the files themselves."""
+
+    interval: float = setting(duration, 5.0)
+    inspector_paths: tuple[str, ...] = setting(string_list, [])
+
+
+@dataclass(frozen=True)
 class StorageConfig(SourceConfig):
     """``sources.storage``: reads per mount of the jobs' data (``jobs.<name>.data_paths``), of their checkpoint
     watches and of ``mounts``, and the nvidia-fs driver's GPUDirect Storage counters (``gds``)."""
@@ -224,6 +234,9 @@ class StorageConfig(SourceConfig):
     interval: float = setting(duration, 5.0)
     mounts: tuple[str, ...] = setting(string_list, [])
     gds: Enabled = setting(tristate, Enabled.AUTO)
+    # Whose mounts, under --path.procfs: the exporter's own (self), or, in a container with the host's PID
+    # namespace and /proc, the host's (1/mountstats), where the training pods' volumes are mounted.
+    mount_table: str = setting(string, "self/mountstats")
 
 
 @dataclass(frozen=True)
@@ -234,6 +247,7 @@ class SourcesConfig:
     checkpoint: CheckpointConfig = subsection(CheckpointConfig)
     logs: LogsConfig = subsection(LogsConfig)
     preflight: PreflightConfig = subsection(PreflightConfig)
+    nccl: NcclConfig = subsection(NcclConfig)
     storage: StorageConfig = subsection(StorageConfig)
 
 

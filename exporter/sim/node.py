@@ -500,6 +500,7 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
             "gpu": {"retry_interval": "30s"},
             "checkpoint": {"watch": [watch]},
             "logs": logs,
+            "storage": {"interval": "1s"},  # a restore (15 s of demo time) spans a few storage samples
         },
         # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds
         # rather than the default five minutes, so its cause shows soon after start.
@@ -602,6 +603,6 @@ def build_demo(
     ctx = node.context(config)
     sources = build_sources(config, ctx)
     require_sources(config, sources, args.config)
-    runtime = build_service(config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic)
+    service = build_service(config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic)
     # At high speed, tick often enough that a warm-up still carries several progress reports.
-    return runtime, node, Simulation(node, period=min(1.0, 2.5 / args.speed))
+    return service, node, Simulation(node, period=min(1.0, 2.5 / args.speed))

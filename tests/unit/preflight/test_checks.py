@@ -658,12 +658,12 @@ async def test_metrics_endpoint_serves_preflight_results(tmp_path, make_client):
         timeout=5.0,
     )
     client = await make_client(sources=[source])
-    await client.runtime.daemon.start()
+    await client.service.scheduler.start()
     try:
-        await client.runtime.daemon.first_cycle_done.wait()
+        await client.service.scheduler.first_cycle_done.wait()
         body = await (await client.get("/metrics")).text()
     finally:
-        await client.runtime.daemon.stop()
+        await client.service.scheduler.stop()
     assert 'mfu_preflight_check_ok{check="roce.pfc"} 1.0' in body
     assert 'mfu_preflight_check_warning{check="roce.pfc"} 0.0' in body
     assert 'mfu_exporter_source_up{source="preflight"} 1.0' in body
