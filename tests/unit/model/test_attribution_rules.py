@@ -1,7 +1,8 @@
-"""The cluster's loss attribution rules (group mfu-exporter.attribution)
-and the exporter's own (exporter/model/attribution.py)
-blame the same cause for the same signals: same thresholds, same counters and throttle reasons, same precedence. Their
-values are tested by promtool (alerts/tests/attribution.test.yaml); this ties them to the node side's constants."""
+"""The cluster's loss attribution (group mfu-exporter.attribution) and the exporter's own
+(exporter/model/attribution.py) agree: each node attributes its own jobs' gap (mfu_job_bottleneck), and the global
+rules pick, of the causes a job's nodes blame, the first in the exporter's precedence, with the exporter's
+tolerance. Their values are tested by promtool (alerts/tests/attribution.test.yaml); this ties them to the node
+side's constants."""
 
 from __future__ import annotations
 
@@ -11,27 +12,21 @@ from dataclasses import fields
 import yaml
 
 from exporter.model import attribution
-from exporter.render import gpu
-from exporter.sources import rdma
-from tests.support.prom_harness import RULE_FILES
+from tests.support.prom_harness import GLOBAL_RULE_FILES
 
-RULES_FILE = RULE_FILES[0]
+RULES_FILE = GLOBAL_RULE_FILES[0]
 THRESHOLD_RULES = {  # recorded constant -> the attribution.Thresholds field it repeats
     "mfu:threshold_bottleneck_tolerance:ratio": "tolerance",
     "mfu:threshold_pause:ratio": "pause_ratio",
     "mfu:threshold_cnp:rate": "cnp_per_second",
     "mfu:threshold_idle_gpu_utilization:ratio": "idle_utilization",
+    "mfu:threshold_input_wait:ratio": "input_wait_ratio",
 }
 
 
 def recorded() -> dict[str, str]:
     document = yaml.safe_load(RULES_FILE.read_text())
     return {rule["record"]: rule["expr"] for group in document["groups"] for rule in group["rules"] if "record" in rule}
-
-
-def regex_alternatives(expr: str, label: str) -> set[str]:
-    (alternatives,) = re.findall(rf'{label}=~"([^"]+)"', expr)
-    return set(alternatives.split("|"))
 
 
 def test_thresholds_are_the_exporters_defaults():
@@ -42,26 +37,18 @@ def test_thresholds_are_the_exporters_defaults():
         assert float(value) == defaults[field], f"{name} is {value}, the exporter's {field} is {defaults[field]}"
 
 
-def test_counters_and_throttle_reasons_are_the_exporters():
-    rules = recorded()
-    assert (
-        regex_alternatives(rules["instance:mfu_rdma_retransmits:rate5m"], "counter") == attribution.RETRANSMIT_COUNTERS
-    )
-    # The node sums the counters the rule selects: every retransmit counter is among them.
-    assert attribution.RETRANSMIT_COUNTERS <= set(rdma.NODE_ERROR_COUNTERS)
-    # The throttle causes are counted by the exporter (mfu_node_gpus_throttled) with the attribution's reasons.
-    assert dict(gpu.THROTTLE_CAUSES) == {"thermal": attribution.THERMAL_REASONS, "power": attribution.POWER_REASONS}
-    assert 'cause="thermal"' in rules["instance:mfu_gpus_thermal_throttled:count"]
-    assert 'cause="power"' in rules["instance:mfu_gpus_power_throttled:count"]
-
-
 def test_causes_and_their_precedence_are_the_exporters():
-    """The classification tries the candidates in the exporter's order, then unknown, and falls back to none."""
-    rules = recorded()
-    order = re.findall(
-        r'candidates\{cause="([a-z_]+)"\}|"cause", "([a-z_]+)"', rules["training_job:mfu_bottleneck:cause"]
+    """The ranks are the exporter's order of causes, none and unknown apart (no candidates: a node with no gap, or
+    a gap and no signal, explains nothing), and the classification falls back to unknown, then none."""
+    ranked = re.findall(
+        r'label_replace\(vector\((\d+)\), "cause", "([a-z_]+)"', recorded()["mfu:bottleneck_precedence:rank"]
     )
-    causes = [a or b for a, b in order]
-    assert causes == [*attribution.CAUSES[1:], "none"]
-    candidates = {b for _, b in re.findall(r'()"cause", "([a-z_]+)"', rules["training_job:mfu_bottleneck:candidates"])}
-    assert candidates == set(attribution.CAUSES) - {"none", "unknown"}
+    ranks = [int(rank) for rank, _ in ranked]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks), ranked
+    causes = [cause for _, cause in ranked]
+    assert [c for c in causes if c in attribution.CAUSES] == [
+        c for c in attribution.CAUSES if c not in ("none", "unknown")
+    ]
+    assert set(causes) == set(attribution.CAUSES) - {"none", "unknown"}
+    fallbacks = re.findall(r'"cause", "([a-z_]+)"', recorded()["training_job:mfu_bottleneck:cause"])
+    assert fallbacks == ["unknown", "none"]
