@@ -31,7 +31,7 @@ from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.nccl import InspectorDump, NcclDebugFile
 from exporter.sim.nvml import train_healthily  # here too: the demo's callers and tests use it from the node
 from exporter.sim.podresources import PodResourcesServer, SimPod
-from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
+from exporter.sim.storage import DATASET_MOUNT, DATASET_READ_RATE, SimulatedStorage
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ INCIDENTS = (
     "crash-restart",
     "straggler",
     "nccl-socket-fallback",
+    "input-stall",
 )
 WARMUP = 10.0  # healthy seconds before a forced incident
 HEALTHY_BETWEEN = 180.0  # scheduled mode: healthy time between incidents
@@ -75,9 +76,17 @@ INCIDENT_SECONDS = {
     "crash-restart": 60.0,
     "straggler": 120.0,
     "nccl-socket-fallback": 120.0,
+    "input-stall": 120.0,
 }
 CHECKPOINT_EVERY = 600.0
 FIRST_CHECKPOINT = 20.0
+# The job's loader, as its client times it (ProgressReporter's data_wait_seconds): healthy, it keeps the GPUs fed
+# and the step waits 1% of wall time for its next batch.
+DATA_WAIT_SHARE = 0.01
+# input-stall: the dataset mount slows (its reads flatten at SLOW_MOUNT_READ_FACTOR of what the loader wants), the
+# loader cannot keep up and each step waits 40% of wall time for its batch; the GPUs are busy between waits.
+INPUT_STALL_WAIT_SHARE = 0.4
+SLOW_MOUNT_READ_FACTOR = 0.5
 STORM_NICS = (2, 5)
 HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3
@@ -98,6 +107,7 @@ RATE_FACTOR = {
     "crash-restart": 0.0,
     "straggler": 0.6,  # every rank waits for the slow GPU in each collective
     "nccl-socket-fallback": 0.3,  # collectives over TCP: a fraction of the fabric's bandwidth
+    "input-stall": 1 - INPUT_STALL_WAIT_SHARE,  # each step waits for its batch, then computes at full speed
 }
 
 
@@ -336,6 +346,8 @@ class DemoNode:
         self.tokens = 0.0
         self.incident: str | None = None
         self.reporter: ProgressReporter | None = None
+        self.data_wait = 0.0  # seconds the job's loop waited for its next batch, as its client sums them
+        self.data_wait_share = DATA_WAIT_SHARE  # of wall time, while it trains; an input incident raises it
         self.new_reporter: Callable[[], ProgressReporter] | None = None  # a new process's reporter (a new run)
         self._checkpointed = (0.0, None)  # (tokens, tokens of the write under way): a restart resumes at the first
         self._restoring: tuple[float, Any] | None = None  # (when the load ends, the reporter's open load)
@@ -410,8 +422,13 @@ class DemoNode:
         self.nvml.advance(dt)
         self.fabric.tick(dt)
         self.storage.tick(dt, rate / healthy_tokens_per_second(), restoring=False)  # the loader reads as it trains
+        self.data_wait += self.data_wait_share * dt
         if self.reporter is not None and self.incident not in ("gpu-lost", "crash-restart"):
-            self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
+            self.reporter.update(
+                tokens_total=int(self.tokens),
+                step=int(self.tokens // TOKENS_PER_STEP),
+                data_wait_seconds=self.data_wait,
+            )
         if self.training_log is not None and self.incident not in ("gpu-lost", "crash-restart"):
             self.training_log.progress(stamp, self.tokens)
         if now >= self._next_dump and self.incident not in ("gpu-lost", "crash-restart"):
@@ -492,7 +509,18 @@ class DemoNode:
             self.nvml.gpus[index].set_activity(tensor=DISCOVERED_TENSOR_ACTIVE, sm=80.0, occupancy=35.0, dram=40.0)
         for nic in self.fabric.nics:
             nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
-        if incident == "pfc-storm":
+        self.data_wait_share = DATA_WAIT_SHARE
+        self.storage.dataset_read_rate = DATASET_READ_RATE
+        if incident == "input-stall":
+            # The dataset mount (NFS, i34a's knob) reads slower; the job's client times 40% of each second in the
+            # wait for its next batch. Between waits the GPUs compute as before: busy, tensor cores less so overall.
+            self.storage.dataset_read_rate = DATASET_READ_RATE * SLOW_MOUNT_READ_FACTOR
+            self.data_wait_share = INPUT_STALL_WAIT_SHARE
+            for index in JOB_GPUS:
+                gpu = self.nvml.gpus[index]
+                gpu.set_activity(tensor=36.0, sm=51.0)
+                gpu.utilization = 62  # idle while waiting, busy between: over the idle line, so not "idle"
+        elif incident == "pfc-storm":
             for gpu in self.nvml.gpus:
                 gpu.set_activity(tensor=24.0, sm=40.0)
                 gpu.utilization = 90  # NCCL kernels spin while waiting: utilization hides the stall
