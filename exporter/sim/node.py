@@ -28,9 +28,10 @@ from exporter.quantities import format_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
+from exporter.sim.nccl import InspectorDump, NcclDebugFile
 from exporter.sim.nvml import train_healthily  # here too: the demo's callers and tests use it from the node
 from exporter.sim.podresources import PodResourcesServer, SimPod
-from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
+from exporter.sim.storage import DATASET_MOUNT, DATASET_READ_RATE, SimulatedStorage
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,16 @@ STEADY_MFU = 0.45
 WORLD_GPUS = 1024  # the simulated job's size; this node reports its share of the tokens
 TOKENS_PER_STEP = 16 * 8192  # this node's share of a global batch
 NODE_TARGET_TOKENS = 15e12 * len(JOB_GPUS) / WORLD_GPUS  # Llama 3's 15T tokens, this node's share
-INCIDENTS = ("pfc-storm", "checkpoint-stall", "thermal", "gpu-lost", "crash-restart")
+INCIDENTS = (
+    "pfc-storm",
+    "checkpoint-stall",
+    "thermal",
+    "gpu-lost",
+    "crash-restart",
+    "straggler",
+    "nccl-socket-fallback",
+    "input-stall",
+)
 WARMUP = 10.0  # healthy seconds before a forced incident
 HEALTHY_BETWEEN = 180.0  # scheduled mode: healthy time between incidents
 CHECKPOINT_SECONDS = 40.0  # the guide's good storage: under 45 s
@@ -64,12 +74,28 @@ INCIDENT_SECONDS = {
     "thermal": 120.0,
     "gpu-lost": 120.0,
     "crash-restart": 60.0,
+    "straggler": 120.0,
+    "nccl-socket-fallback": 120.0,
+    "input-stall": 120.0,
 }
 CHECKPOINT_EVERY = 600.0
 FIRST_CHECKPOINT = 20.0
+# The job's loader, as its client times it (ProgressReporter's data_wait_seconds): healthy, it keeps the GPUs fed
+# and the step waits 1% of wall time for its next batch.
+DATA_WAIT_SHARE = 0.01
+# input-stall: the dataset mount slows (its reads flatten at SLOW_MOUNT_READ_FACTOR of what the loader wants), the
+# loader cannot keep up and each step waits 40% of wall time for its batch; the GPUs are busy between waits.
+INPUT_STALL_WAIT_SHARE = 0.4
+SLOW_MOUNT_READ_FACTOR = 0.5
 STORM_NICS = (2, 5)
 HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3
+SLOW_GPU = 2  # the straggler: a GPU of the reporting job clocked low with no throttle reason (a degraded part)
+SLOW_CLOCK_MHZ = 1200
+HOST = "demo-node-0"  # the hostname the job's NCCL prints and names its Inspector files with
+RANK_PIDS = {gpu: 4100 + gpu for gpu in JOB_GPUS}  # the job's processes, one per GPU (NVML's compute processes)
+INSPECTOR_EVERY = 2.0  # seconds between NCCL Inspector's dumps (NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS)
+ALLREDUCE_US = 2400.0  # a healthy rank's 256 MiB all-reduce
 # How much of the healthy token rate each incident leaves (the job runs at its slowest rank's pace).
 ROTATION_SECONDS = sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in INCIDENTS)
 RATE_FACTOR = {
@@ -79,6 +105,9 @@ RATE_FACTOR = {
     "checkpoint-stall": 0.5,
     "gpu-lost": 0.0,
     "crash-restart": 0.0,
+    "straggler": 0.6,  # every rank waits for the slow GPU in each collective
+    "nccl-socket-fallback": 0.3,  # collectives over TCP: a fraction of the fabric's bandwidth
+    "input-stall": 1 - INPUT_STALL_WAIT_SHARE,  # each step waits for its batch, then computes at full speed
 }
 
 
@@ -317,10 +346,19 @@ class DemoNode:
         self.tokens = 0.0
         self.incident: str | None = None
         self.reporter: ProgressReporter | None = None
+        self.data_wait = 0.0  # seconds the job's loop waited for its next batch, as its client sums them
+        self.data_wait_share = DATA_WAIT_SHARE  # of wall time, while it trains; an input incident raises it
         self.new_reporter: Callable[[], ProgressReporter] | None = None  # a new process's reporter (a new run)
         self._checkpointed = (0.0, None)  # (tokens, tokens of the write under way): a restart resumes at the first
         self._restoring: tuple[float, Any] | None = None  # (when the load ends, the reporter's open load)
         self.training_log = TrainingLog(root / "train.log") if progress == "logs" else None
+        # The job's NCCL_DEBUG_FILE and NCCL Inspector's dumps, from its processes on GPUs 0-3.
+        for gpu, pid in RANK_PIDS.items():
+            self.nvml.gpus[gpu].processes = [pid]
+        self.nccl_log = NcclDebugFile(root / "nccl" / f"{JOB}.nccl.log", HOST, RANK_PIDS[JOB_GPUS[0]], JOB_GPUS)
+        self.nccl_log.run_starts(sockets=False)
+        self.inspector = InspectorDump(root / "nccl-inspector", HOST, RANK_PIDS)
+        self._next_dump = 0.0
         self.kubelet: PodResourcesServer | None = None  # the demo's pod-resources server, when discovery uses it
         self._origin: float | None = None
         self._last = 0.0
@@ -362,6 +400,9 @@ class DemoNode:
                 self._crash()
             elif self.incident == "crash-restart":
                 self._restart(now, stamp)
+            if "nccl-socket-fallback" in (incident, self.incident):
+                # The job restarts into the fallback (its container lost /dev/infiniband) and out of it once fixed.
+                self.nccl_log.run_starts(sockets=incident == "nccl-socket-fallback")
             self.incident = incident
             self._stall_pending = incident == "checkpoint-stall"
             self._apply(incident)
@@ -381,10 +422,25 @@ class DemoNode:
         self.nvml.advance(dt)
         self.fabric.tick(dt)
         self.storage.tick(dt, rate / healthy_tokens_per_second(), restoring=False)  # the loader reads as it trains
+        self.data_wait += self.data_wait_share * dt
         if self.reporter is not None and self.incident not in ("gpu-lost", "crash-restart"):
-            self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
+            self.reporter.update(
+                tokens_total=int(self.tokens),
+                step=int(self.tokens // TOKENS_PER_STEP),
+                data_wait_seconds=self.data_wait,
+            )
         if self.training_log is not None and self.incident not in ("gpu-lost", "crash-restart"):
             self.training_log.progress(stamp, self.tokens)
+        if now >= self._next_dump and self.incident not in ("gpu-lost", "crash-restart"):
+            self._next_dump = now + INSPECTOR_EVERY
+            self.inspector.dump(stamp, self._allreduce_times())
+
+    def _allreduce_times(self) -> dict[int, float]:
+        """Each rank's all-reduce time: the straggler's is the shortest, since its peers wait in it for it."""
+        if self.incident == "straggler":
+            return {gpu: ALLREDUCE_US * (0.25 if gpu == SLOW_GPU else 1.7) for gpu in JOB_GPUS}
+        slow = 1 / RATE_FACTOR[self.incident]
+        return {gpu: ALLREDUCE_US * min(slow, 10.0) * (1 + self.random.uniform(-0.03, 0.03)) for gpu in JOB_GPUS}
 
     def _checkpoint(self, now: float) -> None:
         # A stall is storage gone slow: the write under way, or one started now, takes fifteen minutes. A scheduled
@@ -453,7 +509,18 @@ class DemoNode:
             self.nvml.gpus[index].set_activity(tensor=DISCOVERED_TENSOR_ACTIVE, sm=80.0, occupancy=35.0, dram=40.0)
         for nic in self.fabric.nics:
             nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
-        if incident == "pfc-storm":
+        self.data_wait_share = DATA_WAIT_SHARE
+        self.storage.dataset_read_rate = DATASET_READ_RATE
+        if incident == "input-stall":
+            # The dataset mount (NFS, i34a's knob) reads slower; the job's client times 40% of each second in the
+            # wait for its next batch. Between waits the GPUs compute as before: busy, tensor cores less so overall.
+            self.storage.dataset_read_rate = DATASET_READ_RATE * SLOW_MOUNT_READ_FACTOR
+            self.data_wait_share = INPUT_STALL_WAIT_SHARE
+            for index in JOB_GPUS:
+                gpu = self.nvml.gpus[index]
+                gpu.set_activity(tensor=36.0, sm=51.0)
+                gpu.utilization = 62  # idle while waiting, busy between: over the idle line, so not "idle"
+        elif incident == "pfc-storm":
             for gpu in self.nvml.gpus:
                 gpu.set_activity(tensor=24.0, sm=40.0)
                 gpu.utilization = 90  # NCCL kernels spin while waiting: utilization hides the stall
@@ -473,6 +540,19 @@ class DemoNode:
                 gpu = self.nvml.gpus[index]
                 gpu.set_activity(tensor=30.0, sm=45.0)
                 gpu.utilization = 55
+        elif incident == "straggler":
+            for index in JOB_GPUS:  # the other ranks idle in each collective, waiting for the slow one
+                self.nvml.gpus[index].set_activity(tensor=35.0, sm=50.0)
+            slow = self.nvml.gpus[SLOW_GPU]
+            slow.sm_clock_mhz = SLOW_CLOCK_MHZ  # no clock-event reason: not heat or power, a slow part
+            slow.set_activity(tensor=60.0, sm=85.0)
+        elif incident == "nccl-socket-fallback":
+            for index in JOB_GPUS:  # NCCL kernels spin on TCP transfers; the RDMA ports carry almost nothing
+                gpu = self.nvml.gpus[index]
+                gpu.set_activity(tensor=18.0, sm=30.0)
+                gpu.utilization = 90
+            for nic in self.fabric.nics:
+                nic.utilization = 0.02
         elif incident == "crash-restart":
             stop_training(self.nvml, self.fabric)
         elif incident == "gpu-lost":
@@ -490,16 +570,19 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
     # From a log, the model is what the log prints (parameters, sequence length): nothing configured about it.
     model = MODEL if node.training_log is None else {"target_tokens": NODE_TARGET_TOKENS}
     watch = {"path": str(node.checkpoints.root), "job": JOB, "done_marker": ".metadata"}
-    logs: dict = {"enabled": False}  # the job reports through its ProgressReporter; no pod logs to follow
+    # The job's NCCL_DEBUG_FILE: the transport NCCL chose. It reports progress through its ProgressReporter, or
+    # (--progress logs) through its training log too.
+    files = [{"path": str(node.nccl_log.path), "job": JOB}]
     if node.training_log is not None:
-        files = [{"path": str(node.training_log.path), "job": JOB, "format": "torchtitan"}]
-        logs = {"files": files, "discovered_pods": False}
+        files.append({"path": str(node.training_log.path), "job": JOB, "format": "torchtitan"})
+    logs = {"files": files, "discovered_pods": False}
     defaults: dict = {
         "mfu": {"window": "15s"},
         "sources": {
             "gpu": {"retry_interval": "30s"},
             "checkpoint": {"watch": [watch]},
             "logs": logs,
+            "nccl": {"inspector_paths": [str(node.inspector.directory)], "interval": "2s"},
             "storage": {"interval": "1s"},  # a restore (15 s of demo time) spans a few storage samples
         },
         # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds

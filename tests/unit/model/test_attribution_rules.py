@@ -20,10 +20,8 @@ THRESHOLD_RULES = {  # recorded constant -> the attribution.Thresholds field it 
     "mfu:threshold_pause:ratio": "pause_ratio",
     "mfu:threshold_cnp:rate": "cnp_per_second",
     "mfu:threshold_idle_gpu_utilization:ratio": "idle_utilization",
+    "mfu:threshold_input_wait:ratio": "input_wait_ratio",
 }
-# Causes the team agreed on (the shared precedence) whose node side lands on another branch: ranked here already,
-# so a node that blames one is ranked right the day it does.
-AGREED_NOT_YET_IN_THE_EXPORTER = {"straggler", "idle"}
 
 
 def recorded() -> dict[str, str]:
@@ -51,6 +49,6 @@ def test_causes_and_their_precedence_are_the_exporters():
     assert [c for c in causes if c in attribution.CAUSES] == [
         c for c in attribution.CAUSES if c not in ("none", "unknown")
     ]
-    assert set(causes) - set(attribution.CAUSES) <= AGREED_NOT_YET_IN_THE_EXPORTER
+    assert set(causes) == set(attribution.CAUSES) - {"none", "unknown"}
     fallbacks = re.findall(r'"cause", "([a-z_]+)"', recorded()["training_job:mfu_bottleneck:cause"])
     assert fallbacks == ["unknown", "none"]
