@@ -44,6 +44,7 @@ class Service:
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
     collector: ExporterCollector | None = None  # the registry's one collector, for parts added later
     settings: Config = field(default_factory=Config)  # ``config`` typed (exporter.config.typed_config)
+    speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
 
@@ -136,7 +137,7 @@ class Service:
             except Exception:
                 # Jobs expire here only: one bad pass (a bug in a figure) must not end expiry for good.
                 log.exception("the 1 s job evaluation failed; trying again in a second")
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(max(1.0 / self.speed, 0.05))
 
     def evaluate_once(self) -> None:
         """One tick of ``evaluate_jobs``."""
@@ -176,9 +177,12 @@ def build_service(
     clock: Callable[[], float] = time.time,
     paths: Paths | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    speed: float = 1.0,
 ) -> Service:
+    """The service over ``sources``. ``clock`` and ``monotonic`` are the node's clocks; ``speed`` says how many of
+    their seconds pass per wall second (the demo's ``--speed``), so sampling and the 1 s tick keep to them."""
     typed = typed_config(config)
-    daemon = Scheduler(sources, clock=clock)
+    daemon = Scheduler(sources, clock=clock, speed=speed)
     jobs = JobTracker(
         configured=config["jobs"],  # the facts stay dicts: the progress API's reports merge into them
         window=typed.mfu.window,
@@ -189,7 +193,7 @@ def build_service(
         gpu_readings=gpu_readings_from(daemon),
         monotonic=monotonic,
     )
-    attribution = Attributor(typed.attribution)
+    attribution = Attributor(typed.attribution, window=typed.mfu.window)
     registry = CollectorRegistry(auto_describe=False)
     collector = ExporterCollector(daemon, jobs, extra=[attribution.families], clock=clock)
     registry.register(collector)
@@ -213,4 +217,5 @@ def build_service(
         paths=paths or Paths(),
         collector=collector,
         settings=typed,
+        speed=speed,
     )

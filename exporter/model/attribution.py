@@ -23,6 +23,19 @@ and the evidence says so.
 configured, else a high percentile of its recent MFU. Every evaluation adds
 GPUs × (baseline − MFU) ÷ baseline × Δt to ``mfu_job_lost_gpu_seconds_total{cause}``, so a stacked rate of it shows
 where the capacity went. This module reads the sources' latest snapshot data; it never calls a source.
+
+On time and to the second. The MFU is a rate over a window (``mfu.window``, 60 s by default) and moves a window
+after the fault; the signals move at once. So:
+
+- a cause appears as soon as its signal shows and the job's *recent* progress (its last report interval, or no
+  report when one was due) is below the baseline by the tolerance, without waiting for the window's MFU;
+- after its signal clears, a cause *holds* for one MFU window (plus the job's report interval): the window still
+  holds the slow seconds, and its gap, booked each second, goes to the cause that made it, not to ``unknown``;
+- of the causes seen now or held, the first by precedence wins; ``stalled``, ``input`` and ``unknown``, which have no
+  signal of their own, are given only when no cause was seen within the window.
+
+Booking the window's gap with the hold books each slow second once: a window passes the lost area through whole,
+a window late.
 """
 
 from __future__ import annotations
@@ -35,10 +48,17 @@ from typing import Any, Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.config import AttributionConfig
-from exporter.model.jobs import JobView
+from exporter.model.jobs import REPORT_RESOLUTION_SECONDS, JobView
 from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
+from exporter.quantities import format_duration
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")
+# Causes that stand on a signal of their own (a reading, an event): seen now, or within the window, they explain
+# the gap. The rest (no progress, idle GPUs, nothing) are what is left when none does.
+SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "power"})
+PRECEDENCE = {cause: rank for rank, cause in enumerate(CAUSES)}
+# A job's report counts as overdue (its progress stopped) this many of its own report intervals after the last.
+OVERDUE_INTERVALS = 1.5
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
 # hw_counters that mean the transport retransmitted or timed out: traffic the collective waited for.
@@ -67,6 +87,7 @@ class Verdict:
     baseline: float | None
     lost_fraction: float  # (baseline − MFU) ÷ baseline, 0 when healthy
     signal: str = "mfu"  # what the baseline is of: the formula MFU, or a hardware figure for a job that reports none
+    since: float | None = None  # when this cause became the job's verdict (the clock of ``evaluate``)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +96,7 @@ class Verdict:
             "baseline_mfu": self.baseline,
             "lost_fraction": self.lost_fraction,
             "signal": self.signal,
+            "since": self.since,
         }
 
 
@@ -165,8 +187,9 @@ def _network_evidence(signals: NodeSignals, limits: Thresholds, nics: JobNics) -
     return None
 
 
-def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[str, str]:
-    """The cause of a degraded job's gap and the evidence for it, by precedence."""
+def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: bool = False) -> tuple[str, str]:
+    """The cause of a degraded job's gap and the evidence for it, by precedence. ``stopped``: the job's report is
+    overdue (its recent progress is none), which is ``stalled`` as much as a window without progress is."""
     indices = view.gpu_indices or sorted(signals.gpus)
     gpus = [signals.gpus[i] for i in indices if i in signals.gpus]
     lost = [g for g in gpus if not g.up]
@@ -189,6 +212,8 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[s
             )
     if view.tokens_per_second == 0:
         return "stalled", "no token progress over the MFU window"
+    if stopped:
+        return "stalled", "no progress report since one was due"
     utilizations = [g.utilization for g in gpus if g.utilization is not None]
     if utilizations and sum(utilizations) / len(utilizations) < limits.idle_utilization:
         return (
@@ -196,6 +221,15 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[s
             f"GPUs {100 * sum(utilizations) / len(utilizations):.0f}% busy on average with no fault seen: data loading or host side",
         )
     return "unknown", "MFU is below its baseline and no sampled signal explains it"
+
+
+@dataclass
+class _Held:
+    """A cause seen with its signal, and when it was last seen: it holds while the MFU window still holds its gap."""
+
+    cause: str
+    evidence: str
+    seen: float
 
 
 @dataclass
@@ -207,6 +241,30 @@ class _JobAttribution:
     verdict: Verdict | None = None
     judged: bool = False  # had a verdict once: from then on its lost GPU-seconds are exported, verdict or not
     signal: str | None = None
+    # The job's distinct reports as evaluations saw them: (its report time, tokens processed, our clock when seen).
+    reports: deque = field(default_factory=lambda: deque(maxlen=16))
+    held: dict[str, _Held] = field(default_factory=dict)  # cause -> when its signal was last seen
+
+
+def _recent(view: JobView, state: _JobAttribution, now: float) -> tuple[float | None, float, bool]:
+    """The job's recent MFU (over its newest report interval at least a second long), its report interval, and
+    whether its next report is overdue (then the recent MFU is 0: it is not progressing). None when it has not
+    reported twice, or its FLOPs per token or peak are unknown."""
+    if view.reported and (not state.reports or state.reports[-1][0] != view.last_report_time):
+        if state.reports and view.tokens_processed < state.reports[-1][1]:
+            state.reports.clear()  # a new count (a new exporter view of a restarted job): rates start over
+        state.reports.append((view.last_report_time, view.tokens_processed, now))
+    if len(state.reports) < 2 or not view.flops_per_token or not view.peak_flops:
+        return None, 0.0, False
+    last, previous = state.reports[-1], state.reports[-2]
+    interval = max(last[0] - previous[0], 0.0)
+    if now - last[2] > max(OVERDUE_INTERVALS * interval, REPORT_RESOLUTION_SECONDS):
+        return 0.0, interval, True
+    reference = next((p for p in reversed(state.reports) if last[0] - p[0] >= REPORT_RESOLUTION_SECONDS), None)
+    if reference is None:
+        return None, interval, False
+    rate = (last[1] - reference[1]) / (last[0] - reference[0])
+    return view.flops_per_token * rate / view.peak_flops, interval, False
 
 
 def _signal(view: JobView) -> tuple[str, float | None]:
@@ -228,8 +286,9 @@ def _signal(view: JobView) -> tuple[str, float | None]:
 class Attributor:
     """Keeps each job's baseline and lost GPU-seconds by cause; ``evaluate`` runs once a second on the event loop."""
 
-    def __init__(self, limits: Thresholds = Thresholds()):
+    def __init__(self, limits: Thresholds = Thresholds(), window: float = 60.0):
         self.limits = limits
+        self.window = window  # the MFU window (mfu.window): how long a cleared cause's gap stays in the MFU
         self._jobs: dict[str, _JobAttribution] = {}
         self._lock = threading.Lock()
 
@@ -259,9 +318,11 @@ class Attributor:
         elapsed = 0.0 if state.last_evaluated is None else max(now - state.last_evaluated, 0.0)
         state.last_evaluated = now
         signal, value = _signal(view)
+        recent, interval, stopped = _recent(view, state, now) if signal == "mfu" else (value, 0.0, False)
         if value is None or not view.running:
             # No MFU and no hardware figure to explain (the job JSON says why), or the job ended: nothing to blame.
             state.verdict = None
+            state.held.clear()
             return
         if signal != state.signal:
             # A job found by discovery that starts reporting: its MFU gets a baseline of its own, never one learnt
@@ -275,17 +336,51 @@ class Attributor:
             state.history.append(value)
             state.last_recorded = now
         if not baseline:
-            state.verdict = Verdict("none", f"learning the healthy baseline from recent {shown}", None, 0.0, signal)
-            return
-        lost = max(baseline - value, 0.0) / baseline
-        if lost < self.limits.tolerance:
-            state.verdict = Verdict(
-                "none", f"{shown} within {100 * self.limits.tolerance:.0f}% of its baseline", baseline, lost, signal
+            self._judge(
+                state, now, Verdict("none", f"learning the healthy baseline from recent {shown}", None, 0.0, signal)
             )
             return
-        cause, evidence = classify(view, signals, self.limits)
-        state.verdict = Verdict(cause, evidence, baseline, lost, signal)
-        state.lost_seconds[cause] += (view.gpus or 0) * min(lost, 1.0) * elapsed
+        lost = max(baseline - value, 0.0) / baseline  # the window's gap: what the MFU shows and each second books
+        recent_lost = max(baseline - recent, 0.0) / baseline if recent is not None else 0.0
+        # A hardware figure is the last sample's, no window behind it: its cause holds a couple of evaluations.
+        hold = (self.window if signal == "mfu" else 0.0) + 2 * max(interval, elapsed, 1.0)
+        for cause in [cause for cause, seen in state.held.items() if now - seen.seen > hold]:
+            del state.held[cause]  # the window no longer holds the seconds it slowed
+        found: tuple[str, str] | None = None
+        if lost >= self.limits.tolerance or recent_lost >= self.limits.tolerance:
+            cause, evidence = classify(view, signals, self.limits, stopped)
+            if cause in SIGNAL_CAUSES:
+                state.held[cause] = _Held(cause, evidence, now)
+            elif not state.held and (lost >= self.limits.tolerance or cause == "stalled"):
+                # No signal now nor within the window: what is left (no progress, idle GPUs, or nothing known).
+                found = (cause, evidence)
+        if state.held:
+            held = min(state.held.values(), key=lambda h: PRECEDENCE[h.cause])
+            evidence = held.evidence
+            if held.seen < now:
+                evidence += (
+                    f" (cleared {now - held.seen:.0f}s ago; the {format_duration(self.window)} MFU window still holds"
+                    " its slow seconds)"
+                )
+            found = (held.cause, evidence)
+        if found is None:
+            self._judge(
+                state,
+                now,
+                Verdict(
+                    "none", f"{shown} within {100 * self.limits.tolerance:.0f}% of its baseline", baseline, lost, signal
+                ),
+            )
+            return
+        self._judge(state, now, Verdict(found[0], found[1], baseline, lost, signal))
+        state.lost_seconds[found[0]] += (view.gpus or 0) * min(lost, 1.0) * elapsed
+
+    @staticmethod
+    def _judge(state: _JobAttribution, now: float, verdict: Verdict) -> None:
+        """The job's verdict now, with when its cause began."""
+        previous = state.verdict
+        verdict.since = previous.since if previous is not None and previous.cause == verdict.cause else now
+        state.verdict = verdict
 
     def verdict(self, job: str) -> Verdict | None:
         with self._lock:
