@@ -50,7 +50,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from exporter.config import AttributionConfig
 from exporter.model.jobs import REPORT_RESOLUTION_SECONDS, JobView
 from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
-from exporter.quantities import format_duration
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")
 # Causes that stand on a signal of their own (a reading, an event): seen now, or within the window, they explain
@@ -359,7 +358,7 @@ class Attributor:
             evidence = held.evidence
             if held.seen < now:
                 evidence += (
-                    f" (cleared {now - held.seen:.0f}s ago; the {format_duration(self.window)} MFU window still holds"
+                    f" (cleared {now - held.seen:.0f} s ago; the {self.window:g} s MFU window still holds"
                     " its slow seconds)"
                 )
             found = (held.cause, evidence)
