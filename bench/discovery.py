@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         source = DiscoverySource(typed_config(section).discovery, procfs=str(procfs), nvml=nvml)
         for _ in range(5):  # warm-up: channel dial, NVML inventory, PID cache
             snapshot = source.sample()
-        jobs = len(snapshot.data["jobs"])
+        jobs = len(snapshot.readings.jobs)
         started = time.process_time()
         wall = time.perf_counter()
         for _ in range(args.samples):

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from exporter.config import typed_config, validate
-from exporter.model.jobs import GpuInfo, JobTracker
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
 from exporter.sources.logs import LogsSource
 from tests.unit.logs import framework_lines as fl
 from tests.unit.logs import real_pastes

@@ -50,9 +50,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import fixture, loadgen
 from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.jobs import parse_progress
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.render.encode import encode
+from exporter.render.snapshots import snapshot_families
 from exporter.service import build_service
 from exporter.sim.mlx5 import SimulatedNode
 
@@ -325,7 +326,7 @@ async def measure_rendering(plan: Plan, root: Path, figures: Figures) -> dict[st
     runtime.attribution.evaluate(time.time(), runtime.jobs.views(), runtime.node_signals())  # as evaluate_jobs does
     source_of = {}
     for name, state in daemon.states.items():
-        for family in state.snapshot.render() if state.snapshot else ():
+        for family in snapshot_families(state.snapshot) if state.snapshot else ():
             source_of[family.name + "_info" if family.type == "info" else family.name] = name
     for label, accept in (("text", ""), ("openmetrics", loadgen.PROMETHEUS_ACCEPT)):
         encoder, content_type = choose_encoder(accept)

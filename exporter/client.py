@@ -4,7 +4,11 @@
     with reporter.checkpoint_load(step=12000):              # restoring at start: the ledger's checkpoint_load
         dcp.load(state, checkpoint_id=path)
     ...
+    for batch in reporter.timed(loader):                    # the wait for each next batch: the job's data wait
+        ...
     reporter.update(tokens_total=tokens_seen, step=step)   # returns at once, never raises
+    # or time the wait yourself: `with reporter.data_wait(): batch = next(it)`, or pass your own running total:
+    reporter.update(tokens_total=tokens_seen, step=step, data_wait_seconds=waited)
     ...
     with reporter.checkpoint("step-12000") as save:         # started, then finished (failed if the block raises)
         dcp.save(state, checkpoint_id=path)
@@ -37,7 +41,7 @@ import uuid
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import requests
 
@@ -49,7 +53,9 @@ PROGRESS_PATH = "/api/v1/progress"
 CHECKPOINTS_PATH = "/api/v1/checkpoints"
 END_STATES = ("finished", "failed", "cancelled")
 RUN_FIELDS = ("run", "event", "heartbeat_seconds", "duration_seconds")  # what an exporter before issue 26 refuses
+DATA_WAIT_FIELD = "data_wait_seconds"  # what an exporter before issue 34 refuses
 MAX_RUN_EVENTS = 16
+T = TypeVar("T")
 
 
 @dataclass
@@ -147,15 +153,26 @@ class ProgressReporter:
         self._heartbeat = heartbeat if heartbeat and heartbeat > 0 else None
         self._run_events: deque[dict[str, Any]] = deque(maxlen=MAX_RUN_EVENTS)
         self._legacy = False  # the exporter refuses run fields: plain totals only
+        self._no_data_wait = False  # the exporter refuses data_wait_seconds: totals without it
         self._last_post = self._monotonic()
+        # Seconds this process waited for its next batch, summed (data_wait / timed); sent with each update.
+        self._data_wait = 0.0
+        self._data_wait_timed = False
         if announce:
             self._run_event("start", time=started_at if started_at is not None else self._clock())
         self._thread = threading.Thread(target=self._run, name=f"mfu-reporter-{job}", daemon=True)
         self._thread.start()
 
-    def update(self, tokens_total: float, step: int | None = None) -> None:
-        """Record the job's running token total (node-local); sent in the background. Never blocks, never raises."""
+    def update(self, tokens_total: float, step: int | None = None, data_wait_seconds: float | None = None) -> None:
+        """Record the job's running token total (node-local); sent in the background. Never blocks, never raises.
+
+        ``data_wait_seconds``: the running total of seconds this process's training loop waited for its next batch
+        (one rank's wall time; the exporter counts it for each of the job's GPUs on the node). Left out, the total
+        timed by ``data_wait``/``timed`` is sent, if any.
+        """
         try:
+            if data_wait_seconds is None and self._data_wait_timed:
+                data_wait_seconds = self._data_wait
             payload: dict[str, Any] = {
                 "job": self.job,
                 "run": self.run_id,
@@ -165,6 +182,20 @@ class ProgressReporter:
             }
             if step is not None:
                 payload["step"] = step
+            if data_wait_seconds is not None:
+                if (
+                    isinstance(data_wait_seconds, (int, float))
+                    and not isinstance(data_wait_seconds, bool)
+                    and math.isfinite(data_wait_seconds)
+                    and data_wait_seconds >= 0
+                ):
+                    payload["data_wait_seconds"] = float(data_wait_seconds)
+                else:
+                    self._warn_once(
+                        "data-wait",
+                        f"data_wait_seconds must be a running total of seconds, got {data_wait_seconds!r}; "
+                        "sent without it",
+                    )
             with self._wake:
                 if self._closing:
                     return  # after close() said how the job ended, a late total would start a new run
@@ -188,6 +219,33 @@ class ProgressReporter:
             self._checkpoint_event(save, "failed", started)
             raise
         self._checkpoint_event(save, "finished", started)
+
+    @contextmanager
+    def data_wait(self) -> Iterator[None]:
+        """Time the wait for the next batch in this block (``batch = next(it)``): added to the running data-wait
+        total the next ``update`` sends. Never raises into the job; the block's own exception propagates."""
+        began = self._monotonic()
+        try:
+            yield
+        finally:
+            self._data_wait += max(self._monotonic() - began, 0.0)
+            self._data_wait_timed = True
+
+    def timed(self, batches: Iterable[T]) -> Iterator[T]:
+        """The batches of ``batches`` (a DataLoader, any iterable), each fetch timed as ``data_wait``."""
+        iterator = iter(batches)
+        while True:
+            with self.data_wait():
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    return
+            yield batch
+
+    @property
+    def data_wait_seconds(self) -> float:
+        """The seconds timed by ``data_wait``/``timed`` so far."""
+        return self._data_wait
 
     @contextmanager
     def checkpoint_load(self, step: int | None = None) -> Iterator[None]:
@@ -348,6 +406,8 @@ class ProgressReporter:
             if "event" in payload:
                 return True  # an exporter without run fields has no use for the run's events
             payload = {k: v for k, v in payload.items() if k not in RUN_FIELDS}
+        if self._no_data_wait and DATA_WAIT_FIELD in payload:
+            payload = {k: v for k, v in payload.items() if k != DATA_WAIT_FIELD}
         self._last_post = self._monotonic()
         try:
             response = self._session.post(self._base + path, json=payload, headers=self._headers, timeout=self._timeout)
@@ -371,6 +431,11 @@ class ProgressReporter:
             self._legacy = True
             self._warn_once("legacy", f"mfu-exporter at {self._base} predates run ids: sending totals only")
             return self._post(path, payload)
+        if response.status_code == 400 and not self._no_data_wait and self._refused_field(response) == DATA_WAIT_FIELD:
+            # An exporter from before data wait: totals without it from now on, this one sent again.
+            self._no_data_wait = True
+            self._warn_once("no-data-wait", f"mfu-exporter at {self._base} predates data wait: sending totals only")
+            return self._post(path, payload)
         if 400 <= response.status_code < 500 and response.status_code != 429:
             self._warn_once(
                 f"rejected-{response.status_code}",
@@ -380,12 +445,16 @@ class ProgressReporter:
         self._warn_once(f"status-{response.status_code}", f"mfu-exporter answered {response.status_code}; will retry")
         return False
 
+    @classmethod
+    def _refused_run_fields(cls, response: Any) -> bool:
+        return cls._refused_field(response) in RUN_FIELDS
+
     @staticmethod
-    def _refused_run_fields(response: Any) -> bool:
+    def _refused_field(response: Any) -> str | None:
         try:
-            return response.json().get("field") in RUN_FIELDS
+            return response.json().get("field")
         except Exception:  # noqa: BLE001 - any body that is not the exporter's JSON error
-            return False
+            return None
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -483,6 +483,16 @@ class PreflightConfig(SourceConfig):
 
 
 @dataclass(frozen=True)
+class StorageConfig(SourceConfig):
+    """``sources.storage``: reads per mount of the jobs' data (``jobs.<name>.data_paths``), of their checkpoint
+    watches and of ``mounts``, and the nvidia-fs driver's GPUDirect Storage counters (``gds``)."""
+
+    interval: float = setting(duration, 5.0)
+    mounts: tuple[str, ...] = setting(string_list, [])
+    gds: Enabled = setting(tristate, Enabled.AUTO)
+
+
+@dataclass(frozen=True)
 class SourcesConfig:
     gpu: GpuConfig = subsection(GpuConfig)
     rdma: RdmaConfig = subsection(RdmaConfig)
@@ -490,6 +500,7 @@ class SourcesConfig:
     checkpoint: CheckpointConfig = subsection(CheckpointConfig)
     logs: LogsConfig = subsection(LogsConfig)
     preflight: PreflightConfig = subsection(PreflightConfig)
+    storage: StorageConfig = subsection(StorageConfig)
 
 
 @dataclass(frozen=True)
@@ -532,6 +543,9 @@ class JobConfig:
     # What a log-fed job's lines may not say (sources.logs): its GPUs over all nodes, and sequences per step.
     world_size: int | None = setting(optional(positive_int))
     global_batch: int | None = setting(optional(positive_int))
+    # Where the job reads its dataset from (sources.storage exports the mounts holding them); config only, not a
+    # fact the progress API takes.
+    data_paths: tuple[str, ...] = setting(string_list, [])
 
 
 @dataclass(frozen=True)
@@ -636,6 +650,8 @@ def typed_config(config: Mapping[str, Any]) -> Config:
 
 SCHEMA = schema_of(Config)
 JOB_SECTION = schema_of(JobConfig)
+CONFIG_ONLY_JOB_KEYS = ("data_paths",)  # the node's business, not the job's: the progress API does not take them
+JOB_FACTS_SECTION = Section({k: v for k, v in JOB_SECTION.fields.items() if k not in CONFIG_ONLY_JOB_KEYS})
 WATCH_SECTION = schema_of(WatchConfig)
 LOG_FILE_SECTION = schema_of(LogFileConfig)
 DISCOVERY_SECTION = schema_of(DiscoveryConfig)
@@ -724,7 +740,7 @@ def validate(raw: Any, file: str = "<config>") -> dict:
 
 def validate_job_facts(raw: dict, where: str = "job") -> dict:
     """The model facts of one job, as in ``jobs:`` of the config; also used by the progress API."""
-    return _validate(JOB_SECTION, raw, where, "")
+    return _validate(JOB_FACTS_SECTION, raw, where, "")
 
 
 def validate_section(spec: Any, raw: Any, file: str) -> Any:

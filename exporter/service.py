@@ -8,26 +8,40 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
-from exporter.config import Config, typed_config
+from exporter.config import CONFIG_ONLY_JOB_KEYS, Config, typed_config
 from exporter.model.attribution import Attributor, NodeSignals
-from exporter.model.checkpoints import CheckpointTracker
+from exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
+from exporter.model.errors import IngestError, NotFound, ValidationError
 from exporter.model.history import MfuHistory
-from exporter.model.jobs import GpuInfo, JobTracker, JobView
+from exporter.model.job_view import GpuInfo, JobView
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
 from exporter.model.readings import GpuReading
 from exporter.node.pci import nearest_devices
+from exporter.render.attribution import attribution_families
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
+from exporter.sources.discovery import DiscoverySample
+from exporter.sources.ethtool import EthtoolSample
+from exporter.sources.gpu import GpuSample
 from exporter.sources.logs import LogsSource, discovered_pods_from
+from exporter.sources.rdma import RdmaSample
 
 log = logging.getLogger(__name__)
+
+CHECKPOINTS_OFF = "checkpoint events are off: the checkpoint source is disabled (sources.checkpoint.enabled: false)"
+# The service API's refusals, for the server to answer: each carries its HTTP status and the field at fault.
+__all__ = ["IngestError", "NotFound", "Service", "ValidationError", "build_service"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -72,6 +86,54 @@ class Service:
         finally:
             await self.stop()
 
+    # --- the API the server calls (web/ never reaches the model or the sources) ----------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Whether every source has finished its first sample cycle (``/readyz``)."""
+        return self.daemon.ready
+
+    async def metrics(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
+        """The /metrics body in the format and encoding asked for, with its headers (cached per generation)."""
+        return await self.cache.render(accept, accept_encoding)
+
+    def ingest_progress(self, body: Any) -> dict[str, Any]:
+        """A progress report (the decoded JSON body) validated and merged into its job; the job's JSON after it.
+        Raises an ``IngestError`` naming the field at fault."""
+        view = self.jobs.report(parse_progress(body, self.clock()))
+        return self.job_json(view)
+
+    @property
+    def accepts_checkpoints(self) -> bool:
+        """Whether checkpoint events are taken: the checkpoint source (and its tracker) is on."""
+        return self.checkpoints is not None
+
+    def ingest_checkpoint(self, body: Any) -> dict[str, Any]:
+        """A checkpoint event (the decoded JSON body) recorded; the job's checkpoint JSON after it. A job known only
+        from its checkpoints counts against ingest.max_jobs too. Raises an ``IngestError`` naming the field."""
+        if self.checkpoints is None:
+            raise NotFound("", CHECKPOINTS_OFF)
+        event = parse_checkpoint_event(body, self.clock())
+        return self.checkpoints.record(event, admit=self.jobs.touch)
+
+    def jobs_json(self) -> list[dict[str, Any]]:
+        """Every job's JSON (``GET /api/v1/jobs``)."""
+        return [self.job_json(view) for view in self.jobs.views()]
+
+    def ledger_json(self, name: str) -> dict[str, Any]:
+        """Where job ``name``'s time on this node went (``GET /api/v1/jobs/<job>/ledger``); ``NotFound`` for a job
+        this node does not have, or one without a ledger yet."""
+        view = next((v for v in self.jobs.views() if v.name == name), None)
+        if view is None:
+            raise NotFound("job", f"no job {name!r} on this node")
+        if view.ledger is None:
+            raise NotFound(
+                "job",
+                f"job {name!r} has no ledger yet: it starts with the job's first progress (a report, a log's step "
+                "line) or its client's start event",
+            )
+        return {"job": name, **view.ledger.as_json()}
+
     def export_process_metrics(self) -> None:
         """Add client_python's ProcessCollector to /metrics: the daemon's own CPU seconds, resident and virtual
         memory, open and maximum file descriptors and start time, under its standard ``process_`` names. The daemon
@@ -94,17 +156,19 @@ class Service:
             "bottleneck": verdict.as_json() if verdict else None,
         }
 
+    def readings(self, name: str, kind: type[T]) -> T | None:
+        """The latest typed readings of source ``name`` (None while it is absent or has no snapshot yet)."""
+        return latest_readings(self.daemon, name, kind)
+
     def node_signals(self) -> NodeSignals:
-        """The latest data of the sources the attribution reads; a source that is absent or down adds nothing."""
-
-        def data(name: str, key: str) -> dict:
-            state = self.daemon.states.get(name)
-            return state.snapshot.data.get(key, {}) if state is not None and state.snapshot is not None else {}
-
+        """The latest readings of the sources the attribution reads; a source that is absent or down adds nothing."""
+        gpu = self.readings("gpu", GpuSample)
+        ethtool = self.readings("ethtool", EthtoolSample)
+        rdma = self.readings("rdma", RdmaSample)
         return NodeSignals(
-            gpus=data("gpu", "gpus"),  # GpuReadings, with the PCI bus ID that places each GPU near its NICs
-            interfaces=data("ethtool", "interfaces"),
-            ports=data("rdma", "ports"),
+            gpus=gpu.gpus if gpu else {},  # GpuReadings, with the PCI bus ID that places each GPU near its NICs
+            interfaces=dict(ethtool.interfaces) if ethtool else {},
+            ports=dict(rdma.ports) if rdma else {},
             checkpoint=self.checkpoint_overlap,
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
         )
@@ -112,9 +176,9 @@ class Service:
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
         a kubelet restart does not end every job; jobs end only when an answer no longer lists them."""
-        state = self.daemon.states.get("discovery")
-        if state is not None and state.snapshot is not None:
-            self.jobs.set_discovered(state.snapshot.data.get("jobs", {}))
+        discovery = self.readings("discovery", DiscoverySample)
+        if discovery is not None:
+            self.jobs.set_discovered(discovery.jobs)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
@@ -147,14 +211,19 @@ class Service:
         self.history.record(now, views)
 
 
+def latest_readings(daemon: Scheduler, name: str, kind: type[T]) -> T | None:
+    """The typed readings of source ``name``'s latest snapshot, when it has them of ``kind``."""
+    state = daemon.states.get(name)
+    readings = state.snapshot.readings if state is not None and state.snapshot is not None else None
+    return readings if isinstance(readings, kind) else None
+
+
 def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
     """This node's GPUs as the GPU source last saw them; None while it is down or absent."""
 
     def inventory() -> list[GpuInfo] | None:
-        state = daemon.states.get(source_name)
-        if state is None or state.snapshot is None:
-            return None
-        return state.snapshot.data.get("inventory")
+        sample = latest_readings(daemon, source_name, GpuSample)
+        return sample.inventory if sample is not None else None
 
     return inventory
 
@@ -164,9 +233,10 @@ def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[
 
     def readings() -> dict[int, GpuReading] | None:
         state = daemon.states.get(source_name)
-        if state is None or state.snapshot is None or not state.up:
+        if state is None or not state.up:
             return None
-        return state.snapshot.data.get("gpus")
+        sample = latest_readings(daemon, source_name, GpuSample)
+        return sample.gpus if sample is not None else None
 
     return readings
 
@@ -184,7 +254,11 @@ def build_service(
     typed = typed_config(config)
     daemon = Scheduler(sources, clock=clock, speed=speed)
     jobs = JobTracker(
-        configured=config["jobs"],  # the facts stay dicts: the progress API's reports merge into them
+        # The facts stay dicts (the progress API's reports merge into them), without the node's keys (data_paths).
+        configured={
+            name: {key: value for key, value in facts.items() if key not in CONFIG_ONLY_JOB_KEYS}
+            for name, facts in config["jobs"].items()
+        },
         window=typed.mfu.window,
         max_jobs=typed.ingest.max_jobs,
         job_ttl=typed.ingest.job_ttl,
@@ -195,7 +269,9 @@ def build_service(
     )
     attribution = Attributor(typed.attribution, window=typed.mfu.window)
     registry = CollectorRegistry(auto_describe=False)
-    collector = ExporterCollector(daemon, jobs, extra=[attribution.families], clock=clock)
+    collector = ExporterCollector(
+        daemon, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
+    )
     registry.register(collector)
     cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, parts=collector.parts)
     daemon.on_sample(cache.sampled)

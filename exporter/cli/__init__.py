@@ -8,8 +8,8 @@ import sys
 from typing import Callable
 
 from exporter import __version__
-from exporter.cli import check, demo, healthcheck, plan, run
-from exporter.cli.flags import EXIT_CONFIG, BadEnv
+from exporter.cli import check, demo, healthcheck, nccl, plan, run
+from exporter.cli.flags import EXIT_CONFIG, BadEnv, UsageError
 from exporter.config import ConfigError
 
 log = logging.getLogger("exporter")
@@ -21,6 +21,7 @@ Run = Callable[[argparse.Namespace], int]
 COMMANDS: dict[str, tuple[str, Configure, Run]] = {
     "run": (run.RUN_HELP, run.add_run_flags, run.run_daemon),
     "check": (check.CHECK_HELP, check.add_check_flags, check.run_check),
+    "nccl": (nccl.NCCL_HELP, nccl.add_nccl_flags, nccl.run_nccl),
     "plan": (plan.PLAN_HELP, plan.add_plan_flags, plan.run_plan),
     "demo": (demo.DEMO_HELP, demo.add_demo_flags, demo.run_demo),
     "healthcheck": (healthcheck.HEALTHCHECK_HELP, healthcheck.add_healthcheck_flags, healthcheck.run_healthcheck),
@@ -70,4 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except ConfigError as exc:
         print(f"mfu-exporter: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except UsageError as exc:
+        print(f"mfu-exporter {args.command}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

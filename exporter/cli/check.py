@@ -10,10 +10,12 @@ from typing import Any
 
 import pynvml
 
-from exporter.cli.flags import add_flag, add_path_flags
+from exporter.cli.flags import add_flag, add_path_flags, positive
 from exporter.config import ConfigError, load_config, typed_config
 from exporter.node.nic_qos import NicQos
+from exporter.preflight import nccl
 from exporter.preflight.checks import (
+    CheckResult,
     PreflightSettings,
     Status,
     gather,
@@ -34,6 +36,17 @@ def add_check_flags(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the job's environment (KEY=VALUE lines) for the NCCL checks; default: this shell's environment",
     )
+    parser.add_argument(
+        "--nccl",
+        metavar="FILE",
+        help="an NCCL test's output (nccl-tests, NCCL_DEBUG=INFO) to judge against this node's fabric, as check nccl.test",
+    )
+    parser.add_argument(
+        "--expect-busbw",
+        metavar="GB/s",
+        type=positive(float),
+        help="with --nccl: the bus bandwidth the largest size should reach; default: from the ACTIVE RDMA ports",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -47,9 +60,28 @@ def run_check(args: argparse.Namespace, nvml: Any = pynvml, qos: NicQos | None =
         raise ConfigError(args.env_file, "", f"a UTF-8 text file (byte {exc.start} is not UTF-8)") from None
     facts = gather(settings, args.sysfs, args.procfs, nvml=nvml, qos=qos, nccl_env=env)
     results = run_checks(facts, settings)
+    if args.nccl:
+        results.append(nccl_check(args, facts.active_ports))
     if args.json:
         json.dump(results_json(results), out, indent=2)
         out.write("\n")
     else:
         out.write(render_table(results) + "\n")
     return 1 if any(r.status == Status.FAIL for r in results) else 0
+
+
+def nccl_check(args: argparse.Namespace, active_ports) -> CheckResult:
+    """``--nccl FILE`` as one more check; a file that cannot be read is a usage error (exit 2), like --env-file."""
+    try:
+        lines = nccl.read_lines(args.nccl)
+        expected = (
+            nccl.user_expectation(args.expect_busbw)
+            if args.expect_busbw is not None
+            else nccl.fabric_expectation(active_ports)
+        )
+    except nccl.Unreadable as exc:
+        raise ConfigError(args.nccl, "", f"a readable NCCL test output ({exc})") from None
+    except ValueError as exc:
+        raise ConfigError("--expect-busbw", "", str(exc)) from None
+    reading, judgement = nccl.verify(lines, expected)
+    return nccl.check_result(reading, judgement, args.nccl)

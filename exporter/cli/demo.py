@@ -13,7 +13,7 @@ from typing import Any
 import requests
 import urllib3
 
-from exporter.cli.flags import add_daemon_flags, apply_web_flags
+from exporter.cli.flags import UsageError, add_daemon_flags, apply_web_flags, positive
 from exporter.client import ProgressReporter
 from exporter.config import ConfigError, Invalid, duration, typed_config
 from exporter.sim.fleet import FLEET_INCIDENTS, build_fleet, serve_fleet
@@ -66,7 +66,9 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
     add_daemon_flags(parser, paths=False)
     for flag in ("--path.sysfs", "--path.procfs"):
         parser.add_argument(flag, action=NotForTheDemo, metavar="DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second (default 1)")
+    parser.add_argument(
+        "--speed", type=positive(float), default=1.0, help="simulated seconds per wall-clock second (default 1)"
+    )
     parser.add_argument("--incident", choices=INCIDENTS, help="force one incident after a short healthy warm-up")
     parser.add_argument(
         "--mfu.window",
@@ -111,12 +113,12 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    if args.speed <= 0:
-        raise SystemExit("mfu-exporter demo: --speed must be positive")
+    if not args.speed > 0:  # argparse checks the flag; a caller building the namespace itself is checked here
+        raise UsageError("--speed must be positive")
     if args.nodes is not None:
         return run_fleet(args)
     if args.incident_node is not None:
-        raise SystemExit("mfu-exporter demo: --incident-node needs --nodes")
+        raise UsageError("--incident-node needs --nodes")
     root = Path(tempfile.mkdtemp(prefix="mfu-demo-"))
     try:
         runtime, node, simulation = build_demo(args, root, flags=lambda config: demo_flags(config, args))
@@ -204,13 +206,13 @@ def reporter_access(config: dict, url: str) -> dict[str, Any]:
 def run_fleet(args: argparse.Namespace) -> int:
     """``demo --nodes N``: N simulated nodes in one process (``exporter.sim.fleet``)."""
     if not 1 <= args.nodes <= 4096:
-        raise SystemExit("mfu-exporter demo: --nodes must be from 1 to 4096")
+        raise UsageError("--nodes must be from 1 to 4096")
     if args.incident and args.incident not in FLEET_INCIDENTS:
-        raise SystemExit(f"mfu-exporter demo: --nodes simulates the incidents {', '.join(FLEET_INCIDENTS)}")
+        raise UsageError(f"--nodes simulates the incidents {', '.join(FLEET_INCIDENTS)}")
     if args.progress != "api":
-        raise SystemExit("mfu-exporter demo: --nodes reports progress to each node's job model (--progress api)")
+        raise UsageError("--nodes reports progress to each node's job model (--progress api)")
     if args.incident_node is not None and not 0 <= args.incident_node < args.nodes:
-        raise SystemExit(f"mfu-exporter demo: --incident-node must be from 0 to {args.nodes - 1}")
+        raise UsageError(f"--incident-node must be from 0 to {args.nodes - 1}")
     root = Path(tempfile.mkdtemp(prefix="mfu-fleet-"))
     try:
         fleet = build_fleet(args, root)

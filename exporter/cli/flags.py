@@ -3,13 +3,50 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from exporter.config import ConfigError, Invalid, listen_address, load_config
 
-EXIT_CONFIG = 2
+EXIT_CONFIG = 2  # a config or usage error: every command exits 2 when its input is refused
+
+
+class UsageError(Exception):
+    """A flag combination a command refuses; ``main`` prints it after the command's name and exits 2."""
+
+
+class Expected(argparse.ArgumentTypeError):
+    """A flag value refused, with the form it takes: argparse prints the whole sentence after the flag, and an env
+    var's error (``BadEnv``) uses the form alone, as config errors do."""
+
+    def __init__(self, expected: str, value: str, why: str = ""):
+        super().__init__(f"expected {expected}, got {value!r}" + (f" ({why})" if why else ""))
+        self.expected = expected
+
+
+def existing_directory(value: str) -> str:
+    """A directory that exists: a mount-point flag naming nothing would read nothing and pass every check."""
+    if not os.path.isdir(value):
+        raise Expected("an existing directory", value, "not a directory" if os.path.exists(value) else "no such path")
+    return value
+
+
+def positive(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``convert`` (float or int), then above zero. Its errors say what the flag takes."""
+
+    def parse(value: str) -> Any:
+        try:
+            number = convert(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if not (math.isfinite(number) and number > 0):
+            raise argparse.ArgumentTypeError(f"{value!r}: must be positive and finite")
+        return number
+
+    parse.__name__ = f"positive {convert.__name__}"
+    return parse
 
 
 def env_name(flag: str) -> str:
@@ -53,7 +90,7 @@ def _env_default(
         try:
             parsed = convert(value)
         except argparse.ArgumentTypeError as exc:  # the flag's own wording of what it takes
-            return BadEnv(env, str(exc), value)
+            return BadEnv(env, getattr(exc, "expected", str(exc)), value)
         except (TypeError, ValueError):
             return BadEnv(env, f"a {getattr(convert, '__name__', 'valid')} value, as {flag} takes", value)
     if choices is not None and parsed not in choices:
@@ -63,14 +100,22 @@ def _env_default(
 
 def add_path_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(
-        parser, "--path.sysfs", "sysfs mount point", dest="sysfs", default="/sys", metavar="DIR", metavar_default="/sys"
+        parser,
+        "--path.sysfs",
+        "sysfs mount point; must exist",
+        dest="sysfs",
+        default="/sys",
+        type=existing_directory,
+        metavar="DIR",
+        metavar_default="/sys",
     )
     add_flag(
         parser,
         "--path.procfs",
-        "procfs mount point",
+        "procfs mount point; must exist",
         dest="procfs",
         default="/proc",
+        type=existing_directory,
         metavar="DIR",
         metavar_default="/proc",
     )

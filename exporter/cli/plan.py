@@ -12,10 +12,23 @@ import json
 import math
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
+from exporter.config import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_PARAMS,
+    MAX_PEAK_TFLOPS,
+    MAX_SEQ_LEN,
+    MAX_TOKENS,
+    MIN_PEAK_TFLOPS,
+)
 from exporter.model import flops as mfu
 from exporter.quantities import format_duration, parse_duration, parse_quantity
 
+MAX_PLAN_GPUS = 100_000_000  # far above any cluster (the largest are a few hundred thousand GPUs)
+MAX_PRICE_PER_GPU_HOUR = 1e6
 GUIDE_MFUS = (0.25, 0.50)  # the guide: sub-25% when the fabric or storage stalls, 45–55% achievable
 DEFAULT_MFU = 0.40
 
@@ -82,13 +95,20 @@ def peak_per_gpu(gpu: str | None, dtype: str, peak_tflops: float | None) -> tupl
         raise PlanError("give --gpu (a key of the peak table) or --peak-tflops")
     model = mfu.gpu_model_by_key(gpu)
     if model is None:
-        keys = ", ".join(m.key for m in mfu.PEAK_TABLE)
-        raise PlanError(f"unknown --gpu {gpu!r}; known: {keys} (or give --peak-tflops)")
+        raise PlanError(f"unknown --gpu {gpu!r}; known: {known_gpus()} (or give --peak-tflops)")
     if dtype not in model.tflops:
         raise PlanError(
             f"the table has no {dtype} peak for {model.key} (it has {', '.join(model.tflops)}); give --peak-tflops"
         )
     return model.tflops[dtype] * 1e12, f"{model.key} {dtype}, {model.tflops[dtype]:g} TFLOP/s dense"
+
+
+def known_gpus() -> str:
+    """The peak table's keys, each with the aliases that name it: ``h100-sxm (h100, h100-sxm5), h200 (h200-sxm)``."""
+    aliases: dict[str, list[str]] = {}
+    for alias, key in mfu.GPU_ALIASES.items():
+        aliases.setdefault(key, []).append(alias)
+    return ", ".join(m.key + (f" ({', '.join(aliases[m.key])})" if m.key in aliases else "") for m in mfu.PEAK_TABLE)
 
 
 def scenario(
@@ -194,14 +214,29 @@ def _quantity(value: str) -> float:
     try:
         number = parse_quantity(value)
     except ValueError as exc:
+        if value.strip().startswith("-"):
+            raise argparse.ArgumentTypeError(f"{value!r}: must be positive") from None
         raise argparse.ArgumentTypeError(str(exc)) from None
     if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be positive")
+        raise argparse.ArgumentTypeError(f"{value!r}: must be positive")
     return number
 
 
+def bounded(low: float, high: float, what: str) -> Callable[[str], float]:
+    """A positive quantity within the bounds the daemon holds a job's facts to (exporter/config.py), so every figure
+    the plan derives from it stays finite."""
+
+    def parse(value: str) -> float:
+        number = _quantity(value)
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{value!r}: {what} must be from {low:g} to {high:g}")
+        return number
+
+    return parse
+
+
 def _gpus(value: str) -> int:
-    number = _quantity(value)
+    number = bounded(1, MAX_PLAN_GPUS, "GPUs")(value)
     if number != int(number):
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of GPUs")
     return int(number)
@@ -234,16 +269,29 @@ def _attention(value: str) -> tuple[int, int, int, int]:
             "expected layers,heads,head_dim,seq_len as four positive integers, e.g. 126,128,128,8192"
         )
     layers, heads, head_dim, seq_len = (int(p) for p in parts)
+    limits = (MAX_LAYERS, MAX_HEADS, MAX_HEAD_DIM, MAX_SEQ_LEN)
+    if any(v > limit for v, limit in zip((layers, heads, head_dim, seq_len), limits)):
+        raise argparse.ArgumentTypeError(
+            f"layers,heads,head_dim,seq_len must be at most {','.join(f'{x:g}' for x in limits)}"
+        )
     return layers, heads, head_dim, seq_len
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", type=_quantity, required=True, help="active parameters, e.g. 405B")
-    parser.add_argument("--tokens", type=_quantity, required=True, help="training tokens, e.g. 15.6T")
+    parser.add_argument(
+        "--params", type=bounded(1, MAX_PARAMS, "parameters"), required=True, help="active parameters, e.g. 405B"
+    )
+    parser.add_argument(
+        "--tokens", type=bounded(1, MAX_TOKENS, "tokens"), required=True, help="training tokens, e.g. 15.6T"
+    )
     parser.add_argument("--gpus", type=_gpus, help="GPUs in the cluster (omit with --time to solve for it)")
-    parser.add_argument("--gpu", help="GPU model, a key of the peak table such as h100-sxm, h200, b200, a100")
+    parser.add_argument("--gpu", help=f"GPU model, a key of the peak table: {known_gpus()}")
     parser.add_argument("--dtype", choices=mfu.DTYPES, default="bf16", help="training precision (default bf16)")
-    parser.add_argument("--peak-tflops", type=_quantity, help="dense TFLOP/s per GPU, overriding the table")
+    parser.add_argument(
+        "--peak-tflops",
+        type=bounded(MIN_PEAK_TFLOPS, MAX_PEAK_TFLOPS, "TFLOP/s per GPU"),
+        help="dense TFLOP/s per GPU, overriding the table",
+    )
     parser.add_argument("--mfu", type=_ratio, help=f"planned MFU, e.g. 0.40 or 40%% (default {DEFAULT_MFU:.2f})")
     parser.add_argument(
         "--attention",
@@ -254,7 +302,12 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--causal-attention", action="store_true", help="halve the attention term (Megatron's convention)"
     )
-    parser.add_argument("--price-per-gpu-hour", type=_quantity, metavar="USD", help="adds a cost column")
+    parser.add_argument(
+        "--price-per-gpu-hour",
+        type=bounded(1e-6, MAX_PRICE_PER_GPU_HOUR, "the price"),
+        metavar="USD",
+        help="adds a cost column",
+    )
     parser.add_argument(
         "--time",
         type=_duration,
@@ -264,7 +317,8 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
-def run_plan(args: argparse.Namespace, out=sys.stdout) -> int:
+def run_plan(args: argparse.Namespace, out=None) -> int:
+    out = out or sys.stdout  # looked up per call, so a captured stdout is the one written to
     layers, heads, head_dim, seq_len = args.attention or (None, None, None, None)
     shape = mfu.ModelShape(args.params, layers, heads, head_dim, seq_len, args.causal_attention)
     try:
@@ -273,9 +327,10 @@ def run_plan(args: argparse.Namespace, out=sys.stdout) -> int:
     except PlanError as exc:
         print(f"mfu-exporter plan: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        json.dump(plan.as_json(), out, indent=2)
-        out.write("\n")
-    else:
-        out.write(render_plan(plan) + "\n")
+    try:  # the inputs' bounds keep every figure finite; this refuses rather than print inf or NaN if one is not
+        text = json.dumps(plan.as_json(), indent=2, allow_nan=False)
+    except ValueError:
+        print("mfu-exporter plan: these inputs give figures beyond a double's range", file=sys.stderr)
+        return 2
+    out.write((text if args.json else render_plan(plan)) + "\n")
     return 0

@@ -4,14 +4,15 @@ Pure: no files, no threads, no Prometheus. ``exporter.node.tail`` follows the fi
 feeds the records to the job model and the checkpoint tracker.
 """
 
-from exporter.logs.derive import Facts, JobLog, RunAction, SaveAction, Update
-from exporter.logs.records import Checkpoint, Line, Progress, Restore, Startup
+from exporter.logs.derive import Facts, JobLog, RunAction, SaveAction, Update, WaitAction
+from exporter.logs.records import Checkpoint, DataWait, Line, Progress, Restore, Startup
 from exporter.logs.stream import FORMATS, PARSERS, Event, LogStream
 
 __all__ = [
     "FORMATS",
     "PARSERS",
     "Checkpoint",
+    "DataWait",
     "Event",
     "Facts",
     "JobLog",
@@ -23,4 +24,5 @@ __all__ = [
     "SaveAction",
     "Startup",
     "Update",
+    "WaitAction",
 ]

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from exporter.logs.records import Checkpoint, Progress, Restore, Startup
+from exporter.logs.records import PER_STEP, SINCE_LAST, Checkpoint, DataWait, Progress, Restore, Startup
 from exporter.logs.stream import Event
 
 
@@ -88,6 +88,16 @@ class RunAction:
     duration: float | None = None
 
 
+@dataclass(frozen=True)
+class WaitAction:
+    """For the job model: the job's running data-wait total, ``seconds`` of one rank's wall time since its log
+    began, as of ``time`` (``framework`` printed it)."""
+
+    seconds: float
+    time: float
+    framework: str
+
+
 class _Writer:
     __slots__ = ("key", "last", "interval", "generation")
 
@@ -116,6 +126,12 @@ class JobLog:
         self._integrated_at: float | None = None
         self._integrated_step: int | None = None
         self._integrated_first: int | None = None
+        # Data wait (exporter.logs.datawait): the running total, the step it counts to, the previous progress step.
+        self._waits: _Writer | None = None
+        self._wait_total = 0.0
+        self._wait_step: int | None = None
+        self._previous_step: int | None = None
+        self._last_progress_at: float | None = None
 
     def feed(
         self,
@@ -157,12 +173,40 @@ class JobLog:
                     self._open = None
                     out.append(SaveAction("finish", name, event.time, max(event.time - started, 0.0)))
                 out.append(self._update(record, event.time, facts))
+            elif isinstance(record, DataWait):
+                if not self._take("_waits", f"{source}|{event.origin}", event.time, generation):
+                    self.skipped["other_writer_data_wait"] += 1
+                    continue
+                action = self._wait(record, event.time)
+                if action is not None:
+                    out.append(action)
             elif isinstance(record, Checkpoint):
                 if not self._take("_saves", f"{source}|{event.origin}", event.time, generation):
                     self.skipped["other_writer_checkpoint"] += 1
                     continue
                 out.extend(self._save(record, event.time))
         return out
+
+    def _wait(self, record: DataWait, at: float) -> WaitAction | None:
+        """The running total after one data-wait line. Megatron's per-iteration mean counts for the steps since
+        the previous timer line (its first, for the steps since the progress line before); a profiler's running
+        total is taken as it is (one that goes down is a new run's: the job model counts it as a reset)."""
+        if record.scope == PER_STEP:
+            step = self._last_step
+            since = self._wait_step if self._wait_step is not None else self._previous_step
+            if step is None or since is None or step <= since:
+                self._wait_step = step
+                return None
+            self._wait_total += record.seconds * (step - since)
+            self._wait_step = step
+            # The timers print right after the iteration line and carry no time of their own: the line's time.
+            if record.time is None and self._last_progress_at is not None:
+                at = self._last_progress_at
+        elif record.scope == SINCE_LAST:
+            self._wait_total += record.seconds
+        else:
+            self._wait_total = record.seconds
+        return WaitAction(self._wait_total, at, record.framework)
 
     def _run_start(self, out: list, at: float) -> None:
         if not self._starting:
@@ -208,7 +252,10 @@ class JobLog:
 
     def _update(self, record: Progress, at: float, facts: Facts) -> Update:
         if record.step is not None:
-            self._last_step = record.step
+            if self._last_step is not None and record.step < self._last_step:
+                self._wait_step = None  # a restart: the timers count from the resumed step
+            self._previous_step, self._last_step = self._last_step, record.step
+        self._last_progress_at = at
         seq_len = facts.seq_len or self.startup.seq_len
         world = facts.world_size or self.startup.world_size
         gpus = facts.node_gpus

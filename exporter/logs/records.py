@@ -95,4 +95,20 @@ class Restore:
     duration: float | None = None
 
 
-Record = Progress | Startup | Checkpoint | Restore
+PER_STEP = "per_step"  # mean seconds per step over the interval just logged (Megatron)
+SINCE_LAST = "since_last"  # seconds summed since the previous such line (DeepSpeed's pipeline engine)
+RUNNING_TOTAL = "total"  # seconds since the stage began (Lightning's profiler summary)
+
+
+@dataclass(frozen=True)
+class DataWait:
+    """How long the training loop waited for its next batch (``exporter.logs.datawait``): ``seconds`` of one rank's
+    wall time, counted as ``scope`` says (``PER_STEP``, ``SINCE_LAST`` or ``RUNNING_TOTAL``)."""
+
+    seconds: float
+    scope: str
+    framework: str
+    time: float | None = None  # the line's own timestamp (DeepSpeed's logger prefix), None where it has none
+
+
+Record = Progress | Startup | Checkpoint | Restore | DataWait

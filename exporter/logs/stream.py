@@ -29,6 +29,9 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from exporter.logs.base import Parser
+from exporter.logs.datawait import KEYWORD_PATTERN as WAIT_PATTERN
+from exporter.logs.datawait import KEYWORDS as WAIT_KEYWORDS
+from exporter.logs.datawait import parse_data_wait
 from exporter.logs.deepspeed import DeepSpeedParser
 from exporter.logs.hf import HfParser
 from exporter.logs.megatron import MegatronParser
@@ -52,10 +55,11 @@ DETECT_KEYWORDS = tuple(sorted({k for cls in PARSERS.values() for k in cls.keywo
 
 def keyword_pattern(keywords: tuple[str, ...] | None) -> re.Pattern | None:
     """One regex for "contains any of": a single C-level search per line instead of a Python loop. A keyword that
-    contains another is left out (the shorter one finds its lines), so the alternation stays short."""
+    contains another is left out (the shorter one finds its lines), so the alternation stays short. The data-wait
+    lines' keywords are always in: those lines are read whatever the format (``exporter.logs.datawait``)."""
     if not keywords:
         return None
-    unique = sorted(set(keywords))
+    unique = sorted(set(keywords) | set(WAIT_KEYWORDS))
     needed = [k for k in unique if not any(other != k and other in k for other in unique)]
     return re.compile("|".join(map(re.escape, needed)))
 
@@ -191,6 +195,8 @@ class LogStream:
                         self._undecided()
                     continue
                 for line in split_line(text, parse_rfc3339(stamp) if stamp else None):
+                    if WAIT_PATTERN.search(line.text) is not None and self._wait(line, read_time, events):
+                        continue
                     # A line an active parser reads as progress is no other framework's; any other line may make
                     # one more framework detected (a mixed log), tried only when it holds one of their anchors' words.
                     if self.active and self._parse(line, read_time, events):
@@ -205,6 +211,15 @@ class LogStream:
             if not self.candidate_lines:  # a named format none of whose progress lines is in the log
                 self.unrecognised = NAMED_UNSEEN.format(format=self.active[0].name, lines=self.lines)
         return events
+
+    def _wait(self, line: Line, read_time: float, events: list[Event]) -> bool:
+        """A data-loading line, read whatever the format (it decides none); whether it was one."""
+        wait = parse_data_wait(line.text)
+        if wait is None:
+            return False
+        when = line.time if line.time is not None else wait.time if wait.time is not None else read_time
+        events.append(Event(wait, when, line.origin, wait.framework))
+        return True
 
     def _undecided(self) -> None:
         if self.unrecognised is None and self.lines >= self.detect_lines:

@@ -45,10 +45,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from exporter.config import AttributionConfig
-from exporter.model.jobs import REPORT_RESOLUTION_SECONDS, JobView
+from exporter.model.job_view import JobView
+from exporter.model.progress import REPORT_RESOLUTION_SECONDS
 from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
 
 CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")
@@ -99,9 +98,18 @@ class Verdict:
         }
 
 
+@dataclass(frozen=True)
+class JobStanding:
+    """One job's attribution as exported: its verdict now (None: nothing to judge) and its lost GPU-seconds."""
+
+    job: str
+    lost_seconds: tuple[tuple[str, float], ...]  # (cause, GPU-seconds) once the job had a verdict; () before
+    verdict: Verdict | None
+
+
 @dataclass
 class NodeSignals:
-    """What this node's sources last saw, in the shapes their snapshots carry (``Snapshot.data``)."""
+    """What this node's sources last saw, in the shapes their snapshots' typed readings carry."""
 
     gpus: dict[int, GpuReading] = field(default_factory=dict)  # GPU source: index -> reading (with its PCI bus ID)
     interfaces: dict[str, InterfaceSignal] = field(default_factory=dict)  # ethtool source: name -> InterfaceReading
@@ -386,33 +394,16 @@ class Attributor:
             state = self._jobs.get(job)
             return state.verdict if state else None
 
-    def families(self) -> Iterable:
-        label = ["training_job", "cause"]
-        bottleneck = GaugeMetricFamily(
-            "mfu_job_bottleneck",
-            "1 for the cause the job's MFU gap is attributed to now, 0 for the others.",
-            labels=label,
-        )
-        lost = CounterMetricFamily(
-            "mfu_job_lost_gpu_seconds",
-            "GPU-seconds lost below the job's baseline MFU, by cause: GPUs × (baseline − MFU) ÷ baseline over time.",
-            labels=label,
-        )
-        baseline = GaugeMetricFamily(
-            "mfu_job_baseline_mfu_ratio",
-            "The job's healthy MFU: expected_mfu, or a high percentile of its recent MFU.",
-            labels=["training_job"],
-        )
+    def standings(self) -> list[JobStanding]:
+        """Each known job's verdict now and its lost GPU-seconds by cause (``exporter.render.attribution``)."""
         with self._lock:
-            for name, state in self._jobs.items():
-                # A counter stays while its job is known, also when there is no verdict now (an ended job, a
-                # window with no MFU): gaps in a counter read as resets.
-                for cause, seconds in state.lost_seconds.items() if state.judged else ():
-                    lost.add_metric([name, cause], seconds)
-                if state.verdict is None:
-                    continue
-                for cause in CAUSES:
-                    bottleneck.add_metric([name, cause], 1.0 if cause == state.verdict.cause else 0.0)
-                if state.verdict.baseline is not None:
-                    baseline.add_metric([name], state.verdict.baseline)
-        return (bottleneck, lost, baseline)
+            return [
+                JobStanding(
+                    name,
+                    # A counter stays while its job is known, also when there is no verdict now (an ended job, a
+                    # window with no MFU): gaps in a counter read as resets.
+                    tuple(state.lost_seconds.items()) if state.judged else (),
+                    state.verdict,
+                )
+                for name, state in self._jobs.items()
+            ]

@@ -32,6 +32,12 @@ class CheckpointConflict(IngestError):
     status = 409
 
 
+class NotFound(IngestError):
+    """A request for a job, or a part of one, this node does not have."""
+
+    status = 404
+
+
 class TooManyJobs(IngestError):
     """One more running job than ``ingest.max_jobs``; the job named by the request is the one refused."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from exporter.model.jobs import JobView
+from exporter.model.job_view import JobView
 
 
 class MfuHistory:

@@ -1,13 +1,9 @@
-"""Training jobs on this node: their progress reports, model facts and live MFU.
+"""Training jobs on this node: their state.
 
-Progress is cumulative (totals, not deltas), so a lost or repeated report loses nothing and double-counts
-nothing. MFU over the window = FLOPs/token × Δtokens/Δt ÷ (job GPUs here × dense peak), with Δ taken between the
-oldest and newest report inside the window, at least ``REPORT_RESOLUTION_SECONDS`` apart. Nothing here knows about
-HTTP; its refusals are ``exporter.model.errors.IngestError`` (``ValidationError`` 400, ``TooManyJobs`` 429).
-
-Every number a job's facts and reports lead to is finite: the facts are bounded (``exporter.config``, MAX_*), tokens
-too, and a rate needs a time step of a second or more. An MFU above 1 is more FLOP/s than the GPUs' peak, so one
-of the job's facts is wrong: that window is not exported and the job's reason says which fact to suspect.
+A job's state is what its progress reports (``exporter.model.progress``), log lines, checkpoint events and discovery
+said of it; ``JobTracker`` keeps it (reports merged, discovery's finds, expiry) and hands out each job's MFU view
+(``exporter.model.job_view``). Nothing here knows about HTTP; its refusals are ``exporter.model.errors.IngestError``
+(``ValidationError`` 400, ``TooManyJobs`` 429).
 
 A job ends when a report says ``state`` finished, failed or cancelled: its MFU, rate, ETA, peak and GPU series go at
 once, it no longer takes a slot under ``max_jobs``, and its counters stay until ``job_ttl`` (or until
@@ -18,200 +14,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import re
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
-
-from exporter.config import DEFAULTS, JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
-from exporter.model import flops as mfu_math
-from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
-from exporter.model.errors import TooManyJobs, ValidationError
+from exporter.config import DEFAULTS
+from exporter.model.datawait import DataWaitMeter
+from exporter.model.discovery_jobs import DiscoveredJob
+from exporter.model.errors import TooManyJobs
+from exporter.model.job_view import GpuInfo, JobView, ViewBuilder, flops_per_token, gpu_facts
 from exporter.model.ledger import Ledger, LedgerView
+from exporter.model.progress import (
+    FACT_DEFAULTS,
+    MAX_FUTURE_SECONDS,
+    REPORT_RESOLUTION_SECONDS,
+    RUNNING,
+    ProgressReport,
+)
 from exporter.model.readings import GpuReading
 
 log = logging.getLogger(__name__)
-
-MAX_FUTURE_SECONDS = 86400.0
-MAX_STEP = 2**53  # the largest integer a double (and so a Prometheus sample) holds exactly
-# Reports closer together than this are merged in the MFU window, and a rate needs at least this much time between
-# the window's ends: over a zero or nanosecond step any token count would be an infinite or absurd rate.
-REPORT_RESOLUTION_SECONDS = 1.0
-STATES = ("running", "finished", "failed", "cancelled")
-RUNNING = "running"
-FACT_KEYS = ("dtype", "gpus", "target_tokens", "peak_tflops", "expected_mfu")
-MODEL_KEYS = ("params", "layers", "heads", "head_dim", "seq_len", "causal_attention")
-FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
-# What a run of the job says besides its totals (the ``event`` field; ``tokens_total`` is optional with one): its
-# process started, it is alive, or it loads a checkpoint (``step``: the step it resumes from).
-EVENTS = ("start", "heartbeat", "checkpoint_load_started", "checkpoint_load_finished")
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
-MAX_HEARTBEAT_SECONDS = 3600.0
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One GPU of this node as the GPU source sees it; all that jobs need to know to find their peak."""
-
-    index: int
-    uuid: str
-    name: str
-
-
-def validate_job_name(value: Any, field_name: str = "job") -> str:
-    if not isinstance(value, str) or not JOB_NAME_PATTERN.match(value):
-        raise ValidationError(field_name, f"{field_name} must be {JOB_NAME_FORM}")
-    return value
-
-
-def validate_time(value: Any, now: float, field_name: str = "time") -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValidationError(field_name, f"{field_name} must be a Unix time in seconds")
-    if value > now + MAX_FUTURE_SECONDS:
-        raise ValidationError(field_name, f"{field_name} is more than a day in the future")
-    return float(value)
-
-
-def require_object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise ValidationError("", "the body must be a JSON object")
-    return body
-
-
-def reject_unknown(body: dict, known: Iterable[str], prefix: str = "") -> None:
-    known = set(known)
-    for key in body:
-        if key not in known:
-            raise ValidationError(
-                prefix + str(key), f"unknown field {prefix}{key!s}; known fields: {', '.join(sorted(known))}"
-            )
-
-
-MAX_KEPT_FACTS = 256  # validated fact sets kept; a node has a few jobs, each sending the same facts every report
-_kept_facts: dict[str, dict] = {}
-
-
-def _validated_facts(raw_facts: dict) -> dict:
-    """``validate_job_facts(raw_facts, "request")``, kept by the facts' ``repr``: a job sends the same model facts in
-    every report, and validating them is most of a report's parse. The text tells 1 from 1.0 and True, "1" from 1
-    and 0.0 from -0.0, so facts that validate differently never share an entry; facts that fail are validated every
-    time. (JSON bodies hold only dicts, lists, strings, numbers, booleans and null, whose ``repr`` says all.)"""
-    try:
-        key = repr(raw_facts)
-    except ValueError:  # an integer too long to write: validation says what it makes of it
-        return validate_job_facts(raw_facts, "request")
-    validated = _kept_facts.get(key)
-    if validated is None:
-        validated = validate_job_facts(raw_facts, "request")
-        if len(_kept_facts) >= MAX_KEPT_FACTS:
-            _kept_facts.clear()
-        _kept_facts[key] = validated
-    return validated
-
-
-@dataclass(frozen=True)
-class ProgressReport:
-    job: str
-    tokens_total: float | None  # None only in an event-only report (a start, a heartbeat, a checkpoint load)
-    step: int | None
-    time: float | None
-    facts: dict[str, Any]  # only the facts this report carries, validated
-    state: str = RUNNING
-    run: str | None = None  # the run's id (one per process): a new id is a new run
-    event: str | None = None
-    heartbeat: float | None = None  # seconds between the client's heartbeats, when it sends them
-    duration: float | None = None  # of a finished checkpoint load, timed by the job
-
-
-def parse_progress(body: Any, now: float) -> ProgressReport:
-    """Validate a ``POST /api/v1/progress`` body; raises ValidationError naming the field."""
-    body = require_object(body)
-    reject_unknown(
-        body,
-        (
-            "job",
-            "tokens_total",
-            "step",
-            "time",
-            "state",
-            "model",
-            "run",
-            "event",
-            "heartbeat_seconds",
-            "duration_seconds",
-        )
-        + FACT_KEYS,
-    )
-    job = validate_job_name(body.get("job"))
-    run, event, heartbeat, duration = _run_fields(body)
-    tokens = body.get("tokens_total")
-    if tokens is None and event is not None:
-        pass  # an event-only report: no totals
-    elif (
-        isinstance(tokens, bool)
-        or not isinstance(tokens, (int, float))
-        or not math.isfinite(tokens)
-        or not 0 <= tokens <= MAX_TOKENS
-    ):
-        raise ValidationError(
-            "tokens_total",
-            f"tokens_total must be the number of tokens processed so far (a running total), from 0 to {MAX_TOKENS:g}",
-        )
-    step = body.get("step")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0 or step > MAX_STEP):
-        raise ValidationError("step", "step must be an integer from 0 to 2^53")
-    report_time = validate_time(body.get("time"), now)
-    state = body.get("state", RUNNING)
-    if state not in STATES:
-        raise ValidationError("state", "state must be running, finished, failed or cancelled")
-
-    model = body.get("model")
-    if model is None:
-        model = {}
-    if not isinstance(model, dict):
-        raise ValidationError("model", 'model must be an object like {"params": "70B", "layers": 80}')
-    reject_unknown(model, MODEL_KEYS, "model.")
-    raw_facts = {k: v for k, v in model.items() if v is not None}
-    raw_facts.update({k: body[k] for k in FACT_KEYS if body.get(k) is not None})
-    try:
-        validated = _validated_facts(raw_facts)
-    except ConfigError as exc:
-        field_name = f"model.{exc.path}" if exc.path in MODEL_KEYS else exc.path
-        raise ValidationError(field_name, f"{field_name}: {exc.detail}") from None
-    facts = {k: validated[k] for k in raw_facts}
-    total = float(tokens) if tokens is not None else None
-    return ProgressReport(job, total, step, report_time, facts, state, run, event, heartbeat, duration)
-
-
-def _run_fields(body: dict) -> tuple[str | None, str | None, float | None, float | None]:
-    """The run fields of a progress report: ``run`` (its id), ``event``, ``heartbeat_seconds``, ``duration_seconds``."""
-    run = body.get("run")
-    if run is not None and (not isinstance(run, str) or not RUN_ID.match(run)):
-        raise ValidationError("run", "run must be the run's id: 1–64 letters, digits, '.', '_', ':' or '-'")
-    event = body.get("event")
-    if event is not None and event not in EVENTS:
-        raise ValidationError("event", f"event must be one of {', '.join(EVENTS)}")
-    numbers = []
-    for key, limit in (("heartbeat_seconds", MAX_HEARTBEAT_SECONDS), ("duration_seconds", MAX_FUTURE_SECONDS)):
-        value = body.get(key)
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-            or not 0 < value <= limit
-        ):
-            raise ValidationError(key, f"{key} must be a number of seconds above 0, at most {limit:g}")
-        numbers.append(float(value) if value is not None else None)
-    if numbers[1] is not None and event != "checkpoint_load_finished":
-        raise ValidationError("duration_seconds", "duration_seconds belongs to event checkpoint_load_finished")
-    return run, event, numbers[0], numbers[1]
 
 
 @dataclass
@@ -243,84 +67,17 @@ class Job:
     discovered: DiscoveredJob | None = None  # what discovery found of it on this node, while it finds it
     ledger: Ledger = field(default_factory=Ledger)  # where its time here went (exporter.model.ledger)
     pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
+    data_wait: DataWaitMeter | None = None  # its wait for input, once its client or log gives one
 
     @property
     def tokens_processed(self) -> float:
         return self.carried_tokens + self.tokens_total + self.replayed_tokens
 
 
-@dataclass
-class JobView:
-    """A job's state at one instant, for metrics, JSON and the status page."""
-
-    name: str
-    tokens_total: float
-    step: int | None
-    last_report_time: float
-    tokens_per_second: float | None
-    flops_per_token: float | None
-    gpus: int | None
-    peak_flops: float | None
-    mfu: float | None
-    eta_seconds: float | None
-    reason: str | None
-    facts: dict[str, Any]
-    restarts: int
-    gpu_indices: list[int] | None = None
-    found_by: tuple[str, ...] = ()  # reported, config, kubernetes, slurm
-    discovered: DiscoveredJob | None = None
-    hardware: HardwareFigures | None = None
-    replayed_tokens: float = 0.0
-    state: str = RUNNING
-    runs: int = 1
-    tokens_processed: float = 0.0  # monotonic: tokens of earlier runs, the reported total and replayed tokens
-    model_flops: float | None = None  # the FLOPs counter; None until the job's FLOPs per token are known
-    implausible_mfu: float | None = None  # an MFU above 1, withheld from the metrics (``reason`` says why)
-    reported: bool = True  # False for a job known only by name (checkpoints, a log with no progress lines yet)
-    framework_mfu: float | None = None  # the framework's own MFU (printed, or its TFLOP/s/GPU over our peak)
-    framework_tflops_per_gpu: float | None = None
-    ledger: LedgerView | None = None  # None until a run of it shows progress (or its client says it started)
-
-    @property
-    def running(self) -> bool:
-        return self.state == RUNNING
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "job": self.name,
-            "tokens_total": self.tokens_total,
-            "step": self.step,
-            "last_report_time": self.last_report_time,
-            "tokens_per_second": self.tokens_per_second,
-            "flops_per_token": self.flops_per_token,
-            "gpus": self.gpus,
-            "gpu_indices": self.gpu_indices,
-            "found_by": list(self.found_by),
-            "discovered": self.discovered.as_json() if self.discovered else None,
-            "hardware": self.hardware.as_json() if self.hardware else None,
-            "peak_flops": self.peak_flops,
-            "mfu": self.mfu,
-            "eta_seconds": self.eta_seconds,
-            "reason": self.reason,
-            "restarts": self.restarts,
-            "replayed_tokens": self.replayed_tokens,
-            "state": self.state,
-            "runs": self.runs,
-            "implausible_mfu": self.implausible_mfu,
-            "framework_mfu": self.framework_mfu,
-            "framework_tflops_per_gpu": self.framework_tflops_per_gpu,
-            "ledger": self.ledger.as_json() if self.ledger is not None else None,
-            "model": {k: self.facts.get(k) for k in MODEL_KEYS},
-            **{k: self.facts.get(k) for k in FACT_KEYS},
-        }
-
-
 class JobTracker:
     """Thread-safe store of jobs reporting to this node, and of the jobs discovery finds on it.
 
-    ``gpu_inventory`` returns this node's GPUs (from the GPU source) or None when unknown; it is how a job's
-    peak is found without this module knowing about NVML. ``gpu_readings`` returns the GPU source's latest
-    readings by index (or None): each job's hardware figures are their means over the job's GPUs.
+    ``gpu_inventory`` and ``gpu_readings`` are the GPU source's, for the jobs' views (``ViewBuilder``).
 
     A discovered job and a reporting job of one name are one job. Discovered jobs have their own cap (the
     discovery source's ``max_jobs``), so they never take a reporting job's place under ``ingest.max_jobs``; one
@@ -342,8 +99,7 @@ class JobTracker:
         self.window = window
         self.max_jobs = max_jobs
         self.job_ttl = job_ttl
-        self._gpu_inventory = gpu_inventory
-        self._gpu_readings = gpu_readings
+        self._builder = ViewBuilder(self._configured, window, gpu_inventory, gpu_readings)
         self._clock = clock
         self._monotonic = monotonic  # the ledgers' clock: a wall-clock step moves no second from one kind to another
         self._born = monotonic()  # a ledger counts no time before this exporter started
@@ -399,6 +155,8 @@ class JobTracker:
             while len(job.window) > 2 and job.window[1][0] < at - self.window:
                 job.window.popleft()
             job.tokens_total = report.tokens_total
+            if report.data_wait_seconds is not None:
+                self._data_wait(job, at, report.data_wait_seconds, "client")
             if report.step is not None:
                 job.step = report.step
             job.last_report_time = at
@@ -436,7 +194,7 @@ class JobTracker:
         facts = {**FACT_DEFAULTS, **job.facts}
         if facts.get("gpus") is None and job.discovered is not None:
             facts["gpus"] = list(job.discovered.gpus)
-        return self._resolve_gpus(facts)[1]
+        return self._builder.resolve_gpus(facts)[1]
 
     def _ledger_report(self, job: Job, report: ProgressReport, at: float, now: float, before: float = 0.0) -> None:
         """The report for the job's ledger; ``before`` is the job's token total before it."""
@@ -484,6 +242,21 @@ class JobTracker:
                 ledger.resume_at(when, offset, float(max(step - 1, 0)), source)
             else:
                 ledger.alive(when)
+
+    def data_wait(self, name: str, total: float, at: float, source: str) -> None:
+        """A running total of one rank's seconds waiting for input, from a feed other than the progress API (a
+        log: ``source`` "log:<framework>"). Needs the job known (observe or touch)."""
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is None:
+                return
+            self._data_wait(job, at, total, source)
+            self.generation += 1
+
+    def _data_wait(self, job: Job, at: float, total: float, source: str) -> None:
+        if job.data_wait is None:
+            job.data_wait = DataWaitMeter(source)
+        job.data_wait.observe(at, total, self._job_gpus(job), source)
 
     def checkpoint_event(self, name: str, phase: str, at: float, duration: float | None) -> None:
         """A checkpoint write of the job started, finished or failed (the checkpoint tracker tells, for every feed)."""
@@ -546,17 +319,8 @@ class JobTracker:
         with self._lock:
             job = self._jobs.get(name)
             facts = {**FACT_DEFAULTS, **(job.facts if job else self._configured.get(name, {}))}
-            facts = self._gpu_facts(facts, job)
-        return self._resolve_gpus(facts)[1]
-
-    @staticmethod
-    def _gpu_facts(facts: dict, job: Job | None) -> dict:
-        """``facts`` with the GPUs discovery saw the job hold, where the job named none itself. A log's tokens per
-        GPU are scaled by this count too, so tokens and peak are over the same GPUs (counting every GPU on a shared
-        node made a 2-GPU Slurm job's MFU four times too high on 8)."""
-        if facts.get("gpus") is None and job is not None and job.discovered is not None:
-            return {**facts, "gpus": list(job.discovered.gpus)}
-        return facts
+            facts = gpu_facts(facts, job)
+        return self._builder.resolve_gpus(facts)[1]
 
     def _admit(self) -> None:
         """Refuse one more running job past the cap; ended jobs keep their counters but take no slot, and jobs only
@@ -597,28 +361,13 @@ class JobTracker:
     def _count_flops(self, job: Job) -> None:
         """Add the tokens not yet counted at the job's current FLOPs per token: the counter never goes back, even
         when the job changes its model facts (an earlier token keeps the FLOPs it was counted with)."""
-        fpt = self._flops_per_token({**FACT_DEFAULTS, **job.facts})
+        fpt = flops_per_token({**FACT_DEFAULTS, **job.facts})
         if fpt is None:
             return  # counted once params arrive: then all tokens so far, as if they had been known from the start
         processed = job.tokens_processed
         if processed > job.counted_tokens:
             job.flops_total += fpt * (processed - job.counted_tokens)
             job.counted_tokens = processed
-
-    @staticmethod
-    def _flops_per_token(facts: dict) -> float | None:
-        if not facts.get("params"):
-            return None
-        return mfu_math.flops_per_token(
-            mfu_math.ModelShape(
-                facts["params"],
-                facts.get("layers"),
-                facts.get("heads"),
-                facts.get("head_dim"),
-                facts.get("seq_len"),
-                bool(facts.get("causal_attention")),
-            )
-        )
 
     def touch(self, name: str) -> None:
         """Create a job known only from another API (checkpoints) so it counts against the cap."""
@@ -748,337 +497,11 @@ class JobTracker:
             self._warned = {key for key in self._warned if key[0] not in expired}
         self._expiry_bound = (now, min([now, *(max(j.last_arrival, j.created) for j in self._jobs.values())]))
 
-    def _rate(self, job: Job, now: float) -> float | None:
-        if not job.reported:
-            return None
-        if now - job.last_arrival > max(self.window, 2 * job.interval):
-            # No report for a whole window (or twice the job's own cadence, for one that reports less often, like
-            # a log printed every few minutes): the job is not progressing.
-            return 0.0
-        points = [p for p in job.window if p[0] >= job.last_report_time - self.window]
-        if len(points) < 2 and len(job.window) >= 2:
-            points = [job.window[-2], job.window[-1]]  # reports sparser than the window: use the last interval
-        if len(points) < 2:
-            return None
-        (t0, n0), (t1, n1) = points[0], points[-1]
-        if t1 - t0 < REPORT_RESOLUTION_SECONDS:
-            return None  # a zero or sub-second step divides nothing: wait for reports further apart
-        return (n1 - n0) / (t1 - t0)
-
-    def _resolve_gpus(self, facts: dict) -> tuple[list[GpuInfo] | None, int | None, str | None]:
-        """The job's GPUs on this node (when the inventory is known) and their count."""
-        wanted = facts.get("gpus")
-        inventory = self._gpu_inventory()
-        if inventory is None:
-            if isinstance(wanted, int):
-                return None, wanted, None
-            if isinstance(wanted, list):
-                return None, len(wanted), None
-            return None, None, "the job gave no gpus and the GPU inventory is unknown (GPU source down)"
-        if wanted is None:
-            return inventory, len(inventory), None if inventory else "no GPUs visible on this node"
-        if isinstance(wanted, int):
-            if wanted > len(inventory):
-                return inventory, wanted, f"the job declares {wanted} GPUs but this node has {len(inventory)}"
-            return sorted(inventory, key=lambda g: g.index)[:wanted], wanted, None
-        by_key = {g.index: g for g in inventory} | {g.uuid: g for g in inventory}
-        chosen = [by_key[w] for w in wanted if w in by_key]
-        missing = [w for w in wanted if w not in by_key]
-        if missing:
-            return chosen, len(wanted), f"job GPUs not found on this node: {', '.join(map(str, missing))}"
-        # Validation refuses a repeated entry, but an index and a UUID can name the same GPU: counted twice, its
-        # peak would halve the job's MFU.
-        named: dict[int, int | str] = {}  # GPU index -> how the job named it (its index or its UUID)
-        for key, gpu in zip(wanted, chosen):
-            if gpu.index in named:
-                return (
-                    None,
-                    None,
-                    f"job GPUs name GPU {gpu.index} twice (as {named[gpu.index]} and {key}); list each GPU once",
-                )
-            named[gpu.index] = key
-        return chosen, len(wanted), None
-
-    def _peak(self, facts: dict, gpus: list[GpuInfo] | None, count: int | None) -> tuple[float | None, str | None]:
-        if facts.get("peak_tflops"):
-            return (facts["peak_tflops"] * 1e12 * count, None) if count else (None, None)
-        if count is None:
-            return None, None
-        if gpus is None:
-            return None, "the GPU models here are unknown (GPU source down or absent); set peak_tflops for this job"
-        dtype = facts.get("dtype") or "bf16"
-        total = 0.0
-        for gpu in gpus:
-            peak = mfu_math.peak_flops(gpu.name, dtype)
-            if peak is None:
-                return None, f"no {dtype} peak known for GPU {gpu.name!r}; set peak_tflops for this job"
-            total += peak
-        if len(gpus) < count:
-            return None, None
-        return total, None
-
     def _view(self, job: Job, now: float) -> JobView:
-        facts = {**FACT_DEFAULTS, **job.facts}
-        running = job.state == RUNNING
-        rate = self._rate(job, now) if running else None
-        reason = None
-        fpt = self._flops_per_token(facts)
-        if fpt is None:
-            reason = "model params unknown: send model.params in a progress report or set jobs.<name>.params"
-        gpus, count, gpu_reason = self._resolve_gpus(self._gpu_facts(facts, job))
-        peak, peak_reason = self._peak(facts, gpus, count)
-        reason = reason or gpu_reason or peak_reason
-        if reason is None and peak is None:
-            reason = "peak FLOP/s unknown for this job's GPUs"
-        if job.feed_reason and (reason is None or not job.reported):
-            reason = job.feed_reason
-        if reason is None and rate is None and running:
-            reason = (
-                "waiting for progress reports at least 1 s apart"
-                if len(job.window) >= 2
-                else "waiting for a second progress report"
-            )
-        utilization = implausible = None
-        # No reason means every fact is known; the checks for None say so to the type checker.
-        if reason is None and running and fpt is not None and rate is not None and peak is not None:
-            utilization = mfu_math.model_flops_utilization(fpt, rate, peak)
-            if not 0.0 <= utilization <= 1.0:
-                reason = self._implausible(facts, gpus, count, fpt * rate, peak)
-                implausible, utilization = utilization, None
-        if not running:
-            reason = f"the job {job.state}: MFU is measured while a job runs"
-        framework = job.framework_mfu
-        if framework is None and job.framework_tflops_per_gpu is not None and peak and count:
-            # Megatron and NeMo print their FLOPs count as TFLOP/s per GPU, not an MFU: over our per-GPU peak.
-            framework = job.framework_tflops_per_gpu * 1e12 / (peak / count)
-        eta = None
-        target = facts.get("target_tokens")
-        if target and rate and running:
-            eta = max(target - job.tokens_total, 0.0) / rate
-            if not math.isfinite(eta):
-                eta = None  # a rate so slow the remaining tokens take longer than a double counts
-        return JobView(
-            name=job.name,
-            tokens_total=job.tokens_total,
-            step=job.step,
-            last_report_time=job.last_report_time,
-            tokens_per_second=rate,
-            flops_per_token=fpt,
-            gpus=count,
-            peak_flops=peak,
-            mfu=utilization,
-            eta_seconds=eta,
-            reason=reason,
-            facts=facts,
-            restarts=job.restarts,
-            replayed_tokens=job.replayed_tokens,
-            gpu_indices=[g.index for g in gpus] if gpus is not None else None,
-            state=job.state,
-            runs=job.runs,
-            tokens_processed=job.tokens_processed,
-            model_flops=job.flops_total if fpt is not None or job.flops_total > 0 else None,
-            implausible_mfu=implausible,
-            framework_mfu=framework,
-            framework_tflops_per_gpu=job.framework_tflops_per_gpu,
-            ledger=self._ledger_view(job, now),
-            reported=job.reported,
-            found_by=self._found_by(job),
-            discovered=job.discovered,
-            hardware=hardware_figures(
-                [g.index for g in gpus] if gpus is not None else None,
-                self._gpu_readings(),
-                job.discovered.shared_gpus if job.discovered else (),
-            ),
-        )
+        return self._builder.view(job, now, self._ledger_view(job, now))
 
     def _ledger_view(self, job: Job, now: float) -> LedgerView | None:
         if not job.ledger.fed:
             return None  # no progress feed: its steps cannot be told from a hang, so its time is not split
         _, mono, offset = self._clocks(None, now)
         return job.ledger.view(mono, offset)
-
-    def _implausible(
-        self, facts: dict, gpus: list[GpuInfo] | None, count: int | None, achieved: float, peak: float
-    ) -> str:
-        """Why an MFU above 1 cannot be: the job's fact that must be wrong. The text stays the same from one window
-        to the next (no live figures), so it is logged once; the value is in the job's ``implausible_mfu``."""
-        head = "MFU above 1 (more model FLOP/s than the peak of the job's GPUs here), so a fact of the job is wrong: "
-        override = facts.get("peak_tflops")
-        if override:
-            table = self._table_peak(facts, gpus, count)
-            if table is None or achieved <= table:
-                known = f", the GPU table says {table / 1e12 / count:g}" if table and count else ""
-                return head + f"peak_tflops ({override:g} TFLOP/s per GPU{known}) is below what its GPUs do"
-        inventory = self._gpu_inventory()
-        if inventory and count is not None and count < len(inventory) and achieved <= peak / count * len(inventory):
-            return (
-                head + f"gpus ({count}) is fewer than the GPUs the job trains on here (this node has {len(inventory)})"
-            )
-        return head + (
-            "tokens_total grows faster than these GPUs can train (it must count this node's tokens, not "
-            "the whole job's) or model.params is too large"
-        )
-
-    def _table_peak(self, facts: dict, gpus: list[GpuInfo] | None, count: int | None) -> float | None:
-        """The peak of the job's GPUs from the GPU table, ignoring a peak_tflops override; None when unknown."""
-        if gpus is None or count is None or len(gpus) < count:
-            return None
-        return self._peak({**facts, "peak_tflops": None}, gpus, count)[0]
-
-    def _found_by(self, job: Job) -> tuple[str, ...]:
-        found = []
-        if job.reported or job.touched:
-            found.append("reported")
-        if job.name in self._configured:
-            found.append("config")
-        if job.discovered is not None:
-            found += sorted({pod.scheduler for pod in job.discovered.pods})
-        return tuple(found)
-
-
-def job_families(views: list[JobView]) -> Iterable:
-    """Per-job metric families; every series is labelled ``training_job`` (``job`` is Prometheus's own).
-
-    An ended job keeps its counters (tokens, FLOPs), step, last report time, FLOPs per token, info and state until
-    it is forgotten; its rate, MFU, ETA, peak and GPU count go at once. A window whose MFU came out above 1 exports
-    no MFU and no peak, so the cluster-wide MFU rule (which counts nodes exporting both halves) leaves it out too.
-    """
-    label = ["training_job"]
-    tokens = CounterMetricFamily(
-        "mfu_job_tokens",
-        "Tokens this job has processed on this node: its reported total, plus tokens trained again after restarts from checkpoints.",
-        labels=label,
-    )
-    flops = CounterMetricFamily(
-        "mfu_job_model_flops", "Model FLOPs done by this job on this node: FLOPs per token × tokens.", labels=label
-    )
-    peak = GaugeMetricFamily(
-        "mfu_job_peak_flops", "Dense peak FLOP/s of this job's GPUs on this node, for its dtype.", labels=label
-    )
-    gpus = GaugeMetricFamily("mfu_job_gpus", "GPUs this job uses on this node.", labels=label)
-    rate = GaugeMetricFamily("mfu_job_tokens_per_second", "Tokens per second over the MFU window.", labels=label)
-    utilization = GaugeMetricFamily(
-        "mfu_model_flops_utilization_ratio", "Model FLOPs utilization over the MFU window (0–1).", labels=label
-    )
-    step = GaugeMetricFamily("mfu_job_step", "Training step of the newest progress report.", labels=label)
-    last = GaugeMetricFamily(
-        "mfu_job_last_report_timestamp_seconds", "Unix time of the newest progress report.", labels=label
-    )
-    per_token = GaugeMetricFamily(
-        "mfu_job_flops_per_token",
-        "Model FLOPs per token: 6·P plus the attention term when the shape is known.",
-        labels=label,
-    )
-    eta = GaugeMetricFamily("mfu_job_eta_seconds", "Seconds until target_tokens at the current rate.", labels=label)
-    state = GaugeMetricFamily(
-        "mfu_job_state",
-        "1 for the job's state as its newest progress report gave it (running, finished, failed, cancelled), 0 for the others.",
-        labels=["training_job", "state"],
-    )
-    framework = GaugeMetricFamily(
-        "mfu_job_framework_mfu_ratio",
-        "The MFU the training framework printed in its log (0–1), or its printed TFLOP/s per GPU over this node's "
-        "per-GPU peak; by the framework's FLOPs convention, beside ours.",
-        labels=label,
-    )
-    info = InfoMetricFamily(
-        "mfu_job",
-        "Facts of the job that are not numbers, one series per pod (or Slurm job) discovery found it in: how it was "
-        "found, its scheduler, namespace, pod, Slurm job ID and user, for joins.",
-        labels=label,
-    )
-    hardware = GaugeMetricFamily(
-        "mfu_job_hardware_flops_utilization_ratio",
-        "Hardware estimate of the job's FLOPs utilization: mean over its GPUs here of GPM tensor activity × SM clock ÷ "
-        "the SKU's reference clock (0–1); beside the formula MFU, and the only figure for a job that reports nothing.",
-        labels=label,
-    )
-    gpu_util = GaugeMetricFamily(
-        "mfu_job_gpu_utilization_ratio", "Mean NVML GPU utilization over the job's GPUs here (0–1).", labels=label
-    )
-    tensor = GaugeMetricFamily(
-        "mfu_job_tensor_active_ratio", "Mean GPM tensor activity over the job's GPUs here (0–1).", labels=label
-    )
-    job_gpu = InfoMetricFamily(
-        "mfu_job_gpu",
-        "1 for each GPU of this node the job holds, as discovery or its gpus list says: one job-GPU series, never a "
-        "training_job label on every GPU series.",
-        labels=label,
-    )
-    for view in views:
-        key = [view.name]
-        if view.reported:
-            # A node of the job that sees no progress (its log has none: the framework prints on another rank)
-            # exports no token or FLOPs counters, so the cluster rules count only the nodes that measure. A job only
-            # discovered has none either: its hardware figures stand in.
-            tokens.add_metric(key, view.tokens_processed)
-        if view.discovered is None or "reported" in view.found_by:
-            last.add_metric(key, view.last_report_time)
-        for name in STATES:
-            state.add_metric([view.name, name], 1.0 if name == view.state else 0.0)
-        base = {"dtype": str(view.facts.get("dtype", "bf16")), "found_by": ",".join(view.found_by)}
-        pods = view.discovered.pods if view.discovered else ()
-        for pod in pods or (None,):
-            info.add_metric(
-                key,
-                {
-                    **base,
-                    "scheduler": pod.scheduler if pod else "",
-                    "namespace": pod.namespace if pod else "",
-                    "pod": pod.pod if pod else "",
-                    "slurm_job_id": pod.slurm_job_id if pod else "",
-                    "user": pod.user if pod else "",
-                },
-            )
-        if view.step is not None:
-            step.add_metric(key, view.step)
-        if view.flops_per_token is not None:
-            per_token.add_metric(key, view.flops_per_token)
-        # A node of the job that sees no progress exports no FLOPs counter either (see tokens above).
-        if view.model_flops is not None and view.reported:
-            flops.add_metric(key, view.model_flops)
-        if not view.running:
-            continue
-        # A job that ended holds no GPUs here any more, so neither the job-GPU series nor the GPUs' figures stay.
-        for index in view.gpu_indices or ():
-            job_gpu.add_metric(key, {"gpu": str(index)})
-        if view.hardware is not None:
-            for family, value in (
-                (hardware, view.hardware.hardware_flops_utilization),
-                (gpu_util, view.hardware.gpu_utilization),
-                (tensor, view.hardware.tensor_active),
-            ):
-                if value is not None:
-                    family.add_metric(key, value)
-        if view.peak_flops is not None and view.implausible_mfu is None:
-            peak.add_metric(key, view.peak_flops)
-        if view.gpus is not None:
-            gpus.add_metric(key, view.gpus)
-        if view.tokens_per_second is not None:
-            rate.add_metric(key, view.tokens_per_second)
-        if view.mfu is not None:
-            utilization.add_metric(key, view.mfu)
-        if view.eta_seconds is not None:
-            eta.add_metric(key, view.eta_seconds)
-        # A framework dividing by a wrong peak prints impossible figures (torchtitan's A100 fallback: 563 %).
-        if view.framework_mfu is not None and 0.0 <= view.framework_mfu <= 1.0:
-            framework.add_metric(key, view.framework_mfu)
-    return (
-        tokens,
-        flops,
-        peak,
-        gpus,
-        rate,
-        utilization,
-        step,
-        last,
-        per_token,
-        eta,
-        state,
-        framework,
-        info,
-        hardware,
-        gpu_util,
-        tensor,
-        job_gpu,
-    )

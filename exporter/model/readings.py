@@ -1,7 +1,7 @@
 """What the sources' snapshots carry for the model to read: typed readings, not the status page's JSON.
 
-The GPU source builds a ``GpuReading`` per GPU and sample (``Snapshot.data["gpus"]``, by index); the job model's
-hardware figures and the attribution read them. The RDMA and ethtool sources build their own dataclasses
+The GPU source builds a ``GpuReading`` per GPU and sample (its ``GpuSample.gpus``, by index); the renderer, the job
+model's hardware figures and the attribution read them. The RDMA and ethtool sources build their own dataclasses
 (``exporter.sources.rdma.PortReading``, ``exporter.sources.ethtool.InterfaceReading``) on top of node/ counters the
 model may not import; ``PortSignal`` and ``InterfaceSignal`` are the parts of them the attribution reads, so the type
 checker holds both sides to one shape.
@@ -29,6 +29,7 @@ class GpuReading:
     # Cumulative seconds the SM clock was held down, per reason: (reason, seconds) pairs, in THROTTLE_TIME order.
     throttle_seconds: tuple[tuple[str, float], ...] = ()
     xid_count: int = 0  # Xid errors since the exporter started
+    xids: tuple[tuple[int, int], ...] = ()  # (Xid, count) since the exporter started, by Xid
     utilization: float | None = None
     memory_utilization: float | None = None
     memory_used_bytes: float | None = None

@@ -10,8 +10,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.model.jobs import JobTracker, job_families
+from exporter.model.jobs import JobTracker
+from exporter.render.jobs import job_families
 from exporter.render.ledger import ledger_families
+from exporter.render.snapshots import snapshot_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Snapshot
 
@@ -39,7 +41,7 @@ class ExporterCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         for part in self.parts():
-            yield from part.render() if isinstance(part, Snapshot) else part()
+            yield from snapshot_families(part) if isinstance(part, Snapshot) else part()
 
     def parts(self) -> list[Snapshot | Callable[[], Iterable[Metric]]]:
         """What ``collect`` yields, in order and in parts: the sources' latest snapshots, whose families are the same

@@ -29,6 +29,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from exporter.render.snapshots import snapshot_families
 from exporter.sources.base import Snapshot
 
 log = logging.getLogger(__name__)
@@ -326,7 +327,7 @@ class MetricsCache:
             encodings = self._fragments.setdefault(id(snapshot), (snapshot, {}))[1]
             text = encodings.get(content_type)
         if text is None:  # two threads may both encode it: the same text, and rarer than a lock held while encoding
-            text = encode_families(snapshot.render(), encoder, bool(_plain_openmetrics(content_type)))
+            text = encode_families(snapshot_families(snapshot), encoder, bool(_plain_openmetrics(content_type)))
             with self._fragments_lock:
                 encodings[content_type] = text
         return text

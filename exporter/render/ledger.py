@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from exporter.model.jobs import JobView
+from exporter.model.job_view import JobView
 from exporter.model.ledger import KINDS, STEP_BUCKETS
 
 BOUNDS = [floatToGoString(b) for b in STEP_BUCKETS] + ["+Inf"]

@@ -44,7 +44,8 @@ from aiohttp import web
 from exporter.config import load_config, read_yaml, validate
 from exporter.model import flops as mfu_math
 from exporter.model.checkpoints import CheckpointTracker
-from exporter.model.jobs import ValidationError, parse_progress
+from exporter.model.errors import ValidationError
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.quantities import parse_duration
 from exporter.service import Service, build_service
@@ -68,7 +69,7 @@ from exporter.sim.node import (
     train_healthily,
     write_procfs,
 )
-from exporter.sources import build_sources
+from exporter.sources import SOURCES, build_sources
 from exporter.sources.base import Paths, Snapshot, Source, SourceContext
 from exporter.sources.checkpoint import CheckpointSource
 from exporter.web.app import create_app
@@ -366,7 +367,7 @@ class Fleet:
         job.checkpoints.root.mkdir(parents=True)
         watch = {"path": str(job.checkpoints.root), "job": job.name, "done_marker": ".metadata"}
         # Only the job's checkpoint source: the machines' sources are the rest of each node.
-        only = {name: {"enabled": False} for name in ("gpu", "rdma", "ethtool", "preflight", "logs")}
+        only = {name: {"enabled": False} for name in SOURCES if name not in ("checkpoint", "discovery")}
         checkpoint = {"watch": [watch], "interval": f"{self.interval:g}s"}
         section_config = validate(
             {

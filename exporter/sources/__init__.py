@@ -22,6 +22,7 @@ from exporter.sources.gpu import GpuSource
 from exporter.sources.logs import logs_source
 from exporter.sources.preflight import PreflightSource
 from exporter.sources.rdma import rdma_source
+from exporter.sources.storage import storage_source
 
 __all__ = ["SOURCES", "Paths", "SourceContext", "build_sources", "enabled", "require_sources", "section_of"]
 
@@ -35,6 +36,7 @@ SOURCES: dict[str, Factory] = {
     "rdma": rdma_source,
     "ethtool": ethtool_source,
     "logs": logs_source,
+    "storage": storage_source,
     "discovery": DiscoverySource.from_config,
 }
 

@@ -10,11 +10,9 @@ import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import pynvml
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 
 from exporter.config import SERIES_LEVELS, Config, typed_config
 from exporter.node.ethtool import StatsReader
@@ -40,15 +38,16 @@ class SourceUnavailable(Exception):
 class Snapshot:
     """What one sample cycle produced.
 
-    ``render`` yields fresh metric families from this snapshot's data each time it is called (at most once per
-    scrape body); ``errors`` counts problems met during this cycle by reason (a missing counter file, one lost GPU)
-    that did not fail the whole source; ``status`` is a JSON-able summary for the status page and APIs.
+    ``readings`` is the source's typed sample (a dataclass of its own: ``GpuSample``, ``RdmaSample``...), which
+    ``exporter.render`` turns into metric families and the service hands the job model and the attribution; None
+    for a source that exports nothing of its own. ``errors`` counts problems met during this cycle by reason (a
+    missing counter file, one lost GPU) that did not fail the whole source; ``status`` is a JSON-able summary for
+    the status page and APIs, for people, never read by code.
     """
 
-    render: Callable[[], Iterable[Metric]] = lambda: ()
+    readings: Any = None
     errors: Counter = field(default_factory=Counter)
     status: dict[str, Any] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 class Source(Protocol):
@@ -69,19 +68,6 @@ _LEVEL_RANK = {level: rank for rank, level in enumerate(SERIES_LEVELS)}
 def exports(level: str, family_level: str) -> bool:
     """Whether a source set to ``series: level`` exports a family tagged ``family_level`` (the lowest level it is on)."""
     return _LEVEL_RANK[family_level] <= _LEVEL_RANK[level]
-
-
-def levelled(families: Iterable[Metric], levels: Mapping[str, str], series: str) -> Iterator[Metric]:
-    """The families a source set to ``series: level`` exports, by the level its table tags each with."""
-    return (family for family in families if exports(series, levels[family.name]))
-
-
-def node_gauge(name: str, text: str, value: float | None) -> Iterator[Metric]:
-    """A node summary that is one gauge without labels, absent while ``value`` is None (no window yet)."""
-    if value is not None:
-        family = GaugeMetricFamily(name, text)
-        family.add_metric([], value)
-        yield family
 
 
 @dataclass

@@ -30,9 +30,9 @@ from inotify_simple import INotify
 from inotify_simple import flags as IN
 
 from exporter.config import CheckpointConfig, Enabled, WatchConfig
-from exporter.model.checkpoints import MAX_OPEN_PER_JOB, CheckpointTracker, checkpoint_families
+from exporter.model.checkpoints import MAX_OPEN_PER_JOB, CheckpointTracker, JobTotals
 from exporter.node.fswatch import Tree, filesystem_type, is_network_filesystem, measure
-from exporter.sources.base import Snapshot, SourceContext, levelled
+from exporter.sources.base import Snapshot, SourceContext
 
 log = logging.getLogger(__name__)
 
@@ -456,6 +456,14 @@ FAMILY_LEVELS = {
 }
 
 
+@dataclass(frozen=True)
+class CheckpointSample:
+    """The tracker's totals per job at one sample: what ``exporter.render.checkpoint`` exports."""
+
+    series: str  # sources.checkpoint.series: which families are exported (FAMILY_LEVELS)
+    totals: dict[str, JobTotals]
+
+
 class CheckpointSource:
     """The ``checkpoint`` source: each sample polls the watches, ends quiet writes, times out stale ones and
     renders the tracker's totals. The tracker itself is shared with the ingest API through the Service."""
@@ -518,11 +526,7 @@ class CheckpointSource:
         # encoding (render/encode caches it per snapshot), instead of encoding the job's histogram every second.
         if not errors and previous is not None and previous[0] == totals and previous[1].status == status:
             return previous[1]
-        snapshot = Snapshot(
-            render=lambda: levelled(checkpoint_families(totals), FAMILY_LEVELS, self.series),
-            errors=errors,
-            status=status,
-        )
+        snapshot = Snapshot(readings=CheckpointSample(self.series, totals), errors=errors, status=status)
         self._previous = None if errors else (totals, snapshot)
         return snapshot
 

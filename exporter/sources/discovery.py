@@ -1,7 +1,7 @@
 """Discovery source: every job holding GPUs on this node, from the kubelet's pod-resources API and from Slurm.
 
 One sample lists the kubelet's pods (one gRPC call), reads the Slurm mapping directory and the GPU processes'
-cgroups, and names each job; the result (``data["jobs"]``) is what the job model merges with reporting jobs. API-
+cgroups, and names each job; the result (``DiscoverySample.jobs``) is what the job model merges with reporting jobs. API-
 server lookups and Slurm name lookups run on background threads: a pod whose lookup is still in flight is held back
 for at most the lookup's timeout, then named by the pod-name pattern, so a slow API server never holds a sample.
 
@@ -20,9 +20,8 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable
-
-from prometheus_client.core import GaugeMetricFamily
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from exporter.config import DiscoveryConfig, Enabled
 from exporter.model.discovery import (
@@ -64,6 +63,14 @@ def _node_gpus(nvml: Any) -> tuple[list[NodeGpu], Counter]:
             minor = None
         gpus.append(NodeGpu(index, uuid, minor))
     return gpus, errors
+
+
+@dataclass(frozen=True)
+class DiscoverySample:
+    """The jobs holding GPUs on this node, by name: what the job model merges and ``exporter.render.discovery``
+    counts."""
+
+    jobs: dict[str, DiscoveredJob]
 
 
 class DiscoverySource:
@@ -401,19 +408,7 @@ class DiscoverySource:
             errors["jobs_over_cap"] += left_out
         status["jobs"] = {name: job.as_json() for name, job in jobs.items()}
         status["jobs_over_cap"] = left_out
-        counts = Counter(job.scheduler for job in jobs.values())
-
-        def render() -> Iterable:
-            family = GaugeMetricFamily(
-                "mfu_discovery_jobs",
-                "Jobs holding GPUs on this node that discovery found, by scheduler.",
-                labels=["scheduler"],
-            )
-            for scheduler in ("kubernetes", "slurm", "mixed"):
-                family.add_metric([scheduler], float(counts.get(scheduler, 0)))
-            yield family
-
-        return Snapshot(render=render, errors=errors, status=status, data={"jobs": jobs})
+        return Snapshot(readings=DiscoverySample(jobs), errors=errors, status=status)
 
     def close(self) -> None:
         self.client.close()

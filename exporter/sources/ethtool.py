@@ -20,14 +20,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.metrics_core import Metric
-
 from exporter.config import EthtoolConfig
 from exporter.node.counters import Changes, CounterHistory, Totals, WindowedRates
 from exporter.node.ethtool import EthtoolIoctlReader, StatsReader
 from exporter.node.rdma import NameFilter, discover_ports, is_representor, natural_key
-from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports, node_gauge
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports
 
 MICROSECONDS = 1e-6
 REDISCOVER_INTERVAL = 30.0
@@ -199,6 +196,17 @@ class InterfaceReading:
         }
 
 
+@dataclass(frozen=True)
+class EthtoolSample:
+    """One sample of the node's interfaces: what ``exporter.render.ethtool`` exports and the attribution reads."""
+
+    interfaces: dict[str, InterfaceReading]  # by interface name
+    rows: tuple[tuple[str, tuple[str, ...], int], ...]  # (kind, label values, raw value) of each exported stat
+    extras: tuple[tuple[tuple[str, str], int], ...]  # ((interface, stat), raw value) selected by stats_include
+    totals: dict[str, float]  # node totals: "family" or "family|label value" -> since the exporter started
+    max_pause_ratio: float | None  # node summary over SUMMARY_WINDOW; None before a window
+
+
 class _Interface:
     """Per-interface state kept across samples while discovery keeps finding the interface: counter history, what
     to do with each of its stats, and whether its driver has no statistics (counted once, then not read).
@@ -273,7 +281,7 @@ class EthtoolSource:
         self._interfaces: dict[str, _Interface] = {}
         self._missing: set[str] = set()  # interfaces the reader did not find: not read until the next discovery
         self._next_discovery = float("-inf")
-        self._kinds = frozenset(kind for kind, spec in _FAMILIES.items() if exports(series, spec[4]))
+        self._kinds = frozenset(kind for kind, level in KIND_LEVELS.items() if exports(series, level))
         self._totals = Totals()
         self._pauses = WindowedRates(SUMMARY_WINDOW)
 
@@ -368,12 +376,12 @@ class EthtoolSource:
             )
             reason = (errors or skipped).most_common(1)[0][0]
             raise SourceUnavailable(reason, f"no statistics could be read from {', '.join(self._interfaces)}")
-        summary = self._summarize(readings)
+        totals, max_pause_ratio = self._summarize(readings)
+        sample = EthtoolSample(
+            {reading.interface: reading for reading in readings}, tuple(rows), tuple(extras), totals, max_pause_ratio
+        )
         return Snapshot(
-            render=lambda: _render(rows, extras, summary),
-            errors=errors,
-            status={"interfaces": [reading.as_json() for reading in readings]},
-            data={"interfaces": {reading.interface: reading for reading in readings}},
+            readings=sample, errors=errors, status={"interfaces": [reading.as_json() for reading in readings]}
         )
 
     def _summarize(self, readings: list[InterfaceReading]) -> tuple[dict[str, float], float | None]:
@@ -429,129 +437,20 @@ def _total_key(kind: str, labels: tuple[str, ...]) -> str | None:
 
 SUMMARY_WINDOW = 60.0  # seconds over which mfu_node_nic_max_pause_ratio takes each interface's share of time paused
 
-# Each kind: (family, help, labels, scale, the lowest series level it is on). At standard, per interface, the PFC
-# families the fabric dashboard and the node-tier rules read; storms, discards, ECN marks and 802.3x pause reach rules
-# and dashboards as node totals (mfu_node_nic_*), each interface's at full.
-_FAMILIES = {
-    PFC_FRAMES: (
-        "mfu_nic_pfc_pause_frames",
-        "PFC pause frames per priority (mlx5 rx_prio{p}_pause / tx_prio{p}_pause); "
-        "rx: the link partner paused us, tx: we paused it.",
-        ["interface", "priority", "direction"],
-        1.0,
-        "standard",
-    ),
-    PFC_DURATION: (
-        "mfu_nic_pfc_pause_duration_seconds",
-        "Time paused per priority (mlx5 *_prio{p}_pause_duration); "
-        "rx: time we could not send, tx: time we held the partner.",
-        ["interface", "priority", "direction"],
-        MICROSECONDS,
-        "standard",
-    ),
-    PFC_TRANSITIONS: (
-        "mfu_nic_pfc_pause_transitions",
-        "XOFF to XON transitions per priority (rx_prio{p}_pause_transition).",
-        ["interface", "priority"],
-        1.0,
-        "standard",
-    ),
-    PAUSE_FRAMES: (
-        "mfu_nic_pause_frames",
-        "Link-level pause frames (rx_pause_ctrl_phy / tx_pause_ctrl_phy).",
-        ["interface", "direction"],
-        1.0,
-        "full",
-    ),
-    PAUSE_DURATION: (
-        "mfu_nic_pause_duration_seconds",
-        "Time paused by 802.3x global pause (*_global_pause_duration).",
-        ["interface", "direction"],
-        MICROSECONDS,
-        "full",
-    ),
-    STORM: (
-        "mfu_nic_pause_storm_events",
-        "Pause-storm watermark events (tx_pause_storm_*_events); error means the NIC "
-        "stopped sending pause frames and drops could follow.",
-        ["interface", "level"],
-        1.0,
-        "full",
-    ),
-    DISCARDS: (
-        "mfu_nic_discards",
-        "Packets the NIC dropped, by mlx5 counter (rx_discards_phy, rx_out_of_buffer, rx_prio{p}_discards...).",
-        ["interface", "counter"],
-        1.0,
-        "full",
-    ),
-    ECN_MARKED: (
-        "mfu_nic_ecn_marked_packets",
-        "Packets ECN-marked for congestion per priority (rx_prio{p}_marked).",
-        ["interface", "priority"],
-        1.0,
-        "full",
-    ),
+# The lowest series level (sources.ethtool.series) at which each kind's family is on. At standard, per interface,
+# the PFC families the fabric dashboard and the node-tier rules read; storms, discards, ECN marks and 802.3x pause
+# reach rules and dashboards as node totals (mfu_node_nic_*), each interface's at full. ``exporter.render.ethtool``
+# names each kind's family.
+KIND_LEVELS = {
+    PFC_FRAMES: "standard",
+    PFC_DURATION: "standard",
+    PFC_TRANSITIONS: "standard",
+    PAUSE_FRAMES: "full",
+    PAUSE_DURATION: "full",
+    STORM: "full",
+    DISCARDS: "full",
+    ECN_MARKED: "full",
 }
-
-
-_NODE_TOTALS = {
-    "mfu_node_nic_pause_storm_events": (
-        "Pause-storm watermark events summed over the node's interfaces, by level, since the exporter started.",
-        ["level"],
-    ),
-    "mfu_node_nic_pause_frames": (
-        "802.3x link-level pause frames summed over the node's interfaces, by direction, since the exporter started.",
-        ["direction"],
-    ),
-    "mfu_node_nic_discards": (
-        "Packets the node's NICs dropped (every mfu_nic_discards counter), since the exporter started.",
-        [],
-    ),
-    "mfu_node_nic_ecn_marked_packets": (
-        "Packets ECN-marked on the node's NICs, all priorities, since the exporter started.",
-        [],
-    ),
-}
-
-
-def _render(
-    rows: list[tuple[str, tuple[str, ...], int]],
-    extras: list[tuple[tuple[str, ...], int]],
-    summary: tuple[dict[str, float], float | None],
-) -> Iterator[Metric]:
-    families = {
-        kind: CounterMetricFamily(name, help_text, labels=labels)
-        for kind, (name, help_text, labels, _, _) in _FAMILIES.items()
-    }
-    scales = {kind: spec[3] for kind, spec in _FAMILIES.items()}
-    for kind, labels, value in rows:
-        family = families.get(kind)
-        if family is not None:
-            scale = scales[kind]
-            family.add_metric(labels, value * scale if scale != 1.0 else value)
-    yield from (family for family in families.values() if family.samples)
-    if extras:
-        stat = CounterMetricFamily(
-            "mfu_nic_stat",
-            "ethtool -S statistics selected by sources.ethtool.stats_include, raw.",
-            labels=["interface", "stat"],
-        )
-        for labels, value in extras:
-            stat.add_metric(labels, value)
-        yield stat
-    totals, paused = summary
-    nodes = {name: CounterMetricFamily(name, text, labels=labels) for name, (text, labels) in _NODE_TOTALS.items()}
-    for key, total in sorted(totals.items()):
-        name, _, value = key.partition("|")
-        nodes[name].add_metric([value] if value else [], total)
-    yield from (family for family in nodes.values() if family.samples)
-    yield from node_gauge(
-        "mfu_node_nic_max_pause_ratio",
-        f"Largest share of time any of the node's interfaces was paused, on any priority (PFC) or by 802.3x "
-        f"pause, either direction, over the last {SUMMARY_WINDOW:g} s.",
-        paused,
-    )
 
 
 def ethtool_source(section: EthtoolConfig, ctx: SourceContext) -> EthtoolSource:

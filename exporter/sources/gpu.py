@@ -4,7 +4,8 @@ The NVML module is injected: production passes ``pynvml``, tests and the demo pa
 
 Cheap by construction: NVML is initialised once; handles, Xid event sets, GPM samples and the GPM request struct
 are opened once per GPU and reused; a call NVML answers NOT_SUPPORTED, FUNCTION_NOT_FOUND or NO_PERMISSION is
-remembered per GPU and not made again; label tuples are built once per GPU.
+remembered per GPU and not made again. The sample is typed readings (``GpuSample``); ``exporter.render.gpu`` turns it
+into metric families.
 
 Faults stay local to one GPU: a GPU that answers GPU_IS_LOST or RESET_REQUIRED, or UNKNOWN and then fails its UUID
 too, is marked down (its readings disappear, ``mfu_gpu_up`` is 0, a ``gpu_lost`` error is counted once) while the
@@ -24,20 +25,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import operator
 import re
 import time
 from collections import Counter
-from functools import partial
-from typing import Any, Callable, Iterable
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
-from prometheus_client.metrics_core import Metric
+from typing import Any, Callable
 
 from exporter.config import GpuConfig
-from exporter.model.attribution import POWER_REASONS, THERMAL_REASONS
 from exporter.model.flops import gpu_model
-from exporter.model.jobs import GpuInfo
+from exporter.model.job_view import GpuInfo
 from exporter.model.readings import GpuReading
 from exporter.node.counters import Totals
 from exporter.node.nvml import NvmlSession, clock_event_reasons
@@ -102,106 +97,26 @@ GPM_RATES = {
     "nvlink_receive_bytes": 60,
 }
 
-# (family, help, reading key, the lowest series level it is on). standard keeps what a rule, dashboard panel or
-# runbook step reads per GPU; the GPM activity figures, byte counters and ECC counts reach the dashboards as node
-# summaries (NODE_MEANS, NODE_TOTALS) and are exported per GPU at full.
-GAUGES = (
-    (
-        "mfu_gpu_utilization_ratio",
-        "Share of the last NVML sample period (1/6 s to 1 s) in which a kernel ran; absent in MIG mode.",
-        "utilization",
-        "standard",
-    ),
-    (
-        "mfu_gpu_memory_utilization_ratio",
-        "Share of the last NVML sample period in which device memory was read or written.",
-        "memory_utilization",
-        "full",
-    ),
-    ("mfu_gpu_memory_used_bytes", "Device memory in use.", "memory_used_bytes", "standard"),
-    ("mfu_gpu_memory_total_bytes", "Device memory installed.", "memory_total_bytes", "full"),
-    ("mfu_gpu_sm_clock_hertz", "Current SM clock.", "sm_clock_hz", "standard"),
-    ("mfu_gpu_sm_clock_max_hertz", "Maximum SM clock.", "sm_clock_max_hz", "standard"),
-    ("mfu_gpu_power_watts", "Power draw.", "power_watts", "standard"),
-    ("mfu_gpu_power_limit_watts", "Enforced power limit.", "power_limit_watts", "standard"),
-    ("mfu_gpu_temperature_celsius", "GPU core temperature.", "temperature", "standard"),
-    (
-        "mfu_gpu_tensor_active_ratio",
-        "Share of time the SMs issued any tensor-core instruction (NVML GPM ANY_TENSOR_UTIL; Hopper and newer).",
-        "tensor_active",
-        "standard",
-    ),
-    ("mfu_gpu_sm_active_ratio", "Share of SMs busy (NVML GPM SM_UTIL; Hopper and newer).", "sm_active", "full"),
-    (
-        "mfu_gpu_sm_occupancy_ratio",
-        "Resident warps over the theoretical maximum (NVML GPM SM_OCCUPANCY; Hopper and newer).",
-        "sm_occupancy",
-        "full",
-    ),
-    (
-        "mfu_gpu_dram_active_ratio",
-        "Device memory bandwidth used over its maximum (NVML GPM DRAM_BW_UTIL; Hopper and newer).",
-        "dram_active",
-        "full",
-    ),
-    (
-        "mfu_gpu_hardware_flops_utilization_ratio",
-        "Estimate: tensor active × SM clock ÷ the SKU's reference tensor clock; a hardware cross-check of the formula MFU.",
-        "hardware_flops_utilization",
-        "full",
-    ),
-)
-COUNTERS = (
-    ("mfu_gpu_energy_joules", "Energy used by the GPU since the driver loaded.", "energy_joules", "full"),
-    ("mfu_gpu_nvlink_transmit_bytes", "NVLink data bytes sent, all links.", "nvlink_transmit_bytes", "full"),
-    ("mfu_gpu_nvlink_receive_bytes", "NVLink data bytes received, all links.", "nvlink_receive_bytes", "full"),
-    ("mfu_gpu_pcie_transmit_bytes", "PCIe bytes sent by the GPU.", "pcie_transmit_bytes", "full"),
-    ("mfu_gpu_pcie_receive_bytes", "PCIe bytes received by the GPU.", "pcie_receive_bytes", "full"),
-    # Standard: one series per GPU (summed over links and kinds), read by MfuGpuNvlinkErrors in the node tier.
-    (
-        "mfu_gpu_nvlink_errors",
-        "NVLink CRC (flit and data), replay and recovery errors, summed over the GPU's links (NVML's counters).",
-        "nvlink_errors",
-        "standard",
-    ),
-)
-# The other per-GPU families and their levels (the throttle reasons reach rules and dashboards as the node's count
-# of throttled GPUs by cause; the peak table is the same for every GPU of a model and is in mfu_job_peak_flops).
-FAMILY_LEVELS = {
-    "mfu_gpu": "minimal",
-    "mfu_gpu_up": "minimal",
-    "mfu_gpu_xid_errors": "standard",
-    "mfu_gpu_throttle_active": "full",
-    "mfu_gpu_throttle_seconds": "standard",  # four reasons per GPU: how long each held the clock down
-    "mfu_gpu_ecc_errors": "full",
-    "mfu_gpu_peak_flops": "full",
-    "mfu_exporter_driver": "minimal",
-}
+# What the sample reads at each series level (sources.gpu.series): the energy call is made only where
+# mfu_gpu_energy_joules is exported (render/gpu.py COUNTERS, at full); on a real H200 it was the slowest call.
+ENERGY_LEVEL = "full"
+# Node totals kept monotonic while GPUs come and go (node.counters.Totals): reading keys, at every level.
+TOTAL_KEYS = ("nvlink_transmit_bytes", "nvlink_receive_bytes", "pcie_transmit_bytes", "pcie_receive_bytes")
 
-# Node summaries (derived: computed here from the readings above, at every level). Means over the GPUs that are up
-# and report the figure; byte and ECC totals as counters kept monotonic while GPUs come and go (node.counters.Totals).
-NODE_MEANS = (
-    ("mfu_node_gpu_utilization_ratio", "Mean of mfu_gpu_utilization_ratio over the node's GPUs.", "utilization"),
-    ("mfu_node_gpu_tensor_active_ratio", "Mean GPM tensor activity over the node's GPUs.", "tensor_active"),
-    ("mfu_node_gpu_sm_active_ratio", "Mean GPM SM activity over the node's GPUs.", "sm_active"),
-    ("mfu_node_gpu_sm_occupancy_ratio", "Mean GPM SM occupancy over the node's GPUs.", "sm_occupancy"),
-    ("mfu_node_gpu_dram_active_ratio", "Mean GPM DRAM bandwidth use over the node's GPUs.", "dram_active"),
-    (
-        "mfu_node_gpu_hardware_flops_utilization_ratio",
-        "Mean hardware FLOPs estimate over the node's GPUs.",
-        "hardware_flops_utilization",
-    ),
-)
-NODE_TOTALS = (
-    ("mfu_node_gpu_nvlink_transmit_bytes", "NVLink bytes sent by the node's GPUs.", "nvlink_transmit_bytes"),
-    ("mfu_node_gpu_nvlink_receive_bytes", "NVLink bytes received by the node's GPUs.", "nvlink_receive_bytes"),
-    ("mfu_node_gpu_pcie_transmit_bytes", "PCIe bytes sent by the node's GPUs.", "pcie_transmit_bytes"),
-    ("mfu_node_gpu_pcie_receive_bytes", "PCIe bytes received by the node's GPUs.", "pcie_receive_bytes"),
-)
-# GPUs count once per cause, whichever of its reasons hold them (as the attribution counts them).
-THROTTLE_CAUSES = (("thermal", THERMAL_REASONS), ("power", POWER_REASONS))
 
-# A reading's figures (every GAUGES and COUNTERS key among them): the GpuReading fields that are None until NVML
+@dataclasses.dataclass(frozen=True)
+class GpuSample:
+    """One sample of the node's GPUs: what ``exporter.render.gpu`` exports, the job model's inventory and the
+    attribution's readings."""
+
+    series: str  # sources.gpu.series: which per-GPU families are exported
+    driver: tuple[str, str] | None  # (driver version, CUDA driver version)
+    gpus: dict[int, GpuReading]  # by ``gpu`` label, in label order; a lost GPU is there with ``up`` False
+    totals: dict[str, float]  # node totals: TOTAL_KEYS and ecc_corrected/ecc_uncorrected -> since the exporter started
+    inventory: list[GpuInfo]  # the GPUs known, for the job model
+
+
+# A reading's figures (every per-GPU gauge and counter of render/gpu.py among them): the GpuReading fields that are None until NVML
 # gives them. A sample fills a dict of them, then builds the reading.
 READING_KEYS = tuple(f.name for f in dataclasses.fields(GpuReading) if f.default is None)
 
@@ -257,17 +172,7 @@ class _Gpu:
         self.uuid = uuid
         self.name = name
         self.pci_bus_id = pci_bus_id
-        label = str(index)
-        self.label = label
-        self.labels = (label,)
-        self.identity = {"uuid": uuid, "name": name, "pci_bus_id": pci_bus_id}
-        self.throttle_labels = tuple((label, reason) for reason, _ in THROTTLE_REASONS)
-        self.throttle_time_labels = {reason: (label, reason) for reason, _, _ in THROTTLE_TIME}
-        self.ecc_labels = ((label, "corrected"), (label, "uncorrected"))
         model = gpu_model(name)
-        self.peak_rows = (
-            tuple(((label, dtype), tflops * 1e12) for dtype, tflops in model.tflops.items()) if model else ()
-        )
         self.peak_clock_hz = model.peak_clock_mhz * 1e6 if model and model.peak_clock_mhz else None
         self.handle: Any = None
         self.lost_reason: str | None = None
@@ -276,8 +181,8 @@ class _Gpu:
         self.unsupported: dict[str, str] = {}  # call or field key -> why NVML refused it
         self.event_set: Any = None
         self.memory_reserved: float | None = None  # what the driver reserves (v2 memory call), for the status
-        self.xids: dict[int, list] = {}  # Xid -> [label tuple, count]
-        self.xid_rows: tuple = ()  # frozen (labels, count) pairs, replaced on change so snapshots can share it
+        self.xids: dict[int, int] = {}  # Xid -> count
+        self.xid_counts: tuple[tuple[int, int], ...] = ()  # (Xid, count) by Xid, replaced on change
         self.xid_total = 0
         self.gpm: _Gpm | None = None
         self.gpm_note = "not opened"
@@ -353,7 +258,8 @@ class GpuSource:
         self._logged: set[str] = set()
         self._errors: Counter = Counter()
         self._blank = dict.fromkeys(READING_KEYS)
-        self._tables = _Tables(series)
+        self._series = series
+        self._read_energy = exports(series, ENERGY_LEVEL)
         self._totals = Totals()
 
     @classmethod
@@ -390,14 +296,10 @@ class GpuSource:
                     if exc.value not in self._lost_codes:
                         raise
                     self._lose(gpu, exc, now)
-            rows.append((gpu, reading or self._down_reading(gpu), gpu.xid_rows))
-        rows = tuple(rows)
-        return Snapshot(
-            render=partial(_render, rows, self._driver, self._tables, self._summarize(rows)),
-            errors=errors,
-            status=self._status(rows),
-            data={"inventory": self._inventory, "gpus": {gpu.index: reading for gpu, reading, _ in rows}},
-        )
+            rows.append((gpu, reading or self._down_reading(gpu)))
+        readings = {gpu.index: reading for gpu, reading in rows}
+        sample = GpuSample(self._series, self._driver, readings, self._add_totals(readings), self._inventory)
+        return Snapshot(readings=sample, errors=errors, status=self._status(rows))
 
     def _sample_gpu(self, gpu: _Gpu, now: float) -> GpuReading:
         nvml, handle, call = self._nvml, gpu.handle, self._call
@@ -427,7 +329,7 @@ class GpuSource:
         if limit is not None:
             reading["power_limit_watts"] = limit / 1000
         # On a real H200 this call took 4.7 ms, the slowest of the sample: made only where its family is exported.
-        energy = call(gpu, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption, handle) if self._tables.energy else None
+        energy = call(gpu, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption, handle) if self._read_energy else None
         if energy is not None:
             reading["energy_joules"] = energy / 1000  # millijoules
         temperature = call(gpu, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
@@ -463,11 +365,21 @@ class GpuSource:
             throttle_reasons=throttle_reasons,
             throttle_seconds=throttle_seconds,
             xid_count=gpu.xid_total,
+            xids=gpu.xid_counts,
             **reading,
         )
 
     def _down_reading(self, gpu: _Gpu) -> GpuReading:
-        return GpuReading(gpu.index, gpu.uuid, gpu.name, gpu.pci_bus_id, up=False, mig=gpu.mig, xid_count=gpu.xid_total)
+        return GpuReading(
+            gpu.index,
+            gpu.uuid,
+            gpu.name,
+            gpu.pci_bus_id,
+            up=False,
+            mig=gpu.mig,
+            xid_count=gpu.xid_total,
+            xids=gpu.xid_counts,
+        )
 
     # --- NVML calls -----------------------------------------------------------------------------------------
 
@@ -728,54 +640,21 @@ class GpuSource:
                 gpm.ratios[key] = metric.value / 100
         return True
 
-    def _summarize(self, rows: tuple) -> tuple:
-        """The node summaries of this sample: (family, help, kind, ((labels, value), ...)) each."""
-        up = [reading for _, reading, _ in rows if reading.up]
-        summary: list[tuple] = [
-            (
-                "mfu_node_gpus_lost",
-                "GPUs of the node that stopped answering NVML.",
-                "gauge",
-                (((), len(rows) - len(up)),),
-            )
-        ]
-        summary.append(
-            (
-                "mfu_node_gpus_throttled",
-                "GPUs of the node a thermal or power clock-event reason holds down now, by cause.",
-                "gauge",
-                tuple(
-                    ((cause,), float(sum(1 for r in up if reasons.intersection(r.throttle_reasons))))
-                    for cause, reasons in THROTTLE_CAUSES
-                ),
-            )
-        )
-        for name, text, key in NODE_MEANS:
-            values = [value for r in up if (value := getattr(r, key)) is not None]
-            if values:
-                summary.append((name, text, "gauge", (((), sum(values) / len(values)),)))
+    def _add_totals(self, readings: dict[int, GpuReading]) -> dict[str, float]:
+        """The node totals with this sample's readings added: byte and ECC counters summed over the GPUs up, kept
+        monotonic while GPUs come and go (``node.counters.Totals``)."""
         totals = self._totals
-        for reading in up:
+        for reading in readings.values():
+            if not reading.up:
+                continue
             device = reading.uuid
-            for _, _, key in NODE_TOTALS:
+            for key in TOTAL_KEYS:
                 if (value := getattr(reading, key)) is not None:
                     totals.add_reading(device, key, value)
-            for kind in ("corrected", "uncorrected"):
-                if (value := getattr(reading, f"ecc_{kind}")) is not None:
-                    totals.add_reading(device, f"ecc_{kind}", value)
-        for name, text, key in NODE_TOTALS:
-            if key in totals.totals:
-                summary.append((name, text, "counter", (((), totals.totals[key]),)))
-        ecc = tuple(
-            ((kind,), totals.totals[f"ecc_{kind}"])
-            for kind in ("corrected", "uncorrected")
-            if f"ecc_{kind}" in totals.totals
-        )
-        if ecc:
-            summary.append(
-                ("mfu_node_gpu_ecc_errors", "ECC memory errors of the node's GPUs, by kind.", "counter", ecc)
-            )
-        return tuple(summary)
+            for key in ("ecc_corrected", "ecc_uncorrected"):
+                if (value := getattr(reading, key)) is not None:
+                    totals.add_reading(device, key, value)
+        return dict(totals.totals)
 
     # --- Xid events -----------------------------------------------------------------------------------------
 
@@ -808,12 +687,9 @@ class GpuSource:
                 self._count_xid(gpu, int(event.eventData))
 
     def _count_xid(self, gpu: _Gpu, xid: int) -> None:
-        entry = gpu.xids.get(xid)
-        if entry is None:
-            entry = gpu.xids[xid] = [(gpu.label, str(xid)), 0]
-        entry[1] += 1
+        gpu.xids[xid] = gpu.xids.get(xid, 0) + 1
         gpu.xid_total += 1
-        gpu.xid_rows = tuple((labels, float(count)) for _, (labels, count) in sorted(gpu.xids.items()))
+        gpu.xid_counts = tuple(sorted(gpu.xids.items()))
         log.warning("GPU %d (%s): Xid %d", gpu.index, gpu.uuid, xid)
 
     # --- session: open, lose, re-open, close ----------------------------------------------------------------
@@ -997,7 +873,7 @@ class GpuSource:
     def _status(self, rows: tuple) -> dict[str, Any]:
         notes: dict[str, list[int]] = {}
         gpus = []
-        for gpu, reading, _ in rows:
+        for gpu, reading in rows:
             gpus.append(
                 {
                     "index": gpu.index,
@@ -1099,111 +975,3 @@ _member = object.__getattribute__
 # UNSIGNED_SHORT.
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _NARROW_TYPES = frozenset({1, 5, 6})  # 32- and 16-bit value types: counters that wrap too soon to be rated
-
-
-_FIGURE = {key: operator.attrgetter(key) for key in READING_KEYS}
-
-
-class _Tables:
-    """The per-GPU families a source at one series level renders, chosen once."""
-
-    def __init__(self, series: str):
-        self.gauges = tuple((name, text, _FIGURE[key]) for name, text, key, level in GAUGES if exports(series, level))
-        self.counters = tuple(
-            (name, text, _FIGURE[key]) for name, text, key, level in COUNTERS if exports(series, level)
-        )
-        self.on = {name for name, level in FAMILY_LEVELS.items() if exports(series, level)}
-        self.energy = any(name == "mfu_gpu_energy_joules" for name, *_ in self.counters)
-
-
-_SUMMARY_TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
-
-
-def summary_families(summary: tuple) -> Iterable[Metric]:
-    """The node summaries a source computed, as families: (name, help, "gauge" or "counter", rows) each."""
-    for name, text, kind, rows in summary:
-        labels = _SUMMARY_LABELS.get(name, [])
-        family = _SUMMARY_TYPES[kind](name, text, labels=labels)
-        for values, value in rows:
-            family.add_metric(list(values), value)
-        yield family
-
-
-_SUMMARY_LABELS = {"mfu_node_gpus_throttled": ["cause"], "mfu_node_gpu_ecc_errors": ["kind"]}
-
-
-def _render(rows: tuple, driver: tuple[str, str] | None, tables: _Tables, summary: tuple) -> Iterable[Metric]:
-    """Metric families of one snapshot; a lost GPU keeps only its identity, ``mfu_gpu_up`` 0 and its Xid counts."""
-    on = tables.on
-    gpu_label = ["gpu"]
-    info = InfoMetricFamily("mfu_gpu", "Identity of each GPU NVML has shown this exporter.", labels=gpu_label)
-    up = GaugeMetricFamily("mfu_gpu_up", "1 while the GPU answers NVML, 0 once it is lost.", labels=gpu_label)
-    gauges = [(GaugeMetricFamily(name, text, labels=gpu_label), figure) for name, text, figure in tables.gauges]
-    counters = [(CounterMetricFamily(name, text, labels=gpu_label), figure) for name, text, figure in tables.counters]
-    throttle = GaugeMetricFamily(
-        "mfu_gpu_throttle_active", "1 while this clock-event reason holds the SM clock down.", labels=["gpu", "reason"]
-    )
-    throttle_time = CounterMetricFamily(
-        "mfu_gpu_throttle_seconds",
-        "Time this reason held the SM clock down: NVML's counter since the driver loaded where the driver has it, "
-        "else the clock-event bit integrated over the exporter's samples since it started.",
-        labels=["gpu", "reason"],
-    )
-    xid = CounterMetricFamily(
-        "mfu_gpu_xid_errors", "Xid errors NVML reported for the GPU since the exporter started.", labels=["gpu", "xid"]
-    )
-    ecc = CounterMetricFamily(
-        "mfu_gpu_ecc_errors", "ECC memory errors since the driver loaded.", labels=["gpu", "kind"]
-    )
-    peak = GaugeMetricFamily(
-        "mfu_gpu_peak_flops",
-        "Dense tensor peak FLOP/s of the GPU's model for each dtype (the peak table).",
-        labels=["gpu", "dtype"],
-    )
-    with_throttle, with_xid = "mfu_gpu_throttle_active" in on, "mfu_gpu_xid_errors" in on
-    with_ecc, with_peak = "mfu_gpu_ecc_errors" in on, "mfu_gpu_peak_flops" in on
-    with_throttle_time = "mfu_gpu_throttle_seconds" in on
-    for gpu, reading, xid_rows in rows:
-        info.add_metric(gpu.labels, gpu.identity)
-        up.add_metric(gpu.labels, 1.0 if reading.up else 0.0)
-        if with_xid:
-            for labels, count in xid_rows:
-                xid.add_metric(labels, count)
-        if not reading.up:
-            continue
-        for family, figure in gauges:
-            value = figure(reading)
-            if value is not None:
-                family.add_metric(gpu.labels, value)
-        for family, figure in counters:
-            value = figure(reading)
-            if value is not None:
-                family.add_metric(gpu.labels, value)
-        mask = reading.clocks_event_reasons
-        if with_throttle and mask is not None:
-            for labels, (_, bit) in zip(gpu.throttle_labels, THROTTLE_REASONS):
-                throttle.add_metric(labels, 1.0 if mask & bit else 0.0)
-        if with_throttle_time:
-            for reason, seconds in reading.throttle_seconds:
-                throttle_time.add_metric(gpu.throttle_time_labels[reason], seconds)
-        if with_ecc:
-            for labels, value in zip(gpu.ecc_labels, (reading.ecc_corrected, reading.ecc_uncorrected)):
-                if value is not None:
-                    ecc.add_metric(labels, value)
-        if with_peak:
-            for labels, flops in gpu.peak_rows:
-                peak.add_metric(labels, flops)
-    yield info
-    yield up
-    for family, _ in gauges:
-        yield family
-    for family, _ in counters:
-        yield family
-    for family in (throttle, throttle_time, xid, ecc, peak):
-        if family.name in on:
-            yield family
-    yield from summary_families(summary)
-    if driver is not None:
-        driver_info = InfoMetricFamily("mfu_exporter_driver", "NVIDIA driver and the CUDA version it supports.")
-        driver_info.add_metric([], {"driver_version": driver[0], "cuda_driver_version": driver[1]})
-        yield driver_info

@@ -32,20 +32,15 @@ import time
 from collections import Counter
 from typing import Any, Callable, Iterable
 
-from exporter.config import LogsConfig
-from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update
+from exporter.config import MAX_TOKENS, LogsConfig
+from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update, WaitAction
 from exporter.model.checkpoints import CheckpointTracker
-from exporter.model.jobs import (
-    MAX_FUTURE_SECONDS,
-    MAX_TOKENS,
-    REPORT_RESOLUTION_SECONDS,
-    JobTracker,
-    ProgressReport,
-    TooManyJobs,
-    ValidationError,
-)
+from exporter.model.errors import TooManyJobs, ValidationError
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import MAX_FUTURE_SECONDS, REPORT_RESOLUTION_SECONDS, ProgressReport
 from exporter.node.tail import HEAD, Follower, Lines
 from exporter.sources.base import Snapshot, SourceContext
+from exporter.sources.discovery import DiscoverySample
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +266,8 @@ class LogsSource:
                 self._save(job, item)
             elif isinstance(item, RunAction):
                 self._run(job, item, batch.read_time)
+            elif isinstance(item, WaitAction):
+                self._wait(job, item, batch.read_time)
 
     def _unread(self, job: str, path: str, reason: str) -> None:
         """A detected format whose progress lines read nothing: the job's reason and the log say so at once, rather
@@ -350,6 +347,15 @@ class LogsSource:
             return
         self._jobs.run_event(job, action.event, at, step=action.step, duration=action.duration)
 
+    def _wait(self, job: str, action: WaitAction, read_time: float) -> None:
+        """The job's running data-wait total (one rank's seconds), for its data-wait figures and the cause input."""
+        if self._jobs is None or not math.isfinite(action.seconds) or action.seconds < 0:
+            return
+        at = action.time
+        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_FUTURE_SECONDS:
+            at = read_time
+        self._jobs.data_wait(job, action.seconds, at, f"log:{action.framework}")
+
     def _save(self, job: str, action: SaveAction) -> None:
         if self._checkpoints is None:
             self._counts["checkpoint_without_tracker"] += 1
@@ -368,14 +374,15 @@ class LogsSource:
 
 
 def discovered_pods_from(states: Callable[[], dict], source_name: str = "discovery") -> DiscoveredPods:
-    """``{job: [(namespace, pod)]}`` from the discovery source's latest snapshot (``data["jobs"]``: its
+    """``{job: [(namespace, pod)]}`` from the discovery source's latest snapshot (``DiscoverySample.jobs``: its
     DiscoveredJob values, each with ``pods`` carrying ``scheduler``, ``namespace`` and ``pod``); empty while there
     is no discovery source or it has not sampled."""
 
     def pods() -> dict[str, list[tuple[str, str]]]:
         state = states().get(source_name)
         snapshot = getattr(state, "snapshot", None)
-        found = snapshot.data.get("jobs") if snapshot is not None else None
+        readings = getattr(snapshot, "readings", None)
+        found = readings.jobs if isinstance(readings, DiscoverySample) else None
         if not found:
             return {}
         values: Iterable = found.values() if isinstance(found, dict) else found

@@ -1,5 +1,5 @@
 """The preflight checks as a daemon source: rerun every few minutes, exported as ``mfu_preflight_check_ok{check}``
-and ``mfu_preflight_check_warning{check}``.
+and ``mfu_preflight_check_warning{check}`` (``exporter.render.preflight``).
 
 A fleet dashboard then shows misconfigured nodes before jobs land on them, and ``MfuPreflightFailed`` alerts on
 them. The checks themselves live in ``exporter.preflight.checks`` (shared with ``mfu-exporter check``).
@@ -8,10 +8,8 @@ them. The checks themselves live in ``exporter.preflight.checks`` (shared with `
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
-
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
+from dataclasses import dataclass
+from typing import Any
 
 from exporter.config import PreflightConfig
 from exporter.node.nic_qos import KernelNicQos, NicQos
@@ -19,37 +17,24 @@ from exporter.node.nvml import NvmlSession
 from exporter.preflight.checks import (
     CheckResult,
     PreflightSettings,
-    Status,
     gather,
     read_env_file,
     results_json,
     run_checks,
 )
-from exporter.sources.base import Snapshot, SourceContext, levelled
+from exporter.sources.base import Snapshot, SourceContext
 
 # The lowest series level (sources.preflight.series) at which each family is on: a failure is what the central
 # MfuPreflightFailed reads; warnings (MfuPfcOtherPriorities) are on by default too.
 FAMILY_LEVELS = {"mfu_preflight_check_ok": "minimal", "mfu_preflight_check_warning": "standard"}
 
 
-def check_families(results: list[CheckResult]) -> Iterable[Metric]:
-    ok = GaugeMetricFamily(
-        "mfu_preflight_check_ok",
-        "1 when the preflight check passes (PASS or WARN), 0 when it FAILs; absent when it does not apply.",
-        labels=["check"],
-    )
-    # WARN is ok (the node works) but its own series, so an alert can key on one warning (MfuPfcOtherPriorities).
-    warning = GaugeMetricFamily(
-        "mfu_preflight_check_warning",
-        "1 when the preflight check WARNs (works, but not as the guide wants), 0 when it passes or FAILs; absent when it does not apply.",
-        labels=["check"],
-    )
-    for result in results:
-        if result.status != Status.SKIP:
-            ok.add_metric([result.check], 0.0 if result.status == Status.FAIL else 1.0)
-            warning.add_metric([result.check], 1.0 if result.status == Status.WARN else 0.0)
-    yield ok
-    yield warning
+@dataclass(frozen=True)
+class PreflightSample:
+    """One run of the checks: what ``exporter.render.preflight`` exports."""
+
+    series: str  # sources.preflight.series: which families are exported (FAMILY_LEVELS)
+    results: tuple[CheckResult, ...]
 
 
 class PreflightSource:
@@ -113,10 +98,7 @@ class PreflightSource:
         )
         results = run_checks(facts, self.settings)
         return Snapshot(
-            render=lambda: levelled(check_families(results), FAMILY_LEVELS, self.series),
-            errors=errors,
-            status=results_json(results),
-            data={"results": results},
+            readings=PreflightSample(self.series, tuple(results)), errors=errors, status=results_json(results)
         )
 
     def close(self) -> None:

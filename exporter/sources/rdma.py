@@ -30,10 +30,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
+from typing import Callable, Iterable
 
 from exporter.config import RdmaConfig
 from exporter.node.counters import Changes, CounterHistory, Totals, WindowedRates
@@ -44,7 +41,7 @@ from exporter.node.rdma import (
     parse_rate_gbps,
     state_name,
 )
-from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports, node_gauge
+from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports
 
 # port_rcv_data / port_xmit_data count 4-octet words: the kernel ABI says "divided by 4 (lanes)", and mlx5
 # literally shifts the octet count right by 2. The factor is always 4, never the link width.
@@ -299,8 +296,19 @@ class PortReading:
         }
 
 
+@dataclass(frozen=True)
+class RdmaSample:
+    """One sample of the node's RDMA ports: what ``exporter.render.rdma`` exports and the attribution reads."""
+
+    series: str  # sources.rdma.series: which families are exported (FAMILY_LEVELS)
+    hw_counters: frozenset[str] | None  # the hw_counters files exported per port; None: every one
+    ports: dict[str, PortReading]  # "mlx5_0/1" -> its reading
+    error_totals: dict[str, float]  # node summary: error counter -> its total over the ports since the exporter started
+    max_cnps: float | None  # node summary: the busiest port's CNP rate over SUMMARY_WINDOW; None before a window
+
+
 class _OpenPort:
-    """A discovered port with its files open and the label tuples its series reuse every sample.
+    """A discovered port with its files open.
 
     ``known_bad`` holds the paths of the port's files already counted as unsupported or unreadable; they are not
     opened. The source keeps the set across rediscoveries of the port, and this port adds to it.
@@ -317,12 +325,10 @@ class _OpenPort:
         self.port = port
         self.wanted = wanted
         self.known_bad = known_bad
-        self.labels = (port.device, str(port.port))
         self.state_file = self._open("state", os.path.join(port.path, "state"), budget, errors)
         self.rate_file = self._open("rate", os.path.join(port.path, "rate"), budget, errors)
         self.counter_files = self._open_dir(os.path.join(port.path, "counters"), budget, errors)
         self.hw_files = self._open_dir(os.path.join(port.path, "hw_counters"), budget, errors)
-        self.counter_labels = {f.name: (*self.labels, f.name) for f in self.counter_files + self.hw_files}
 
     def _open(self, name: str, path: str, budget: _FileBudget, errors: Counter) -> _SysfsFile | None:
         if path in self.known_bad:
@@ -442,6 +448,7 @@ class RdmaSource:
         self._listed: list[str] | None = None
         self._stale = True
         self._next_discovery = float("-inf")
+        self._series = series
         self._families = frozenset(name for name, level in FAMILY_LEVELS.items() if exports(series, level))
         # None: every hw_counters file (series: full, or no list given).
         self._hw_allowed = None if series == "full" or hw_counters is None else frozenset(hw_counters)
@@ -498,11 +505,9 @@ class RdmaSource:
             )
             raise SourceUnavailable("no_devices", detail, retry_after=RETRY_WHEN_NO_PORTS)
         readings: list[PortReading] = []
-        labels_of: list[tuple[tuple, dict[str, tuple]]] = []
         for key, opened in list(self._ports.items()):
             try:
                 readings.append(self._read_port(key, opened, errors))
-                labels_of.append((opened.labels, opened.counter_labels))
             except _Gone:
                 opened.close()
                 del self._ports[key]
@@ -510,14 +515,15 @@ class RdmaSource:
                 self._known_bad.pop(key, None)
                 errors["port_removed"] += 1
                 self._stale = True
-        summary = self._summarize(readings)
-        families, hw_allowed = self._families, self._hw_allowed
-        return Snapshot(
-            render=lambda: _render(readings, labels_of, families, hw_allowed, summary),
-            errors=errors,
-            status={"ports": [reading.as_json() for reading in readings]},
-            data={"ports": {reading.port.key: reading for reading in readings}},
+        error_totals, max_cnps = self._summarize(readings)
+        sample = RdmaSample(
+            self._series,
+            self._hw_allowed,
+            {reading.port.key: reading for reading in readings},
+            error_totals,
+            max_cnps,
         )
+        return Snapshot(readings=sample, errors=errors, status={"ports": [reading.as_json() for reading in readings]})
 
     def _summarize(self, readings: list[PortReading]) -> tuple[dict[str, float], float | None]:
         """The node summaries: error counters summed over the ports, and the busiest port's CNP rate."""
@@ -557,98 +563,6 @@ class RdmaSource:
             opened.close()
         self._ports = {}
         self._stale = True
-
-
-def _render(
-    readings: list[PortReading],
-    labels_of: list[tuple[tuple, dict[str, tuple]]],
-    on: frozenset[str],
-    hw_allowed: frozenset[str] | None,
-    summary: tuple[dict[str, float], float | None],
-) -> Iterator[Metric]:
-    labels = ["device", "port"]
-    info = GaugeMetricFamily(
-        "mfu_rdma_port_info",
-        "RDMA port facts; always 1.",
-        labels=["device", "port", "link_layer", "netdev", "state", "rate"],
-    )
-    up = GaugeMetricFamily("mfu_rdma_port_up", "1 when the RDMA port state is ACTIVE.", labels=labels)
-    speed = GaugeMetricFamily("mfu_rdma_port_rate_bytes_per_second", "Link rate of the RDMA port.", labels=labels)
-    data = {
-        direction: CounterMetricFamily(
-            f"mfu_rdma_port_data_{direction}_bytes",
-            f"Bytes {direction} on the RDMA port (port_{short}_data x 4).",
-            labels=labels,
-        )
-        for direction, short in (("received", "rcv"), ("transmitted", "xmit"))
-    }
-    packets = {
-        direction: CounterMetricFamily(
-            f"mfu_rdma_port_packets_{direction}",
-            f"Packets {direction} on the RDMA port (port_{short}_packets).",
-            labels=labels,
-        )
-        for direction, short in (("received", "rcv"), ("transmitted", "xmit"))
-    }
-    counter_labels = ["device", "port", "counter"]
-    # Plural like the sysfs directories they mirror; promtool's lint rejects "_counter_" inside a metric name.
-    other = CounterMetricFamily(
-        "mfu_rdma_port_counters",
-        "Other files of the port's counters/ directory (PMA port counters), raw.",
-        labels=counter_labels,
-    )
-    hardware = CounterMetricFamily(
-        "mfu_rdma_hw_counters",
-        "Files of the port's hw_counters/ directory (driver and congestion counters), raw.",
-        labels=counter_labels,
-    )
-    with_info, with_speed = "mfu_rdma_port_info" in on, "mfu_rdma_port_rate_bytes_per_second" in on
-    with_data, with_packets = "mfu_rdma_port_data_received_bytes" in on, "mfu_rdma_port_packets_received" in on
-    with_other, with_hardware = "mfu_rdma_port_counters" in on, "mfu_rdma_hw_counters" in on
-    for reading, (base, counter_labels) in zip(readings, labels_of):
-        port = reading.port
-        if with_info:
-            info.add_metric([*base, port.link_layer or "", port.netdev or "", port.state or "", port.rate or ""], 1)
-        up.add_metric(base, 1 if port.active else 0)
-        if with_speed and port.rate_gbps is not None:
-            speed.add_metric(base, port.rate_gbps * 1e9 / 8)
-        counters = reading.counters
-        if with_data:
-            for name, direction in DATA_COUNTERS.items():
-                if (value := counters.get(name)) is not None:
-                    data[direction].add_metric(base, value * OCTETS_PER_DATA_WORD)
-        if with_packets:
-            for name, direction in PACKET_COUNTERS.items():
-                if (value := counters.get(name)) is not None:
-                    packets[direction].add_metric(base, value)
-        if with_other:
-            for name, value in counters.items():
-                if name not in DATA_COUNTERS and name not in PACKET_COUNTERS:
-                    other.add_metric(counter_labels[name], value)
-        if with_hardware:
-            for name, value in reading.hw_counters.items():
-                if hw_allowed is None or name in hw_allowed:
-                    hardware.add_metric(counter_labels[name], value)
-    for family in (info, up, speed, *data.values(), *packets.values(), other, hardware):
-        if family.samples:
-            yield family
-    totals, cnps = summary
-    errors = CounterMetricFamily(
-        "mfu_node_rdma_errors",
-        "Error and retransmission counters (counters/ and hw_counters/) summed over the node's RDMA ports, "
-        "since the exporter started.",
-        labels=["counter"],
-    )
-    for name, total in totals.items():
-        errors.add_metric([name], total)
-    if errors.samples:
-        yield errors
-    yield from node_gauge(
-        "mfu_node_rdma_max_cnps_per_second",
-        f"CNPs per second (np_cnp_sent + rp_cnp_handled) of the node's busiest RDMA port over the last "
-        f"{SUMMARY_WINDOW:g} s.",
-        cnps,
-    )
 
 
 def rdma_source(section: RdmaConfig, ctx: SourceContext) -> RdmaSource:

@@ -14,15 +14,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 from aiohttp import web
 
 from exporter import __version__
-from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.errors import IngestError, ValidationError
-from exporter.model.jobs import parse_progress
-from exporter.service import Service
+from exporter.service import CHECKPOINTS_OFF, IngestError, Service, ValidationError
 from exporter.web.security import HTTP_LIMITS, WEB_SECURITY, WebSecurity
 
 log = logging.getLogger(__name__)
 
 RUNTIME = web.AppKey("runtime", Service)
+DOUBLE_DIGITS = 309  # sys.float_info.max has 309 integer digits
 
 
 def _error(status: int, message: str, field: str | None = None) -> web.Response:
@@ -37,7 +35,10 @@ def _reject_constant(name: str) -> None:
 
 
 def _double_range_int(text: str) -> int:
-    """Integers beyond a double's range (I-JSON's limit) would overflow the float conversions validation does."""
+    """Integers beyond a double's range (I-JSON's limit) would overflow the float conversions validation does.
+    Their digits are counted first: Python refuses to convert over 4,300 digits, in words of its own."""
+    if len(text.lstrip("-")) > DOUBLE_DIGITS:
+        raise ValueError(f"the number {text[:16]}... ({len(text)} digits) is beyond the range of a double")
     number = int(text)
     if abs(number) > sys.float_info.max:
         raise ValueError(f"the number {text[:16]}... is beyond the range of a double")
@@ -63,8 +64,10 @@ async def read_json(request: web.Request) -> Any:
         )
     except UnicodeDecodeError:
         raise ValidationError("", "the body must be UTF-8 JSON") from None
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise ValidationError("", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # the decoder recurses once per level; no report nests more than a few
+        raise ValidationError("", "the body nests arrays or objects too deeply") from None
 
 
 @web.middleware
@@ -81,7 +84,7 @@ async def api_errors(request: web.Request, handler):
 
 async def metrics(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    body, headers = await runtime.cache.render(request.headers.get("Accept"), request.headers.get("Accept-Encoding"))
+    body, headers = await runtime.metrics(request.headers.get("Accept"), request.headers.get("Accept-Encoding"))
     return web.Response(body=body, headers=headers)
 
 
@@ -90,50 +93,30 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[RUNTIME].daemon.ready:
+    if request.app[RUNTIME].ready:
         return web.Response(text="ready\n")
     return web.Response(text="not ready: no sample cycle has completed yet\n", status=503)
 
 
 async def post_progress(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    report = parse_progress(await read_json(request), runtime.clock())
-    view = runtime.jobs.report(report)
-    return web.json_response(runtime.job_json(view))
+    return web.json_response(request.app[RUNTIME].ingest_progress(await read_json(request)))
 
 
 async def post_checkpoint(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    if runtime.checkpoints is None:
-        return _error(
-            404, "checkpoint events are off: the checkpoint source is disabled (sources.checkpoint.enabled: false)"
-        )
-    event = parse_checkpoint_event(await read_json(request), runtime.clock())
-    # A job known only from its checkpoints counts against ingest.max_jobs too.
-    return web.json_response(runtime.checkpoints.record(event, admit=runtime.jobs.touch))
+    if not runtime.accepts_checkpoints:
+        return _error(404, CHECKPOINTS_OFF)
+    return web.json_response(runtime.ingest_checkpoint(await read_json(request)))
 
 
 async def get_jobs(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    return web.json_response({"jobs": [runtime.job_json(v) for v in runtime.jobs.views()]})
+    return web.json_response({"jobs": request.app[RUNTIME].jobs_json()})
 
 
 async def get_ledger(request: web.Request) -> web.Response:
     """``GET /api/v1/jobs/<job>/ledger``: where the job's time on this node went (``kinds``: GPU-seconds by kind),
     its ``goodput`` and its ``runs`` (start, first step, end and why), with the bands of the status page's timeline."""
-    runtime = request.app[RUNTIME]
-    name = request.match_info["job"]
-    view = next((v for v in runtime.jobs.views() if v.name == name), None)
-    if view is None:
-        return _error(404, f"no job {name!r} on this node", "job")
-    if view.ledger is None:
-        return _error(
-            404,
-            f"job {name!r} has no ledger yet: it starts with the job's first progress (a report, a log's step line) "
-            "or its client's start event",
-            "job",
-        )
-    return web.json_response({"job": name, **view.ledger.as_json()})
+    return web.json_response(request.app[RUNTIME].ledger_json(request.match_info["job"]))
 
 
 async def get_status(request: web.Request) -> web.Response:

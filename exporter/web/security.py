@@ -33,6 +33,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 import bcrypt
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from exporter.config import (
     ConfigError,
@@ -53,8 +54,27 @@ log = logging.getLogger(__name__)
 
 _timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
 
+
+class OneLineClientErrors(logging.Filter):
+    """aiohttp logs a request it cannot parse (a request line over ``max_line_size``, a bad header) at ERROR with
+    a traceback, so any client could fill the log. A client's mistake is one WARNING line here, cut short."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            detail = " ".join(str(exc.message).split())
+            record.msg, record.args = "%s: %d %s", (record.getMessage(), exc.code, detail[:160])
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+PROTOCOL_LOG = logging.getLogger("exporter.web.protocol")
+PROTOCOL_LOG.addFilter(OneLineClientErrors())
+
 # Handed to aiohttp's request handler through AppRunner. Each is a decision, not a library default.
 HTTP_LIMITS: dict[str, Any] = {
+    "logger": PROTOCOL_LOG,  # the handler's own log: malformed requests as one line each (OneLineClientErrors)
     "max_line_size": 4096,  # the request line: every URL served here is short
     "max_field_size": 8190,  # one header: room for a browser's cookies for localhost next to Authorization
     "max_headers": 64,

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from exporter.config import validate
-from exporter.model.jobs import parse_progress
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.pci import pci_address_from_nvml
+from exporter.render.attribution import attribution_families
 from exporter.service import build_service
 from exporter.sim import node as demo
 from exporter.sim import nvml as fake_nvml
@@ -172,7 +173,7 @@ def degraded_node(tmp_path, *faults) -> Node:
 def lost_gpu_seconds(node, job="llama"):
     return {
         s.labels["cause"]: s.value
-        for family in node.runtime.attribution.families()
+        for family in attribution_families(node.runtime.attribution.standings())
         for s in family.samples
         if s.name == "mfu_job_lost_gpu_seconds_total" and s.labels["training_job"] == job
     }

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from exporter.config import validate
-from exporter.model.jobs import parse_progress
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.service import build_service
 from exporter.sim import node as demo
@@ -170,5 +170,5 @@ def test_a_hung_kubelet_keeps_the_last_answer_and_degrades_only_discovery(node):
     assert getattr(caught.value, "reason", "") == "kubernetes_timeout"
     node.service.apply_discovery()  # the scheduler keeps the last good snapshot: the jobs stand
     assert sorted(node.jobs()) == ["bert", "llama"]
-    assert state.snapshot.data["jobs"]
+    assert state.snapshot.readings.jobs
     node.kubelet.hang.clear()

@@ -50,8 +50,8 @@ reader.close()
 source = EthtoolSource("/sys", interfaces_include=["^va$"], interfaces_exclude=[], stats_include=["^peer_ifindex$"])
 snapshot = source.sample()
 source.close()
-seen["source_interfaces"] = list(snapshot.data["interfaces"])
-seen["source_stats"] = snapshot.data["interfaces"]["va"].stats
+seen["source_interfaces"] = list(snapshot.readings.interfaces)
+seen["source_stats"] = snapshot.readings.interfaces["va"].stats
 print(json.dumps(seen))
 """
 

@@ -263,7 +263,9 @@ def test_the_rendered_daemonset_reads_the_socket_and_the_root_log_as_its_securit
                 discovery = sources()["discovery"]
                 assert discovery["up"] and discovery["status"]["kubernetes"]["pods_with_gpus"] == 1
                 assert kubelet.calls >= 1
-                (followed,) = wait_until(lambda: sources()["logs"]["status"]["files"], 10, "the logs source's status")
+                (followed,) = wait_until(
+                    lambda: sources()["logs"]["status"].get("files"), 10, "the logs status to list the pod's log"
+                )
                 assert followed["path"] == f"/var/log/pods/{NAMESPACE}_{POD}_{UID}/{CONTAINER}/0.log"
                 assert followed["container"] == "cri" and followed["format"] == "torchtitan"
             else:

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.render.snapshots import snapshot_families
+
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
 
@@ -52,7 +54,7 @@ def render(families: Iterable[Metric]) -> str:
 
 def exposition(snapshot: Any) -> str:
     """The text exposition of a source's snapshot, as a scrape would carry it."""
-    return render(snapshot.render())
+    return render(snapshot_families(snapshot))
 
 
 def snapshot_samples(snapshot: Any) -> Samples:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench import fixture
 from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.jobs import parse_progress
+from exporter.model.progress import parse_progress
 from exporter.node.nic_qos import GlobalPause
 from exporter.service import Service, build_service
 from exporter.sources import build_sources

@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import Iterable
 
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
+from exporter.render.snapshots import register
 from exporter.sources.base import Snapshot, SourceUnavailable
+
+
+@dataclass(frozen=True)
+class FakeValue:
+    """The scripted source's readings: its name and one value."""
+
+    name: str
+    value: float
+
+
+def fake_value_families(readings: FakeValue) -> Iterable[Metric]:
+    family = GaugeMetricFamily(f"mfu_{readings.name}_value", "A value from the scripted test source.")
+    family.add_metric([], readings.value)
+    yield family
+
+
+register(FakeValue, fake_value_families)
 
 
 class Clock:
@@ -37,13 +58,7 @@ class ScriptedSource:
         if self.unavailable:
             raise self.unavailable
         value = self.value
-
-        def render():
-            family = GaugeMetricFamily("mfu_fake_value", "A value from the scripted test source.")
-            family.add_metric([], value)
-            yield family
-
-        return Snapshot(render=render, status={"value": value})
+        return Snapshot(readings=FakeValue(self.name, value), status={"value": value})
 
     def close(self):
         self.closed = True

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -51,19 +52,22 @@ def wait_until(
 
 
 async def wait_for(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | Awaitable[T]],
     timeout: float = 5.0,
     what: str = "the condition",
     interval: float = 0.2,
     ignore: tuple[type[BaseException], ...] = (),
 ) -> T:
     """``wait_until`` for tests on the event loop: it yields to the loop between checks, so the servers and
-    samplers running there make progress."""
+    samplers running there make progress. ``predicate`` may be a coroutine function (a request to the server under
+    test): its answer is awaited."""
     deadline = time.monotonic() + timeout
     last = None
     for delay in _delays(interval):
         try:
             last = predicate()
+            if inspect.isawaitable(last):
+                last = await last
         except ignore as exc:
             last = exc
         else:

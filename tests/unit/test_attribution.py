@@ -7,11 +7,12 @@ import functools
 import pytest
 
 from exporter.model.attribution import CAUSES, Attributor, NodeSignals, Thresholds
-from exporter.model.jobs import JobView
+from exporter.model.job_view import JobView
 from exporter.model.readings import GpuReading
 from exporter.node.counters import Changes
 from exporter.node.pci import nearest_devices
 from exporter.node.rdma import RdmaPort, discover_ports
+from exporter.render.attribution import attribution_families
 from exporter.sim.nvml import h100
 from exporter.sources.ethtool import InterfaceReading
 from exporter.sources.rdma import PortReading
@@ -202,7 +203,7 @@ def test_a_job_watches_the_nics_on_its_gpus_pcie_switches(tmp_path):
 def test_healthy_job_is_none_and_loses_nothing():
     attributor, found = verdict(job(mfu=0.43), NodeSignals(gpus=healthy_gpus(**{"3": {"up": False}})))
     assert found.cause == "none"
-    lost = {m.name: m for m in attributor.families()}["mfu_job_lost_gpu_seconds"]
+    lost = {m.name: m for m in attribution_families(attributor.standings())}["mfu_job_lost_gpu_seconds"]
     assert all(sample.value == 0 for sample in lost.samples)
 
 
@@ -212,7 +213,7 @@ def test_lost_gpu_seconds_integrate_the_gap_by_cause():
     view = job(mfu=0.30)
     for second in range(11):
         attributor.evaluate(1000.0 + second, [view], signals)
-    families = {m.name: m for m in attributor.families()}
+    families = {m.name: m for m in attribution_families(attributor.standings())}
     lost = {
         s.labels["cause"]: s.value for s in families["mfu_job_lost_gpu_seconds"].samples if s.name.endswith("_total")
     }
@@ -240,7 +241,7 @@ def test_job_without_mfu_has_no_verdict_and_gone_jobs_are_forgotten():
     attributor.evaluate(0.0, [job(mfu=None)], NodeSignals())
     assert attributor.verdict("llama") is None
     attributor.evaluate(1.0, [], NodeSignals())
-    assert list(attributor.families())[0].samples == []
+    assert list(attribution_families(attributor.standings()))[0].samples == []
 
 
 # --- on time and to the second (issue 35) ------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def run(attributor, signals_at, rates, window_mfu, start=0.0):
 
 
 def lost_by_cause(attributor):
-    lost = {m.name: m for m in attributor.families()}["mfu_job_lost_gpu_seconds"]
+    lost = {m.name: m for m in attribution_families(attributor.standings())}["mfu_job_lost_gpu_seconds"]
     return {s.labels["cause"]: s.value for s in lost.samples if s.name.endswith("_total")}
 
 

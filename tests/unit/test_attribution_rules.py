@@ -11,7 +11,8 @@ from dataclasses import fields
 import yaml
 
 from exporter.model import attribution
-from exporter.sources import gpu, rdma
+from exporter.render import gpu
+from exporter.sources import rdma
 from tests.support.prom_harness import RULE_FILES
 
 RULES_FILE = RULE_FILES[0]

@@ -20,11 +20,12 @@ from exporter.model.checkpoints import (
     MAX_OPEN_PER_JOB,
     CheckpointConflict,
     CheckpointTracker,
-    checkpoint_families,
     parse_checkpoint_event,
 )
-from exporter.model.jobs import ValidationError
+from exporter.model.errors import ValidationError
 from exporter.node.fswatch import filesystem_type, is_network_filesystem
+from exporter.render.checkpoint import checkpoint_families
+from exporter.render.snapshots import snapshot_families
 from exporter.sources import checkpoint as checkpoint_module
 from exporter.sources.checkpoint import CheckpointSource
 
@@ -45,7 +46,11 @@ class Clock:
 
 
 def values(snapshot):
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in snapshot.render() for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in snapshot_families(snapshot)
+        for s in family.samples
+    }
 
 
 def metric(snapshot, name, **labels):

@@ -207,3 +207,64 @@ def test_an_exporter_without_run_ids_gets_plain_totals():
     bodies = [json.loads(c.request.body) for c in responses.calls]
     assert bodies[0]["event"] == "start"  # refused: the reporter learns the exporter is older
     assert all("run" not in b and "event" not in b for b in bodies[1:]) and bodies[-1]["tokens_total"] == 5
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@responses.activate
+def test_the_wait_for_each_next_batch_is_timed_and_sent_as_a_running_total():
+    responses.post(PROGRESS, json={})
+    clock = _Clock()
+    reporter = ProgressReporter(URL, "job", monotonic=clock)
+
+    def slow_loader():
+        for batch in range(3):
+            clock.now += 0.5  # the loader takes half a second to produce each batch
+            yield batch
+
+    seen = []
+    for batch in reporter.timed(slow_loader()):
+        clock.now += 2.0  # the step itself: not data wait
+        seen.append(batch)
+    with reporter.data_wait():
+        clock.now += 0.25
+    assert seen == [0, 1, 2] and reporter.data_wait_seconds == 1.75
+    reporter.update(tokens_total=30, step=3)
+    reporter.close()
+    body = json.loads(responses.calls[-1].request.body)
+    assert body["data_wait_seconds"] == 1.75 and body["tokens_total"] == 30
+
+
+@responses.activate
+def test_an_explicit_data_wait_total_is_sent_and_a_bad_one_left_out(caplog):
+    responses.post(PROGRESS, json={})
+    reporter = ProgressReporter(URL, "job")
+    reporter.update(tokens_total=1, data_wait_seconds=float("nan"))
+    reporter.close()
+    assert "data_wait_seconds" not in json.loads(responses.calls[-1].request.body)
+    assert "data_wait_seconds must be a running total of seconds" in caplog.text
+    responses.calls.reset()
+    reporter = ProgressReporter(URL, "job")
+    reporter.update(tokens_total=2, data_wait_seconds=12.5)
+    reporter.close()
+    assert json.loads(responses.calls[-1].request.body)["data_wait_seconds"] == 12.5
+
+
+@responses.activate
+def test_an_exporter_without_data_wait_gets_totals_without_it():
+    responses.post(PROGRESS, status=400, json={"error": "unknown field", "field": "data_wait_seconds"})
+    responses.post(PROGRESS, json={})
+    reporter = ProgressReporter(URL, "job")
+    reporter.update(tokens_total=5, data_wait_seconds=1.0)
+    wait_until(lambda: reporter.sent == 1)
+    reporter.update(tokens_total=6, data_wait_seconds=2.0)
+    reporter.close()
+    bodies = [json.loads(c.request.body) for c in responses.calls]
+    assert "data_wait_seconds" in bodies[0]
+    assert all("data_wait_seconds" not in b for b in bodies[1:]) and bodies[-1]["tokens_total"] == 6

@@ -59,7 +59,7 @@ def test_jobs_from_pod_resources_by_pod_name_pattern(sock, nvml):
     with PodResourcesServer(sock, training_pods(nvml)):
         source = DiscoverySource(k8s_only(sock), nvml=nvml)
         snapshot = source.sample()
-        jobs = snapshot.data["jobs"]
+        jobs = snapshot.readings.jobs
         assert sorted(jobs) == ["bert", "llama"]
         assert jobs["llama"].gpus == (0, 1, 2, 3) and jobs["bert"].gpus == (4, 5, 6, 7)
         assert [(p.namespace, p.pod) for p in jobs["llama"].pods] == [
@@ -90,7 +90,7 @@ def test_time_sliced_gpu_is_marked_shared(sock, nvml):
         SimPod("b-worker-0", containers={"c": [("nvidia.com/gpu.shared", [f"{u}::1"])]}),
     ]
     with PodResourcesServer(sock, pods):
-        jobs = DiscoverySource(k8s_only(sock), nvml=nvml).sample().data["jobs"]
+        jobs = DiscoverySource(k8s_only(sock), nvml=nvml).sample().readings.jobs
         assert jobs["a"].gpus == (0,) and jobs["a"].shared_gpus == (0,) and jobs["b"].shared_gpus == (0,)
 
 
@@ -120,13 +120,12 @@ def test_labels_from_the_api_server_and_degrading_to_the_pattern(sock, nvml, tmp
     try:
         with PodResourcesServer(sock, pods):
             source = DiscoverySource(cfg, nvml=nvml)
-            started = time.monotonic()
-            first = source.sample()
-            assert time.monotonic() - started < 1.0  # lookups run off the sampling thread
-            assert first.data["jobs"] == {}  # every pod held back while its labels are on their way
+            first = source.sample()  # returns while the slow pod's GET is still held: lookups run off this thread
+            assert first.readings.jobs == {}  # every pod held back while its labels are on their way
+            assert not api.release.is_set()
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
-                jobs = source.sample().data["jobs"]
+                jobs = source.sample().readings.jobs
                 if len(jobs) == 4:
                     break
                 time.sleep(0.1)
@@ -173,7 +172,7 @@ def test_slurm_processes_and_mapping_dir(tmp_path, nvml):
         slurm={"enabled": "true", "job_mapping_dir": str(mapping), "cgroup_root": str(tmp_path / "cg")},
     )
     snapshot = DiscoverySource(cfg, procfs=str(procfs), nvml=nvml).sample()
-    jobs = snapshot.data["jobs"]
+    jobs = snapshot.readings.jobs
     assert {n: j.gpus for n, j in jobs.items()} == {"3385": (0, 1), "31": (1,), "777": (4, 5, 6, 7)}
     assert jobs["3385"].shared_gpus == (1,)
     assert jobs["31"].pods[0].user == "1000"
@@ -206,18 +205,18 @@ def test_slurm_job_held_back_while_its_name_is_on_its_way_then_named_or_given_it
     source = DiscoverySource(cfg, nvml=nvml, clock=lambda: now[0])
     try:
         first = source.sample()
-        assert first.data["jobs"] == {} and first.status["slurm"]["names_pending"] == ["41", "42"]
+        assert first.readings.jobs == {} and first.status["slurm"]["names_pending"] == ["41", "42"]
         gate.touch()
         deadline = time.monotonic() + 5
         while source.names.pending("41") and time.monotonic() < deadline:
             time.sleep(0.01)
         now[0] += 1.0
         second = source.sample()
-        named = second.data["jobs"]
+        named = second.readings.jobs
         assert list(named) == ["llama-sft"] and named["llama-sft"].pods[0].slurm_job_id == "41"
         assert second.status["slurm"]["names_pending"] == ["42"]
         now[0] += 5.5  # past 42's name_timeout + 1 s, its lookup still running: named by its ID from now on
-        assert sorted(source.sample().data["jobs"]) == ["42", "llama-sft"]
+        assert sorted(source.sample().readings.jobs) == ["42", "llama-sft"]
     finally:
         source.close()
 
@@ -229,7 +228,7 @@ def test_slurm_processes_off_without_the_host_pid_namespace(tmp_path, nvml):
     nvml.gpus[0].processes = [5000]
     cfg = section(kubernetes={"enabled": "false"}, slurm={"enabled": "true"})
     snapshot = DiscoverySource(cfg, procfs=str(procfs), nvml=nvml).sample()
-    assert snapshot.data["jobs"] == {}
+    assert snapshot.readings.jobs == {}
     assert "hostPID" in snapshot.status["slurm"]["processes"]["why"]
 
 
@@ -243,7 +242,7 @@ def test_cap_on_discovered_jobs(sock, nvml):
             slurm={"enabled": "false"},
         )
         snapshot = DiscoverySource(cfg, nvml=nvml).sample()
-        assert sorted(snapshot.data["jobs"]) == ["j0", "j1", "j2"]
+        assert sorted(snapshot.readings.jobs) == ["j0", "j1", "j2"]
         assert snapshot.errors["jobs_over_cap"] == 5
 
 
@@ -271,7 +270,7 @@ def test_ten_thousand_pods_degrade_nothing_and_the_cap_holds(sock, nvml):
     ]
     with PodResourcesServer(sock, pods):
         snapshot = DiscoverySource(k8s_only(sock, timeout="20s"), nvml=nvml).sample()
-        assert len(snapshot.data["jobs"]) == 64  # discovery.max_jobs
+        assert len(snapshot.readings.jobs) == 64  # discovery.max_jobs
         assert snapshot.errors["jobs_over_cap"] == 10_000 - 64
         assert snapshot.status["kubernetes"]["pods_with_gpus"] == 10_000
 
@@ -300,7 +299,7 @@ def test_a_lost_gpu_does_not_stop_discovery_for_the_others_nor_reinitialise_nvml
         source = DiscoverySource(k8s_only(sock), nvml=nvml, clock=lambda: clock[0])
         snapshot = source.sample()
         assert snapshot.errors["nvml_gpu_NVMLError_GpuIsLost"] == 1
-        jobs = snapshot.data["jobs"]
+        jobs = snapshot.readings.jobs
         assert jobs["llama"].gpus == (0, 1, 2, 3) and jobs["bert"].gpus == (4, 6, 7)
         for _ in range(3):
             clock[0] += 61  # past the inventory's refresh

@@ -143,7 +143,7 @@ def test_pfc_families_from_recorded_connectx_output(sysfs):
         "rx_prio0_discards",
         "rx_prio7_cong_discard",
     } <= discards
-    assert snapshot.data["interfaces"]["ens1np0"].rdma_ports == ("mlx5_0/1",)
+    assert snapshot.readings.interfaces["ens1np0"].rdma_ports == ("mlx5_0/1",)
     assert snapshot.errors == {}
 
 
@@ -151,12 +151,12 @@ def test_stat_set_change_between_samples_and_the_rates_it_yields(sysfs):
     texts = Texts(ens1np0=PFC3)
     clock = Clock()
     source = source_for(sysfs, texts, clock)
-    first = source.sample().data["interfaces"]["ens1np0"]
+    first = source.sample().readings.interfaces["ens1np0"]
     assert first.pfc_priorities == (3,) and first.pause_ratio == {}
     texts.texts["ens1np0"] = PFC3_4  # PFC enabled on priority 4 too: five more stats
     clock.now += 10
     snapshot = source.sample()
-    reading = snapshot.data["interfaces"]["ens1np0"]
+    reading = snapshot.readings.interfaces["ens1np0"]
     assert reading.pfc_priorities == (3, 4)
     assert (
         snapshot_value(snapshot, "mfu_nic_pfc_pause_frames_total", interface="ens1np0", priority="4", direction="rx")
@@ -193,7 +193,7 @@ def test_pause_ratio_is_capped_at_one_and_resets_give_no_rate(sysfs):
     source.sample()
     texts.texts["ens1np0"] = stats(1_000_500, 3)  # sampled a little late: 1.0005 s of pause in 1 s; driver reload
     clock.now += 1
-    reading = source.sample().data["interfaces"]["ens1np0"]
+    reading = source.sample().readings.interfaces["ens1np0"]
     assert reading.pause_ratio == {("rx", 3): 1.0}
     assert reading.discard_deltas == {} and reading.changes.resets == ["rx_discards_phy"]
 
@@ -208,11 +208,11 @@ def test_interfaces_are_the_rdma_netdevs_plus_includes_minus_excludes(sysfs):
     texts = Texts(ens1np0=PFC3, eth9=PFC3, veth12ab=PFC3, lo=PFC3, ens1f0v0=PFC3)
     defaults = validate({})["sources"]["ethtool"]
     source = source_for(sysfs, texts, interfaces_include=[".*"], interfaces_exclude=defaults["interfaces_exclude"])
-    assert list(source.sample().data["interfaces"]) == ["ens1np0", "eth9"]
+    assert list(source.sample().readings.interfaces) == ["ens1np0", "eth9"]
     only_rdma = source_for(sysfs, texts, interfaces_exclude=defaults["interfaces_exclude"])
-    assert list(only_rdma.sample().data["interfaces"]) == ["ens1np0"]
+    assert list(only_rdma.sample().readings.interfaces) == ["ens1np0"]
     excluded = source_for(sysfs, texts, interfaces_include=["^eth"], interfaces_exclude=["^ens"])
-    assert list(excluded.sample().data["interfaces"]) == ["eth9"]
+    assert list(excluded.sample().readings.interfaces) == ["eth9"]
 
 
 def test_stats_include_exports_selected_raw_stats(sysfs):
@@ -234,7 +234,7 @@ def test_failed_reads_are_counted_by_reason(sysfs):
     source = source_for(sysfs, texts, clock)
     first = source.sample()
     assert first.errors == {"not_supported": 1, "read_failed": 1}
-    assert list(first.data["interfaces"]) == ["ens1np0"]
+    assert list(first.readings.interfaces) == ["ens1np0"]
     clock.now += 1
     assert source.sample().errors == {"read_failed": 1}  # unsupported: skipped until the next discovery
     del texts.texts["ens1np0"]  # renamed or unplugged
@@ -245,7 +245,7 @@ def test_failed_reads_are_counted_by_reason(sysfs):
     assert raised.value.reason in ("interface_missing", "not_supported")
     texts.texts["ens1np0"] = PFC3
     clock.now += 1
-    assert list(source.sample().data["interfaces"]) == ["ens1np0"]  # rediscovered after the missing interface
+    assert list(source.sample().readings.interfaces) == ["ens1np0"]  # rediscovered after the missing interface
 
 
 def test_an_interface_without_statistics_is_counted_once_while_it_exists(sysfs):
@@ -259,7 +259,7 @@ def test_an_interface_without_statistics_is_counted_once_while_it_exists(sysfs):
         clock.now += 1
         snapshot = source.sample()
         assert snapshot.errors == {}
-        assert list(snapshot.data["interfaces"]) == ["ens1np0"]
+        assert list(snapshot.readings.interfaces) == ["ens1np0"]
     assert texts.reads.count("ens2np0") == 1
     # Unplugged and back: another interface, asked afresh.
     sysfs.remove_rdma_device("mlx5_1")
@@ -280,11 +280,11 @@ def test_netdevs_of_excluded_rdma_devices_are_never_read(sysfs):
     # mlx5_1 stands for a Fabric Manager limited PF, which rejects the register reads behind ethtool -S.
     source = source_for(sysfs, texts, rdma_devices_exclude=[r"^mlx5_1$"], interfaces_include=[".*"])
     snapshot = source.sample()
-    assert list(snapshot.data["interfaces"]) == ["ens1np0", "eth9"]
+    assert list(snapshot.readings.interfaces) == ["ens1np0", "eth9"]
     assert "ens2np0" not in texts.reads
     only = source_for(sysfs, Texts(ens1np0=PFC3, ens2np0=PFC3), rdma_devices_include=[r"^mlx5_1$"]).sample()
-    assert only.data["interfaces"]["ens2np0"].rdma_ports == ("mlx5_1/1",)
-    assert list(only.data["interfaces"]) == ["ens2np0"]
+    assert only.readings.interfaces["ens2np0"].rdma_ports == ("mlx5_1/1",)
+    assert list(only.readings.interfaces) == ["ens2np0"]
 
 
 def test_factory_takes_the_rdma_device_lists_from_the_rdma_section(sysfs, monkeypatch):
@@ -295,7 +295,7 @@ def test_factory_takes_the_rdma_device_lists_from_the_rdma_section(sysfs, monkey
     monkeypatch.setattr(ethtool, "EthtoolIoctlReader", lambda: EthtoolTextReader(texts))
     config = validate({"sources": {"rdma": {"devices_exclude": [r"^mlx5_1$"]}}})
     source = ethtool_source(typed_config(config).sources.ethtool, SourceContext(config, Paths(sysfs=str(sysfs.root))))
-    assert list(source.sample().data["interfaces"]) == ["ens1np0"]
+    assert list(source.sample().readings.interfaces) == ["ens1np0"]
     assert texts.reads == ["ens1np0"]
 
 
@@ -306,11 +306,11 @@ def test_switchdev_representors_are_not_read_unless_asked_for(tmp_path):
     sysfs.add_netdev("ens1f1pf1vf2", "0000:0c:00.1", ifindex=9, phys_port_name="pf1vf2")
     texts = Texts(ens1f0np0=PFC3, ens1f0pf0vf0=PFC3, ens1f0pf0sf88=PFC3, ens1f1pf1vf2=PFC3)
     default = source_for(sysfs, texts, interfaces_include=[".*"]).sample()
-    assert list(default.data["interfaces"]) == ["ens1f0np0"]
+    assert list(default.readings.interfaces) == ["ens1f0np0"]
     assert texts.reads == ["ens1f0np0"]
     every = source_for(sysfs, texts, interfaces_include=[".*"], representors=True).sample()
-    assert list(every.data["interfaces"]) == ["ens1f0np0", "ens1f0pf0vf0", "ens1f0pf0sf88", "ens1f1pf1vf2"]
-    assert every.data["interfaces"]["ens1f0pf0sf88"].rdma_ports == ("mlx5_0/3",)
+    assert list(every.readings.interfaces) == ["ens1f0np0", "ens1f0pf0vf0", "ens1f0pf0sf88", "ens1f1pf1vf2"]
+    assert every.readings.interfaces["ens1f0pf0sf88"].rdma_ports == ("mlx5_0/3",)
 
 
 def test_no_interfaces_is_source_unavailable(tmp_path):
@@ -335,14 +335,14 @@ def test_simulated_node_read_through_text_files(tmp_path):
     node.tick(1.0)
     clock.now += 1
     snapshot = source.sample()
-    interfaces = snapshot.data["interfaces"]
+    interfaces = snapshot.readings.interfaces
     assert list(interfaces) == [f"ens{i}np0" for i in range(1, 9)]
     assert interfaces["ens3np0"].pause_ratio[("rx", 3)] == pytest.approx(0.4)
     assert interfaces["ens6np0"].discard_deltas == {"rx_discards_phy": 3, "rx_prio3_discards": 3}
     assert snapshot_value(snapshot, "mfu_nic_stat_total", interface="ens1np0", stat="rx_bytes_phy") == 30e9
     node.set_pfc_priorities(node.nics[0], (3, 5))
     clock.now += 1
-    assert source.sample().data["interfaces"]["ens1np0"].pfc_priorities == (3, 5)
+    assert source.sample().readings.interfaces["ens1np0"].pfc_priorities == (3, 5)
 
 
 def test_configured_source_reads_with_the_ioctl(tmp_path):

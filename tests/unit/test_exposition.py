@@ -8,6 +8,7 @@ import math
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,11 +21,13 @@ from prometheus_client.samples import Exemplar
 
 from exporter.config import validate
 from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.jobs import JobTracker, parse_progress
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.render import encode as exposition
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache, encode
+from exporter.render.snapshots import register
 from exporter.scheduler import Scheduler
 from exporter.service import build_service
 from exporter.sim import nvml as fake_nvml
@@ -114,7 +117,8 @@ def test_a_node_is_encoded_as_the_library_encodes_it(tmp_path):
 
 
 def test_checkpoint_histograms_are_encoded_as_the_library_encodes_them():
-    from exporter.model.checkpoints import CheckpointTracker, checkpoint_families
+    from exporter.model.checkpoints import CheckpointTracker
+    from exporter.render.checkpoint import checkpoint_families
 
     tracker = CheckpointTracker()
     for index, seconds in enumerate((0.5, 38.2, 900.0)):
@@ -258,6 +262,24 @@ async def test_the_cache_serves_the_library_bytes():
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0"
 
 
+@dataclass(frozen=True)
+class Events:
+    """A counting source's readings: its count, and the source that counts how often they are rendered."""
+
+    value: int
+    source: "CountingSource"
+
+
+def events_families(readings: Events):
+    readings.source.renders += 1
+    family = CounterMetricFamily("mfu_test_events", "Events.", labels=["interface"])
+    family.add_metric(["ens1np0"], readings.value)
+    yield family
+
+
+register(Events, events_families)
+
+
 class CountingSource:
     """A source whose snapshots count how often their families are rendered."""
 
@@ -269,15 +291,7 @@ class CountingSource:
 
     def sample(self):
         self.value += 1
-        value = self.value
-
-        def render():
-            self.renders += 1
-            family = CounterMetricFamily("mfu_test_events", "Events.", labels=["interface"])
-            family.add_metric(["ens1np0"], value)
-            yield family
-
-        return Snapshot(render=render)
+        return Snapshot(readings=Events(self.value, self))
 
     def close(self):
         pass

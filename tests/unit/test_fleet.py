@@ -24,7 +24,7 @@ class CountingSource:
 
     def sample(self) -> Snapshot:
         self.calls += 1
-        return Snapshot(data={"call": self.calls})
+        return Snapshot(readings={"call": self.calls})
 
     def close(self) -> None:
         pass
@@ -37,7 +37,7 @@ def test_a_shared_source_samples_once_per_interval_for_every_node():
     first = [shared.sample() for _ in range(100)]
     assert source.calls == 1 and all(s is first[0] for s in first)
     now[0] = 9.5  # 0.95 of the interval: a node whose cycle comes early still gets a fresh one
-    assert shared.sample().data == {"call": 2}
+    assert shared.sample().readings == {"call": 2}
 
 
 def test_one_nodes_storm_slows_its_whole_job_and_no_other(tmp_path):

@@ -7,7 +7,9 @@ import pynvml
 import pytest
 
 from exporter.config import typed_config, validate
-from exporter.model.jobs import GpuInfo, JobTracker, parse_progress
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
 from exporter.service import build_service
 from exporter.sim import nvml as fake
 from exporter.sources import gpu as gpu_module
@@ -144,8 +146,8 @@ def test_eight_healthy_h100s_export_every_series_in_base_units():
     )
     assert snapshot.errors == {}
     assert snapshot.status["notes"] == []
-    assert snapshot.data["inventory"] == [GpuInfo(i, fake.h100(i).uuid, "NVIDIA H100 80GB HBM3") for i in range(8)]
-    reading = snapshot.data["gpus"][0]
+    assert snapshot.readings.inventory == [GpuInfo(i, fake.h100(i).uuid, "NVIDIA H100 80GB HBM3") for i in range(8)]
+    reading = snapshot.readings.gpus[0]
     assert reading.up is True and reading.xid_count == 0 and reading.throttle_reasons == ("sw_power_cap",)
     assert reading.pci_bus_id == info.pci_bus_id  # what places the GPU near its NICs, for the attribution
     assert (
@@ -229,7 +231,7 @@ def test_mixed_node_series_peaks_and_notes():
     assert set(series_of(values, "mfu_gpu_pcie_transmit_bytes_total")) == {gpu(0), gpu(1)}  # from GPM rates
     assert values[("mfu_gpu_peak_flops", gpu(2, dtype="bf16"))] == pytest.approx(A100_PEAK)
     assert values[("mfu_gpu_peak_flops", gpu(3, dtype="bf16"))] == pytest.approx(L40S_PEAK)
-    assert [g.name for g in snapshot.data["inventory"]] == ["NVIDIA H100 80GB HBM3"] * 2 + [
+    assert [g.name for g in snapshot.readings.inventory] == ["NVIDIA H100 80GB HBM3"] * 2 + [
         "NVIDIA A100-SXM4-80GB",
         "NVIDIA L40S",
     ]
@@ -237,7 +239,7 @@ def test_mixed_node_series_peaks_and_notes():
         "GPUs 2, 3: no tensor/SM/DRAM activity series: GPM not supported by this GPU (NVML GPM needs Hopper or newer)"
         in snapshot.status["notes"]
     )
-    assert snapshot.data["gpus"][3].tensor_active is None
+    assert snapshot.readings.gpus[3].tensor_active is None
     assert snapshot.errors == {}
 
 
@@ -258,7 +260,7 @@ def test_mixed_node_jobs_sum_the_peak_of_their_own_gpus():
     nvml = fake.node(fake.h100(0), fake.h100(1), fake.a100(2), fake.l40s(3))
     node = Node(nvml, retry_interval=30)
     snapshot = node.tick()
-    jobs = mixed_jobs(lambda: snapshot.data["inventory"])
+    jobs = mixed_jobs(lambda: snapshot.readings.inventory)
     for name in ("all", "three", "picked", "fp8"):
         jobs.report(parse_progress({"job": name, "tokens_total": 0}, 1e9))
     views = {v.name: v for v in jobs.views()}
@@ -290,7 +292,7 @@ def test_no_nvml_library_reports_down_logs_once_and_retries_slowly(caplog):
         "no GPU metrics: NVML library libnvidia-ml.so.1 not found; retrying every 120s"
     ]
     nvml.library_present = True  # the driver got installed: the next retry works
-    assert source.sample().data["inventory"][0].uuid == fake.h100(0).uuid
+    assert source.sample().readings.inventory[0].uuid == fake.h100(0).uuid
 
 
 def test_real_pynvml_without_a_driver_is_library_not_found():
@@ -373,8 +375,8 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(lose):
         gpu(2, uuid=fake.h100(2).uuid, name="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:3A:00.0"),
     ) in values
     assert snapshot.errors["gpu_lost"] == 1
-    assert len(snapshot.data["inventory"]) == 4
-    assert snapshot.data["gpus"][2].up is False
+    assert len(snapshot.readings.inventory) == 4
+    assert snapshot.readings.gpus[2].up is False
     assert any(note.startswith("GPU 2: lost") for note in snapshot.status["notes"])
 
     assert node.tick(10).errors == {}  # counted once per loss, not every cycle
@@ -389,7 +391,7 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(lose):
         note for note in snapshot.status["notes"] if note.startswith("GPU 2: lost")
     ]
     assert not any(note.startswith("cannot open") for note in snapshot.status["notes"])
-    assert snapshot.data["gpus"][3].uuid == fake.h100(3).uuid and snapshot.data["gpus"][3].up is True
+    assert snapshot.readings.gpus[3].uuid == fake.h100(3).uuid and snapshot.readings.gpus[3].up is True
 
     node.nvml.gpus[2].lost = False  # back on the bus
     node.nvml.gpus[2].fail_all = None
@@ -397,7 +399,7 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(lose):
     snapshot = node.tick(25)
     _, values = exposition(snapshot)
     assert {values[("mfu_gpu_up", gpu(i))] for i in range(4)} == {1}
-    assert snapshot.data["gpus"][2].uuid == fake.h100(2).uuid
+    assert snapshot.readings.gpus[2].uuid == fake.h100(2).uuid
     assert node.nvml.live_gpm_samples == 8  # the samples of the old session were freed
     assert node.tick(100).status["notes"] == []
     assert node.nvml.calls["nvmlInit"] == inits + 2  # nothing missing: no more re-initialisation
@@ -409,11 +411,11 @@ def test_gpu_lost_at_startup_is_counted_and_looked_for_again():
     node = Node(nvml, retry_interval=30)
     snapshot = node.tick()
     assert snapshot.errors["gpu_lost"] == 1
-    assert [g.index for g in snapshot.data["inventory"]] == [0, 2]
+    assert [g.index for g in snapshot.readings.inventory] == [0, 2]
     assert "cannot open NVML index 1: GPU is lost" in snapshot.status["notes"]
     del nvml.gpus[1].fail["nvmlDeviceGetUUID"]
     snapshot = node.tick(31)
-    assert [g.index for g in snapshot.data["inventory"]] == [0, 1, 2]
+    assert [g.index for g in snapshot.readings.inventory] == [0, 1, 2]
 
 
 def test_xid_events_are_counted_once_each_including_the_one_a_lost_gpu_leaves():
@@ -424,7 +426,7 @@ def test_xid_events_are_counted_once_each_including_the_one_a_lost_gpu_leaves():
     snapshot = node.tick()
     _, values = exposition(snapshot)
     assert series_of(values, "mfu_gpu_xid_errors_total") == {gpu(1, xid="13"): 2, gpu(1, xid="31"): 1}
-    assert snapshot.data["gpus"][1].xid_count == 3
+    assert snapshot.readings.gpus[1].xid_count == 3
     _, values = exposition(node.tick())
     assert series_of(values, "mfu_gpu_xid_errors_total") == {gpu(1, xid="13"): 2, gpu(1, xid="31"): 1}
     node.nvml.lose(3)
@@ -490,7 +492,7 @@ def test_throttle_bitmask_decoding():
     throttle = series_of(exposition(snapshot)[1], "mfu_gpu_throttle_active")
     assert {dict(k)["reason"] for k, v in throttle.items() if v == 1} == {"hw_slowdown", "hw_power_brake"}
     assert len(throttle) == 7
-    assert snapshot.data["gpus"][0].throttle_reasons == ("hw_slowdown", "hw_power_brake")
+    assert snapshot.readings.gpus[0].throttle_reasons == ("hw_slowdown", "hw_power_brake")
 
 
 def test_old_driver_without_clocks_event_reasons_falls_back_to_throttle_reasons():
@@ -498,7 +500,7 @@ def test_old_driver_without_clocks_event_reasons_falls_back_to_throttle_reasons(
     node.nvml.gpus[0].fail["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     node.nvml.gpus[0].clocks_event_reasons = 0x20
     node.tick()
-    assert node.tick().data["gpus"][0].throttle_reasons == ("sw_thermal_slowdown",)
+    assert node.tick().readings.gpus[0].throttle_reasons == ("sw_thermal_slowdown",)
     assert node.nvml.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
 
 
@@ -529,12 +531,12 @@ def test_gpm_samples_stay_at_least_100ms_apart():
     assert node.nvml.calls["nvmlGpmMetricsGet"] == 0
     node.nvml.gpus[0].set_activity(40)
     snapshot = node.tick(0.5)
-    assert snapshot.data["gpus"][0].tensor_active == pytest.approx(0.40)
+    assert snapshot.readings.gpus[0].tensor_active == pytest.approx(0.40)
     node.nvml.gpus[0].set_activity(80)
     snapshot = node.tick(0.05)  # too soon for a new GPM sample: the last values stand
     assert node.nvml.calls["nvmlGpmMetricsGet"] == 1
-    assert snapshot.data["gpus"][0].tensor_active == pytest.approx(0.40)
-    assert node.tick(0.06).data["gpus"][0].tensor_active == pytest.approx(0.80)
+    assert snapshot.readings.gpus[0].tensor_active == pytest.approx(0.40)
+    assert node.tick(0.06).readings.gpus[0].tensor_active == pytest.approx(0.80)
 
 
 def test_gpm_metric_a_gpu_lacks_is_absent_and_dropped_from_the_request():
@@ -577,15 +579,15 @@ def test_mig_gpu_reports_identity_and_what_works_and_says_why():
     ):
         assert gpu(1) in series_of(values, name), name
     assert values[("mfu_gpu_up", gpu(1))] == 1
-    assert snapshot.data["gpus"][1].mig is True and snapshot.data["gpus"][1].utilization is None
+    assert snapshot.readings.gpus[1].mig is True and snapshot.readings.gpus[1].utilization is None
     assert any(note.startswith("GPU 1: in MIG mode") for note in snapshot.status["notes"])
     assert snapshot.errors == {}
 
     nvml.gpus[1].mig_mode = 0  # MIG disabled: utilization and GPM come back
     node.tick()
     snapshot = node.tick()
-    assert snapshot.data["gpus"][1].utilization == 0.0
-    assert snapshot.data["gpus"][1].tensor_active is not None
+    assert snapshot.readings.gpus[1].utilization == 0.0
+    assert snapshot.readings.gpus[1].tensor_active is not None
     assert snapshot.status["notes"] == []
 
 
@@ -829,7 +831,7 @@ def test_a_gpu_this_process_may_not_open_is_listed_once_and_never_reinitialised_
     node = Node(nvml, retry_interval=30)
     snapshot = node.tick()
     assert snapshot.errors == {"nvml_no_permission": 1}
-    assert [g.index for g in snapshot.data["inventory"]] == [0, 2]
+    assert [g.index for g in snapshot.readings.inventory] == [0, 2]
     assert snapshot.status["notes"] == [
         "cannot open NVML index 1: Insufficient Permissions (not this process's: no re-initialisation for it)"
     ]
@@ -846,8 +848,8 @@ def test_a_gpu_unbound_from_the_driver_leaves_the_enumeration_and_labels_follow_
     node.tick()
     snapshot = node.tick(30)
     assert node.nvml.nvmlDeviceGetCount() == 3  # NVML now numbers the GPU that was 3 as 2
-    assert snapshot.data["gpus"][2].up is False and snapshot.data["gpus"][3].up is True
-    assert snapshot.data["gpus"][3].uuid == fake.h100(3).uuid
+    assert snapshot.readings.gpus[2].up is False and snapshot.readings.gpus[3].up is True
+    assert snapshot.readings.gpus[3].uuid == fake.h100(3).uuid
     assert snapshot.errors == {}  # still the one loss, counted when it happened
 
 
@@ -886,7 +888,7 @@ def test_gpu_source_discovery_and_preflight_share_one_nvml_session_so_a_reinit_e
     # would have stayed above zero and the "re-initialisation" would have enumerated nothing.
     assert nvml.calls["nvmlInit"] == 2 and nvml.calls["nvmlShutdown"] == 1
     assert nvml._session == 2
-    assert snapshot.data["gpus"][3].up is True
+    assert snapshot.readings.gpus[3].up is True
     discovery.close()
     source.close()
     assert not nvml.initialized and not session.initialized

@@ -11,7 +11,12 @@ from prometheus_client.core import Metric
 from exporter.config import ConfigError, validate
 from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
-from exporter.model.jobs import GpuInfo, JobTracker, TooManyJobs, ValidationError, job_families, parse_progress
+from exporter.model.errors import TooManyJobs, ValidationError
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
+from exporter.render.attribution import attribution_families
+from exporter.render.jobs import job_families
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
@@ -284,7 +289,7 @@ def test_an_ended_job_is_left_alone_by_the_attribution():
     jobs.report(report(tokens=3_000_000, time=clock.now + 1, state="finished"))
     attribution.evaluate(clock.now + 1, jobs.views(), NodeSignals())
     assert attribution.verdict("j") is None
-    families = {f.name: f for f in attribution.families()}
+    families = {f.name: f for f in attribution_families(attribution.standings())}
     assert not families["mfu_job_bottleneck"].samples
     assert families["mfu_job_lost_gpu_seconds"].samples  # a counter stays while the job is known
 

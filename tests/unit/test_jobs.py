@@ -2,7 +2,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.model.jobs import GpuInfo, JobTracker, TooManyJobs, ValidationError, parse_progress
+from exporter.model.errors import TooManyJobs, ValidationError
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"

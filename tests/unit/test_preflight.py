@@ -17,10 +17,12 @@ from exporter.node import nic_qos
 from exporter.node.nic_qos import GlobalPause
 from exporter.preflight import checks as preflight
 from exporter.preflight.checks import PreflightSettings, Status
+from exporter.render.preflight import check_families
+from exporter.render.snapshots import snapshot_families
 from exporter.sim.nvml import FakeNvml, a100, h100
 from exporter.sources import build_sources
 from exporter.sources.base import Paths, SourceContext
-from exporter.sources.preflight import PreflightSource, check_families
+from exporter.sources.preflight import PreflightSource
 from tests.support.nodes import FakeQos, Node, hgx_node
 from tests.support.tools import require_tool
 
@@ -589,7 +591,7 @@ def test_source_exports_check_ok_and_leaves_skips_out(tmp_path):
         nccl_env_file=None,
     )
     snapshot = source.sample()
-    family, warning = list(snapshot.render())
+    family, warning = list(snapshot_families(snapshot))
     values = {s.labels["check"]: s.value for s in family.samples}
     assert (family.name, warning.name) == ("mfu_preflight_check_ok", "mfu_preflight_check_warning")
     assert {s.labels["check"] for s in warning.samples} == set(values)  # both series for each check that applies

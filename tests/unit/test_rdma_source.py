@@ -206,7 +206,7 @@ def test_ib_port_has_no_netdev_and_a_down_port_reports_up_0(sysfs):
     sysfs.set_port_state("mlx5_1", 1, "DOWN", "Disabled")
     second = source.sample()
     assert snapshot_value(second, "mfu_rdma_port_up", device="mlx5_1", port="1") == 0
-    assert second.data["ports"]["mlx5_1/1"].port.state == "DOWN"
+    assert second.readings.ports["mlx5_1/1"].port.state == "DOWN"
     assert second.status["ports"][0]["state"] == "DOWN"
 
 
@@ -279,7 +279,7 @@ def test_known_bad_files_are_counted_once_for_the_life_of_the_port(sysfs, inject
         sysfs.write_counters(f"mlx5_{index}", 1, {"symbol_error": "N/A (no PMA)"})
         clock.now += 1
         appeared = source.sample()
-        assert f"mlx5_{index}/1" in appeared.data["ports"]
+        assert f"mlx5_{index}/1" in appeared.readings.ports
         assert appeared.errors == {"no_pma": 1, "not_supported": 1, "unreadable": 1}  # the new port's, once
         clock.now += 30
         assert source.sample().errors == {}
@@ -307,7 +307,7 @@ def test_a_device_removed_and_added_back_between_samples_is_read_afresh(sysfs, m
     clock.now += 1
     gone = source.sample()
     assert gone.errors == {"port_removed": 1}
-    assert list(gone.data["ports"]) == ["mlx5_0/1"]
+    assert list(gone.readings.ports) == ["mlx5_0/1"]
     clock.now += 1
     back = source.sample()
     assert back.errors == {}
@@ -345,10 +345,10 @@ def test_vf_is_excluded_by_default_and_included_by_config(sysfs):
     roce_device(sysfs, "mlx5_4", "0000:0c:00.2", "ens1f0v0")
     paths = Paths(sysfs=str(sysfs.root))
     (default,) = [s for s in build_sources(validate({}), SourceContext(validate({}), paths)) if s.name == "rdma"]
-    assert list(default.sample().data["ports"]) == ["mlx5_0/1"]
+    assert list(default.sample().readings.ports) == ["mlx5_0/1"]
     config = validate({"sources": {"rdma": {"virtual_functions": True}}})
     (with_vfs,) = [s for s in build_sources(config, SourceContext(config, paths)) if s.name == "rdma"]
-    assert list(with_vfs.sample().data["ports"]) == ["mlx5_0/1", "mlx5_4/1"]
+    assert list(with_vfs.sample().readings.ports) == ["mlx5_0/1", "mlx5_4/1"]
 
 
 def test_switchdev_representors_are_left_out_unless_asked_for(sysfs):
@@ -356,14 +356,14 @@ def test_switchdev_representors_are_left_out_unless_asked_for(sysfs):
     root = str(sysfs.root)
     assert [p.netdev for p in discover_ports(root)] == ["ens1f0np0"]
     assert [p.netdev for p in discover_ports(root, representors=True)] == ["ens1f0np0", "ens1f0pf0vf0", "ens1f0pf0sf88"]
-    assert list(RdmaSource(root, clock=Clock()).sample().data["ports"]) == ["mlx5_0/1"]
+    assert list(RdmaSource(root, clock=Clock()).sample().readings.ports) == ["mlx5_0/1"]
     with_representors = RdmaSource(root, clock=Clock(), representors=True).sample()
-    assert list(with_representors.data["ports"]) == ["mlx5_0/1", "mlx5_0/2", "mlx5_0/3"]
+    assert list(with_representors.readings.ports) == ["mlx5_0/1", "mlx5_0/2", "mlx5_0/3"]
     # The configured default regex cannot see them: they are ports of mlx5_0, not devices named "rep".
     (default,) = [
         s for s in build_sources(validate({}), SourceContext(validate({}), Paths(sysfs=root))) if s.name == "rdma"
     ]
-    assert list(default.sample().data["ports"]) == ["mlx5_0/1"]
+    assert list(default.sample().readings.ports) == ["mlx5_0/1"]
 
 
 def test_32_bit_counter_wrap_between_samples_gives_the_true_increase(sysfs):
@@ -374,7 +374,7 @@ def test_32_bit_counter_wrap_between_samples_gives_the_true_increase(sysfs):
     sysfs.write_counters("mlx5_0", 1, {"out_of_sequence": 4}, directory="hw_counters")
     sysfs.write_counters("mlx5_0", 1, {"port_rcv_data": 1_000_000 + 2_500_000_000})
     clock.now += 2
-    reading = source.sample().data["ports"]["mlx5_0/1"]
+    reading = source.sample().readings.ports["mlx5_0/1"]
     assert reading.hw_counter_changes.deltas["out_of_sequence"] == 10
     assert reading.error_deltas == {"out_of_sequence": 10}
     assert reading.receive_bytes_per_second == 5e9
@@ -390,7 +390,7 @@ def test_reset_never_yields_a_negative_or_huge_rate(sysfs):
     sysfs.write_counters("mlx5_0", 1, {"port_rcv_data": 100})
     sysfs.write_counters("mlx5_0", 1, {"out_of_sequence": 1, "np_cnp_sent": 2}, directory="hw_counters")
     clock.now += 1
-    reading = source.sample().data["ports"]["mlx5_0/1"]
+    reading = source.sample().readings.ports["mlx5_0/1"]
     assert reading.receive_bytes_per_second is None
     assert reading.error_deltas == {}
     assert "np_cnp_sent" not in reading.congestion_rates
@@ -398,7 +398,7 @@ def test_reset_never_yields_a_negative_or_huge_rate(sysfs):
     assert all(delta >= 0 for delta in reading.hw_counter_changes.deltas.values())
     sysfs.write_counters("mlx5_0", 1, {"np_cnp_sent": 12}, directory="hw_counters")
     clock.now += 1
-    assert source.sample().data["ports"]["mlx5_0/1"].congestion_rates["np_cnp_sent"] == 10
+    assert source.sample().readings.ports["mlx5_0/1"].congestion_rates["np_cnp_sent"] == 10
 
 
 def test_hot_unplug_drops_the_device_and_keeps_the_others(sysfs):
@@ -412,9 +412,9 @@ def test_hot_unplug_drops_the_device_and_keeps_the_others(sysfs):
     clock.now += 1
     snapshot = source.sample()
     assert snapshot.errors == {"port_removed": 1}
-    assert list(snapshot.data["ports"]) == ["mlx5_0/1"]
+    assert list(snapshot.readings.ports) == ["mlx5_0/1"]
     assert snapshot_value(snapshot, "mfu_rdma_port_up", device="mlx5_1", port="1") is None
-    assert snapshot.data["ports"]["mlx5_0/1"].receive_bytes_per_second == 1000
+    assert snapshot.readings.ports["mlx5_0/1"].receive_bytes_per_second == 1000
     sysfs.remove_rdma_device("mlx5_0")
     with pytest.raises(SourceUnavailable) as raised:
         source.sample()
@@ -426,12 +426,12 @@ def test_ports_created_after_their_device_are_found_on_a_later_look(sysfs):
     sysfs.add_rdma_device("mlx5_1", "0000:1c:00.0")  # the kernel makes the device directory before its ports
     clock = Clock()
     source = RdmaSource(str(sysfs.root), clock=clock)
-    assert list(source.sample().data["ports"]) == ["mlx5_0/1"]
+    assert list(source.sample().readings.ports) == ["mlx5_0/1"]
     sysfs.add_rdma_port("mlx5_1", 1, netdev="ens2np0", counters=port_counters(), hw_counters=hw_counters())
     clock.now += 1
-    assert list(source.sample().data["ports"]) == ["mlx5_0/1"]  # same device listing: no walk every second
+    assert list(source.sample().readings.ports) == ["mlx5_0/1"]  # same device listing: no walk every second
     clock.now += 30
-    assert sorted(source.sample().data["ports"]) == ["mlx5_0/1", "mlx5_1/1"]
+    assert sorted(source.sample().readings.ports) == ["mlx5_0/1", "mlx5_1/1"]
 
 
 def test_rediscover_interval_is_a_constructor_argument(sysfs):
@@ -439,12 +439,12 @@ def test_rediscover_interval_is_a_constructor_argument(sysfs):
     sysfs.add_rdma_device("mlx5_1", "0000:1c:00.0")
     clock = Clock()
     source = RdmaSource(str(sysfs.root), clock=clock, rediscover_interval=1.0)
-    assert list(source.sample().data["ports"]) == ["mlx5_0/1"]
+    assert list(source.sample().readings.ports) == ["mlx5_0/1"]
     sysfs.add_rdma_port("mlx5_1", 1, netdev="ens2np0", counters=port_counters(), hw_counters=hw_counters())
     clock.now += 0.5
-    assert list(source.sample().data["ports"]) == ["mlx5_0/1"]
+    assert list(source.sample().readings.ports) == ["mlx5_0/1"]
     clock.now += 0.5
-    assert sorted(source.sample().data["ports"]) == ["mlx5_0/1", "mlx5_1/1"]
+    assert sorted(source.sample().readings.ports) == ["mlx5_0/1", "mlx5_1/1"]
 
 
 def test_no_rdma_driver_is_source_unavailable(tmp_path):
@@ -465,7 +465,7 @@ def test_files_over_the_descriptor_budget_are_read_by_path(sysfs):
     assert (
         snapshot_value(snapshot, "mfu_rdma_port_counters_total", device="mlx5_0", port="1", counter="symbol_error") == 2
     )
-    assert snapshot.data["ports"]["mlx5_0/1"].congestion_rates["np_cnp_sent"] == 10
+    assert snapshot.readings.ports["mlx5_0/1"].congestion_rates["np_cnp_sent"] == 10
     source.close()
 
 

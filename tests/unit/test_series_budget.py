@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.sources import gpu
+from exporter.render import gpu
 from tests.support.dashboards import queries
 from tests.support.expo import samples, snapshot_samples
 from tests.support.golden import render_one_job_node
@@ -34,6 +34,11 @@ ON_AN_EVENT = {
     "mfu_exporter_source_errors_total": "a source's first error",
     "mfu_job_eta_seconds": "a job with target_tokens",
     "mfu_job_baseline_mfu_ratio": "a learnt baseline (30 samples 10 s apart)",
+    # storage.FAMILY_LEVELS (render/storage.py): minimal and standard; a default node names no data path or mount.
+    "mfu_storage_read_bytes_total": "a job with jobs.<name>.data_paths, a checkpoint watch or sources.storage.mounts",
+    "mfu_storage_reads_total": "the same",
+    "mfu_storage_read_seconds_total": "the same",
+    "mfu_storage_job_mount_info": "a job with jobs.<name>.data_paths or a checkpoint watch",
 }
 
 

@@ -41,10 +41,10 @@ def test_every_enabled_source_is_built_through_the_context(tmp_path):
     sources = {source.name: source for source in build_sources(config, ctx)}
     assert list(sources) == [name for name in SOURCES if name != "discovery"]
     assert sources["rdma"].interval == 2.0  # from its section
-    assert [gpu.uuid for gpu in sources["gpu"].sample().data["inventory"]] == [g.uuid for g in ctx.nvml.gpus]
-    assert sorted(sources["rdma"].sample().data["ports"]) == ["mlx5_0/1", "mlx5_1/1"]  # the context's sysfs
+    assert [gpu.uuid for gpu in sources["gpu"].sample().readings.inventory] == [g.uuid for g in ctx.nvml.gpus]
+    assert sorted(sources["rdma"].sample().readings.ports) == ["mlx5_0/1", "mlx5_1/1"]  # the context's sysfs
     # The ethtool texts, not the ioctl: this machine has no such interfaces.
-    assert sorted(sources["ethtool"].sample().data["interfaces"]) == sorted(nic.netdev for nic in fabric.nics)
+    assert sorted(sources["ethtool"].sample().readings.interfaces) == sorted(nic.netdev for nic in fabric.nics)
     preflight = sources["preflight"]
     assert (preflight.nvml, preflight.qos, preflight.procfs) == (ctx.nvml, ctx.nic_qos, str(tmp_path / "proc"))
     checkpoint = sources["checkpoint"]
@@ -56,6 +56,13 @@ def test_a_source_is_left_out_only_when_its_config_says_false(tmp_path):
     config = validate({"sources": {"gpu": OFF, "logs": OFF}, "discovery": {"kubernetes": OFF}})
     ctx, _ = context(tmp_path, config)
     names = [source.name for source in build_sources(config, ctx)]
-    assert names == ["checkpoint", "preflight", "rdma", "ethtool", "discovery"]  # discovery: slurm is still auto
+    assert names == [
+        "checkpoint",
+        "preflight",
+        "rdma",
+        "ethtool",
+        "storage",
+        "discovery",
+    ]  # discovery: slurm is still auto
     typed = typed_config(validate({"discovery": {"kubernetes": OFF, "slurm": OFF}}))
     assert not enabled(typed, "discovery") and enabled(typed, "gpu")

@@ -1,16 +1,21 @@
 import asyncio
 import gzip
+import logging
+import socket
 import subprocess
 import time
 
 import pytest
+from aiohttp import web
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from exporter.config import validate
 from exporter.service import build_service
 from exporter.sources.base import SourceUnavailable
 from exporter.web.app import create_app
+from exporter.web.security import HTTP_LIMITS
 from tests.support.expo import samples
+from tests.support.sources import ScriptedSource
 from tests.support.tools import require_tool
 from tests.support.wait import wait_for
 
@@ -43,6 +48,30 @@ async def test_progress_reports_become_mfu_metrics(make_client):
     assert jobs["jobs"][0]["mfu"] == pytest.approx(values[("mfu_model_flops_utilization_ratio", key)])
 
 
+async def test_data_wait_reports_become_gpu_seconds_and_a_share_of_wall_time(make_client):
+    """The client's running total of one rank's wait: GPU-seconds (x the job's 8 GPUs here) and its share of wall
+    time over the MFU window, in /metrics and /api/v1/jobs."""
+    client = await make_client(JOB)
+    now = time.time()
+    for offset, tokens, wait in [(0, 1_000_000, 5.0), (10, 1_100_000, 7.5), (20, 1_200_000, 10.0)]:
+        response = await client.post(
+            "/api/v1/progress",
+            json={"job": "llama3-70b", "tokens_total": tokens, "time": now - 20 + offset, "data_wait_seconds": wait},
+        )
+        assert response.status == 200
+    values = samples(await (await client.get("/metrics")).text())
+    key = (("training_job", "llama3-70b"),)
+    assert values[("mfu_job_data_wait_seconds_total", key)] == pytest.approx(10.0 * 8)
+    assert values[("mfu_job_data_wait_ratio", key)] == pytest.approx(5.0 / 20)
+    job = (await (await client.get("/api/v1/jobs")).json())["jobs"][0]
+    assert job["data_wait"] == {
+        "gpu_seconds_total": pytest.approx(80.0),
+        "rank_seconds_total": pytest.approx(10.0),
+        "ratio": pytest.approx(0.25),
+        "source": "client",
+    }
+
+
 @pytest.mark.parametrize(
     "body,status,field",
     [
@@ -56,7 +85,13 @@ async def test_progress_reports_become_mfu_metrics(make_client):
         (b'{"job": "x", "event": "boot"}', 400, "event"),
         (b'{"job": "x", "event": "heartbeat", "heartbeat_seconds": 0}', 400, "heartbeat_seconds"),
         (b'{"job": "x", "tokens_total": 1, "duration_seconds": 3}', 400, "duration_seconds"),
+        (b'{"job": "x", "tokens_total": 1, "data_wait_seconds": -1}', 400, "data_wait_seconds"),
+        (b'{"job": "x", "tokens_total": 1, "data_wait_seconds": "3s"}', 400, "data_wait_seconds"),
+        (b'{"job": "x", "tokens_total": 1, "data_wait_seconds": true}', 400, "data_wait_seconds"),
+        (b'{"job": "x", "event": "heartbeat", "data_wait_seconds": 1}', 400, "data_wait_seconds"),
         (b"[" * 5000 + b"]" * 5000, 400, ""),
+        (b"[" * 20_000 + b"]" * 20_000, 400, ""),  # 40 KB, under the body limit
+        (b'{"job": "x", "tokens_total": ' + b"9" * 5000 + b"}", 400, ""),
     ],
 )
 async def test_bad_bodies_get_400_with_the_field_and_change_nothing(make_client, body, status, field):
@@ -66,6 +101,8 @@ async def test_bad_bodies_get_400_with_the_field_and_change_nothing(make_client,
     payload = await response.json()
     assert payload["error"]
     assert payload["field"] == field
+    # The API's own words, never Python's: no "sys.set_int_max_str_digits", no "maximum recursion depth".
+    assert "sys." not in payload["error"] and "recursion" not in payload["error"], payload["error"]
     assert (await (await client.get("/api/v1/jobs")).json()) == {"jobs": []}
 
 
@@ -106,8 +143,16 @@ async def test_openmetrics_and_gzip_are_negotiated(make_client):
     assert plain.headers["Content-Type"].startswith("text/plain")
 
 
+async def rounds_of(source: ScriptedSource, count: int) -> None:
+    """Wait until ``source`` has been sampled ``count`` more times: the scheduler went round, so anything it would
+    have done to another source meanwhile, it did (waits on the scheduler's own work, not on the wall clock)."""
+    target = source.calls + count
+    await wait_for(lambda: source.calls >= target, 10, f"{count} more samples of {source.name}")
+
+
 async def test_hanging_source_never_delays_metrics(make_client, scripted_source):
-    client = await make_client(sources=[scripted_source])
+    witness = ScriptedSource("witness")
+    client = await make_client(sources=[scripted_source, witness])
     runtime = client.runtime
     state = runtime.daemon.states["fake"]
     await wait_for(lambda: state.up)
@@ -115,17 +160,15 @@ async def test_hanging_source_never_delays_metrics(make_client, scripted_source)
     scripted_source.release.clear()  # the next sample blocks until the test releases it
     await wait_for(lambda: not state.up)
     assert state.reason == "timeout"
-    started = time.monotonic()
     body = await (await client.get("/metrics")).text()
-    elapsed = time.monotonic() - started
     values = samples(body)
     assert values[("mfu_exporter_source_up", (("source", "fake"),))] == 0
     assert values[("mfu_fake_value", ())] == 1.0  # the last good snapshot
     assert values[("mfu_exporter_source_errors_total", (("reason", "timeout"), ("source", "fake")))] >= 1
-    assert scripted_source.release.is_set() is False  # the scrape answered while the source was still blocked
-    assert elapsed < 1.0  # generous bound for loaded CI; the 50 ms target is `make bench`'s hung.scrape.p99_ms
+    # The scrape answered while the source was still blocked; how fast is `make bench`'s hung.scrape.p99_ms.
+    assert scripted_source.release.is_set() is False
     calls = scripted_source.calls
-    await asyncio.sleep(0.3)
+    await rounds_of(witness, 5)
     assert scripted_source.calls == calls  # no second call piles onto a hung source
     scripted_source.release.set()
     await wait_for(lambda: state.up)
@@ -134,17 +177,19 @@ async def test_hanging_source_never_delays_metrics(make_client, scripted_source)
 
 async def test_unavailable_source_reports_down_and_others_keep_serving(make_client, scripted_source):
     scripted_source.unavailable = SourceUnavailable("library_not_found", "libnvidia-ml.so.1 not found", retry_after=60)
-    client = await make_client(sources=[scripted_source])
+    witness = ScriptedSource("witness")
+    client = await make_client(sources=[scripted_source, witness])
     state = client.runtime.daemon.states["fake"]
     await wait_for(lambda: state.cycles >= 1)
     values = samples(await (await client.get("/metrics")).text())
     assert values[("mfu_exporter_source_up", (("source", "fake"),))] == 0
     assert values[("mfu_exporter_source_errors_total", (("reason", "library_not_found"), ("source", "fake")))] == 1
     assert ("mfu_fake_value", ()) not in values
-    await asyncio.sleep(0.2)
+    await rounds_of(witness, 5)
     assert scripted_source.calls == 1  # retry_after: no retry storm
     status = await (await client.get("/api/v1/status")).json()
-    assert status["sources"][0]["reason"] == "library_not_found"
+    fake = next(s for s in status["sources"] if s["source"] == "fake")
+    assert fake["reason"] == "library_not_found"
 
 
 async def test_status_page_and_its_assets_are_served_locally(make_client):
@@ -269,3 +314,30 @@ async def test_the_ledger_endpoint_answers_kinds_goodput_and_runs(make_client):
     assert values[("mfu_job_gpu_seconds_total", (("kind", "startup"), ("training_job", "llama3-70b")))] > 0
     assert values[("mfu_job_goodput_ratio", key)] == pytest.approx(ledger["goodput"], abs=0.05)
     assert values[("mfu_job_restarts_total", key)] == 0
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # a request line over max_line_size
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"b" * 10_000 + b"\r\n\r\n",  # a header over max_field_size
+    ],
+)
+async def test_a_malformed_request_gets_400_and_one_log_line_not_a_traceback(request_bytes, caplog):
+    runtime = build_service(validate({}), [])
+    runner = web.AppRunner(create_app(runtime), access_log=None, **HTTP_LIMITS)  # as serve() runs it
+    await runner.setup()
+    site = web.SockSite(runner, bound_socket := socket.create_server(("127.0.0.1", 0)))
+    await site.start()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            reader, writer = await asyncio.open_connection(*bound_socket.getsockname()[:2])
+            writer.write(request_bytes)
+            answer = await reader.read()  # the server closes the connection after a parse error
+            writer.close()
+    finally:
+        await runner.cleanup()
+    assert answer.startswith(b"HTTP/1.0 400 Bad Request") or answer.startswith(b"HTTP/1.1 400 Bad Request"), answer
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and errors[0].exc_info is None, [r.getMessage() for r in caplog.records]
+    assert "\n" not in errors[0].getMessage() and len(errors[0].getMessage()) < 400

@@ -14,7 +14,11 @@ from exporter.config import LOG_FORMATS, ConfigError, typed_config, validate
 from exporter.logs import FORMATS
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
-from exporter.model.jobs import GpuInfo, JobTracker, job_families, parse_progress
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
+from exporter.model.progress import parse_progress
+from exporter.render.jobs import job_families
+from exporter.sources.discovery import DiscoverySample
 from exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
 from tests.unit.logs import framework_lines as fl
 
@@ -435,7 +439,7 @@ def test_discovered_pods_from_reads_the_discovery_snapshot():
         pods = (Pod("kubernetes", "train", "llm-0"), Pod("slurm", "", ""))
 
     class Snap:
-        data = {"jobs": {"llm": Job()}}
+        readings = DiscoverySample({"llm": Job()})
 
     class State:
         snapshot = Snap()
@@ -560,3 +564,27 @@ def test_a_detected_format_that_reads_nothing_is_visible_within_a_minute_with_th
     assert status["no_progress"] and status["formats"] == ["hf"] and status["progress_lines"] == 0
     assert snapshot.errors["no_progress_read"] == 1
     assert views["llm"].mfu is None
+
+
+def test_megatron_timers_give_the_jobs_data_wait_in_gpu_seconds_and_its_share(tmp_path):
+    """--timing-log-level 2: batch-generator's per-iteration max after each iteration line (1.25 s of each 5 s
+    step): the job's data wait is one rank's wait x its 8 GPUs here, a quarter of wall time."""
+    lines = []
+    for line in megatron_log():
+        lines.append(line)
+        if " iteration " in line:
+            lines.append("(min, max) time across ranks (ms):")
+            lines.append("    " + "batch-generator ".ljust(48, ".") + ": (400.00, 1250.00)")
+    clock = Clock(END + 1)
+    write(tmp_path / "megatron.log", lines)
+    source, tracker, _ = build(
+        [{"path": str(tmp_path / "megatron.log"), "job": "llm", "format": "megatron"}],
+        {"llm": {"params": PARAMS}},
+        clock,
+    )
+    view, _ = run_source(source, tracker)
+    waited = 1.25 * (STEPS[-1] - STEPS[0])  # counted from the second timer line on
+    assert view.data_wait.rank_seconds == pytest.approx(waited)
+    assert view.data_wait.gpu_seconds == pytest.approx(waited * NODE_GPUS)
+    assert view.data_wait.ratio == pytest.approx(0.25)
+    assert view.data_wait.source == "log:megatron"

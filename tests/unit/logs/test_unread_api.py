@@ -1,10 +1,7 @@
 """A detected format whose progress lines read nothing, through the real aiohttp app: /api/v1/jobs, /api/v1/status
-and /metrics say so, with the line, within a minute of the lines being written (issue 29)."""
+and /metrics say so, with the line (issue 29). Every wait is on the served value itself."""
 
 from __future__ import annotations
-
-import asyncio
-import time
 
 from exporter.config import typed_config, validate
 from exporter.sources.logs import LogsSource
@@ -21,45 +18,33 @@ async def test_unread_progress_reaches_the_api_the_status_and_the_metrics_within
     )
     source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False)
     client = await make_client(config, [source])
-    await wait_for(lambda: client.runtime.daemon.states.get("logs"), 10, "the logs source's first sample")
+    state = client.runtime.daemon.states["logs"]
+    await wait_for(lambda: state.snapshot, 10, "the logs source's first stored snapshot")
 
     lines = next(p for p in load() if p.name == "hf/trl-3452-grpo-nothing-useful").lines  # real, TRL GRPO
-    written = time.monotonic()
     with path.open("a") as f:
         f.write("".join(line + "\n" for line in lines))
 
-    async def jobs():
-        return (await (await client.get("/api/v1/jobs")).json())["jobs"]
+    async def jobs_reason():
+        jobs = (await (await client.get("/api/v1/jobs")).json())["jobs"]
+        reason = next((j["reason"] for j in jobs if j["job"] == "grpo"), None) or ""
+        return reason if "no progress read" in reason else None
 
-    reason = None
-    while time.monotonic() - written < 60:
-        reason = next((j["reason"] for j in await jobs() if j["job"] == "grpo"), None)
-        if reason and "no progress read" in reason:
-            break
-        await asyncio.sleep(0.2)
-    assert reason and "detected hf" in reason and "first unread line \"{'loss': 0.0" in reason, reason
-    assert time.monotonic() - written < 60
+    # A timeout only bounds a failing run: the minute of issue 29 is the follower's and the model's intervals.
+    reason = await wait_for(jobs_reason, 60, "the job's reason to say no progress was read")
+    assert "detected hf" in reason and "first unread line \"{'loss': 0.0" in reason, reason
 
     async def status_files():
         status = await (await client.get("/api/v1/status")).json()
         logs = next(s for s in status["sources"] if s["source"] == "logs")
-        return logs["status"]["files"]
+        files = logs["status"].get("files") or []
+        return files if files and files[0]["no_progress"] else None
 
-    files = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        files = await status_files()
-        if files and files[0]["no_progress"]:
-            break
-        await asyncio.sleep(0.2)
-    assert files[0]["no_progress"] and files[0]["formats"] == ["hf"]
+    files = await wait_for(status_files, 60, "the logs status to list the file with no progress read")
+    assert files[0]["formats"] == ["hf"]
     key = ("mfu_exporter_source_errors_total", (("reason", "no_progress_read"), ("source", "logs")))
 
-    async def counted():
+    async def errors_counted():
         return samples(await (await client.get("/metrics")).text()).get(key)
 
-    errors = None
-    while time.monotonic() < deadline and errors is None:
-        errors = await counted()
-        await asyncio.sleep(0.2)
-    assert errors == 1
+    assert await wait_for(errors_counted, 60, "the no_progress_read error on /metrics") == 1

@@ -5,7 +5,7 @@ import pytest
 
 from exporter.model import errors
 from exporter.model.checkpoints import CheckpointConflict
-from exporter.model.jobs import TooManyJobs, ValidationError
+from exporter.model.errors import TooManyJobs, ValidationError
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
-from exporter.model.jobs import GpuInfo, JobTracker, parse_progress
+from exporter.model.job_view import GpuInfo
+from exporter.model.jobs import JobTracker
 from exporter.model.ledger import KINDS, Ledger
+from exporter.model.progress import parse_progress
 from tests.support.known_truth import END, TRUTH, script
 
 OFFSET = 1_800_000_000.0

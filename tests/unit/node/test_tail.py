@@ -9,6 +9,7 @@ import threading
 import time
 
 from exporter.node.tail import BACKLOG, HEAD, LIVE, Follower, Lines
+from tests.support.wait import wait_until
 
 
 class Sink:
@@ -26,12 +27,7 @@ class Sink:
 
 
 def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+    return wait_until(predicate, timeout, "the follower's lines", interval=0.02)
 
 
 def test_buffered_writer_thread_lines_arrive_whole_and_once(tmp_path):
@@ -56,10 +52,9 @@ def test_buffered_writer_thread_lines_arrive_whole_and_once(tmp_path):
     thread.join()
     try:
         assert wait_for(lambda: len(sink.lines()) >= len(expected))
-        time.sleep(0.3)
-        assert sink.lines() == expected
     finally:
-        follower.stop()
+        follower.stop()  # joins the follower's thread: nothing more can arrive after this
+    assert sink.lines() == expected
 
 
 def test_rename_rotation_reads_the_old_file_to_its_end_then_the_new_one(tmp_path):
@@ -194,14 +189,20 @@ def test_a_quiet_log_does_not_wake_the_follower_more_than_once_an_interval(tmp_p
     path = tmp_path / "train.log"
     path.write_text("x\n")
     polls = []
+    interval = 0.2
 
     class Counting(Follower):
         def poll(self):
             polls.append(time.monotonic())
             super().poll()
 
-    follower = Counting([str(path)], Sink(), interval=0.5)
+    follower = Counting([str(path)], Sink(), interval=interval)
     follower.start()
-    time.sleep(1.6)
-    follower.stop()
-    assert 2 <= len(polls) <= 5  # one scan per interval, no spinning in between
+    try:
+        assert wait_for(lambda: len(polls) >= 4), polls  # waits on the polls themselves
+    finally:
+        follower.stop()
+    # No spinning in between: each scan comes an interval after the one before, however loaded the machine (a
+    # late thread only makes the gaps longer). Half an interval allows for the poll's own time before its stamp.
+    gaps = [b - a for a, b in zip(polls, polls[1:])]
+    assert min(gaps) >= interval / 2, gaps

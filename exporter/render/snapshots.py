@@ -1,0 +1,52 @@
+"""A source's snapshot to metric families: its typed readings go to the renderer of their type.
+
+Every source's sample type has one renderer here (readings in, families out); a snapshot without readings (the logs
+source's) exports nothing of its own. A source defined elsewhere (a test's) adds its renderer with ``register``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from prometheus_client.metrics_core import Metric
+
+from exporter.render.checkpoint import checkpoint_sample_families
+from exporter.render.discovery import discovery_families
+from exporter.render.ethtool import ethtool_families
+from exporter.render.gpu import gpu_families
+from exporter.render.preflight import preflight_families
+from exporter.render.rdma import rdma_families
+from exporter.render.storage import storage_families
+from exporter.sources.base import Snapshot
+from exporter.sources.checkpoint import CheckpointSample
+from exporter.sources.discovery import DiscoverySample
+from exporter.sources.ethtool import EthtoolSample
+from exporter.sources.gpu import GpuSample
+from exporter.sources.preflight import PreflightSample
+from exporter.sources.rdma import RdmaSample
+from exporter.sources.storage import StorageReading
+
+Renderer = Callable[[Any], Iterable[Metric]]
+
+RENDERERS: dict[type, Renderer] = {
+    GpuSample: gpu_families,
+    RdmaSample: rdma_families,
+    EthtoolSample: ethtool_families,
+    CheckpointSample: checkpoint_sample_families,
+    PreflightSample: preflight_families,
+    DiscoverySample: discovery_families,
+    StorageReading: storage_families,
+}
+
+
+def register(readings_type: type, renderer: Renderer) -> None:
+    """Render readings of ``readings_type`` with ``renderer`` (a source defined outside ``exporter.sources``)."""
+    RENDERERS[readings_type] = renderer
+
+
+def snapshot_families(snapshot: Snapshot) -> Iterable[Metric]:
+    """Fresh metric families of a snapshot's readings (at most once per scrape body and format)."""
+    readings = snapshot.readings
+    if readings is None:
+        return ()
+    return RENDERERS[type(readings)](readings)
