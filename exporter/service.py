@@ -22,10 +22,12 @@ from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
 from exporter.model.readings import GpuReading
+from exporter.model.restore import RestoreMeter
 from exporter.node.pci import nearest_devices
 from exporter.render.attribution import attribution_families
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
+from exporter.render.restore import restore_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
 from exporter.sources.checkpoint import CheckpointSource
@@ -34,6 +36,7 @@ from exporter.sources.ethtool import EthtoolSample
 from exporter.sources.gpu import GpuSample
 from exporter.sources.logs import LogsSource, discovered_pods_from
 from exporter.sources.rdma import RdmaSample
+from exporter.sources.storage import StorageReading
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ class Service:
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
     collector: ExporterCollector | None = None  # the registry's one collector, for parts added later
     settings: Config = field(default_factory=Config)  # ``config`` typed (exporter.config.typed_config)
+    restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
     speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
@@ -209,6 +213,26 @@ class Service:
         now, views = self.clock(), self.jobs.tick()
         self.attribution.evaluate(now, views, self.node_signals())
         self.history.record(now, views)
+        self.observe_restores(now, views)
+
+    def observe_restores(self, now: float, views: list[JobView]) -> None:
+        """Each job's finished checkpoint loads (its ledger's bands) with the reads of its checkpoint mounts."""
+        storage = self.readings("storage", StorageReading)
+        state = self.daemon.states.get("storage")
+        mounts: dict[str, list[str]] = {}
+        if storage is not None and state is not None and state.last_success is not None:
+            counters = {}
+            for mount in storage.mounts:
+                jobs = [job for job, role in mount.jobs if role == "checkpoint"]
+                if jobs and mount.read_bytes is not None:
+                    counters[mount.mount_point] = float(mount.read_bytes)
+                    for job in jobs:
+                        mounts.setdefault(job, []).append(mount.mount_point)
+            self.restores.observe_mounts(state.last_success, counters)
+        for view in views:
+            if view.ledger is not None:
+                self.restores.observe_job(view.name, view.ledger.bands, tuple(mounts.get(view.name, ())), now)
+        self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
 
 
 def latest_readings(daemon: Scheduler, name: str, kind: type[T]) -> T | None:
@@ -281,6 +305,8 @@ def build_service(
     for source in sources:
         if isinstance(source, LogsSource):  # log lines feed the same job model and checkpoint tracker as the APIs
             source.attach(jobs, checkpoints, discovered_pods_from(lambda: daemon.states))
+    restores = RestoreMeter()
+    collector.add(lambda: restore_families(restores.totals()))
     return Service(
         config,
         daemon,
@@ -293,5 +319,6 @@ def build_service(
         paths=paths or Paths(),
         collector=collector,
         settings=typed,
+        restores=restores,
         speed=speed,
     )

@@ -91,6 +91,7 @@ class HardwareFigures:
             "gpu_utilization": self.gpu_utilization,
             "tensor_active": self.tensor_active,
             "hardware_flops_utilization": self.hardware_flops_utilization,
+            "headline": self.headline(),
             "gpus_read": self.gpus_read,
             "reason": self.reason,
         }

@@ -1,4 +1,5 @@
-"""A short in-memory history of each job's MFU, so the status page can draw the last 15 minutes on first load."""
+"""A short in-memory history of each job's MFU, so the status page can draw the last 15 minutes on first load. Each
+point is (time, MFU, tokens/s, the hardware estimate): a job that reports nothing still has the last."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ class MfuHistory:
         for view in views:
             seen.add(view.name)
             points = self._points.setdefault(view.name, deque(maxlen=int(self.span / self.step) + 1))
-            points.append((round(now, 1), view.mfu, view.tokens_per_second))
+            hardware = view.hardware.headline() if view.hardware is not None else None
+            points.append((round(now, 1), view.mfu, view.tokens_per_second, hardware))
         for name in set(self._points) - seen:
             del self._points[name]
 
-    def of(self, job: str) -> list[tuple[float, float | None, float | None]]:
+    def of(self, job: str) -> list[tuple[float, float | None, float | None, float | None]]:
         return list(self._points.get(job, ()))

@@ -73,9 +73,10 @@ class JobView:
     def as_json(self) -> dict[str, Any]:
         return {
             "job": self.name,
-            "tokens_total": self.tokens_total,
+            # What never happened is null, not 0: a job known only by discovery (or by name) has reported nothing.
+            "tokens_total": self.tokens_total if self.reported else None,
             "step": self.step,
-            "last_report_time": self.last_report_time,
+            "last_report_time": self.last_report_time if self.reported else None,
             "tokens_per_second": self.tokens_per_second,
             "flops_per_token": self.flops_per_token,
             "gpus": self.gpus,

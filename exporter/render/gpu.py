@@ -17,8 +17,9 @@ from prometheus_client.metrics_core import Metric
 from exporter.model.attribution import POWER_REASONS, THERMAL_REASONS
 from exporter.model.flops import gpu_model
 from exporter.model.readings import GpuReading
+from exporter.node.nvml_fields import THROTTLE_REASONS, THROTTLE_TIME
 from exporter.sources.base import exports
-from exporter.sources.gpu import THROTTLE_REASONS, THROTTLE_TIME, GpuSample
+from exporter.sources.gpu import GpuSample
 
 # (family, help, reading key, the lowest series level it is on). standard keeps what a rule, dashboard panel or
 # runbook step reads per GPU; the GPM activity figures, byte counters and ECC counts reach the dashboards as node

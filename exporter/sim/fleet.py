@@ -369,6 +369,7 @@ class Fleet:
         job.checkpoints.root.mkdir(parents=True)
         watch = {"path": str(job.checkpoints.root), "job": job.name, "done_marker": ".metadata"}
         # Only the job's checkpoint source: the machines' sources are the rest of each node.
+        # Every other source of the registry off, so a source added later does not join the job's shared one.
         only = {name: {"enabled": False} for name in SOURCES if name not in ("checkpoint", "discovery")}
         checkpoint = {"watch": [watch], "interval": f"{self.interval:g}s"}
         section_config = validate(

@@ -30,6 +30,7 @@ from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.podresources import PodResourcesServer, SimPod
+from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
 
 log = logging.getLogger(__name__)
@@ -441,6 +442,8 @@ class DemoNode:
         self.nvml = fake_nvml.node(fake_nvml.h100, count=GPUS)
         self.fabric = SimulatedNode(root / "fabric", nics=GPUS)
         self.procfs = write_procfs(root / "proc")
+        # The dataset mount and nvidia-fs the loader reads through; storage.dataset_read_rate is the knob.
+        self.storage = SimulatedStorage(self.procfs, tuple(self.nvml.gpus[i].pci_bus_id[4:].lower() for i in JOB_GPUS))
         self.checkpoints = CheckpointWriter(root / "checkpoints" / JOB)
         self.checkpoints.root.mkdir(parents=True)
         self.tokens = 0.0
@@ -501,6 +504,7 @@ class DemoNode:
             if now < self._restoring[0]:
                 self.nvml.advance(dt)
                 self.fabric.tick(dt)
+                self.storage.tick(dt, 0.0, restoring=True)
                 return  # loading the checkpoint: no steps yet
             self._restored(stamp)
         self._checkpoint(now)
@@ -511,6 +515,7 @@ class DemoNode:
         self.tokens += rate * dt
         self.nvml.advance(dt)
         self.fabric.tick(dt)
+        self.storage.tick(dt, rate / healthy_tokens_per_second(), restoring=False)  # the loader reads as it trains
         if self.progressing and self.reporter is not None:
             self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
         if self.progressing and self.training_log is not None:
@@ -650,7 +655,15 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
         # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds
         # rather than the default five minutes, so its cause shows soon after start.
         "attribution": {"baseline_interval": "1s", "baseline_min_samples": 10},
-        "jobs": {JOB: {**model, "dtype": "bf16", "gpus": list(JOB_GPUS), "expected_mfu": STEADY_MFU}},
+        "jobs": {
+            JOB: {
+                **model,
+                "dtype": "bf16",
+                "gpus": list(JOB_GPUS),
+                "expected_mfu": STEADY_MFU,
+                "data_paths": [f"{DATASET_MOUNT}/{JOB}"],
+            }
+        },
     }
     if kubelet_socket:
         defaults["discovery"] = {

@@ -13,6 +13,7 @@ import pytest
 from exporter.config import validate
 from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
+from exporter.node.nvml_fields import THROTTLE_REASONS
 from exporter.node.pci import pci_address_from_nvml
 from exporter.render.attribution import attribution_families
 from exporter.service import build_service
@@ -20,7 +21,6 @@ from exporter.sim import node as demo
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
 from exporter.sources import Paths, SourceContext, build_sources
-from exporter.sources.gpu import THROTTLE_REASONS
 
 ALL_GPUS = list(range(demo.GPUS))
 SLOWED = 0.4  # share of the healthy token rate a degraded job keeps: MFU 18% against a 45% baseline

@@ -13,13 +13,13 @@ from prometheus_client import generate_latest
 from exporter.config import validate
 from exporter.model.progress import parse_progress
 from exporter.node.ethtool import EthtoolTextReader
+from exporter.node.nvml_fields import THROTTLE_REASONS
 from exporter.service import build_service
 from exporter.sim import node as demo
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sources import Paths, SourceContext, build_sources
-from exporter.sources.gpu import THROTTLE_REASONS
 from tests.support.expo import samples as parse_exposition
 
 

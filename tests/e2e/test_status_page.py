@@ -7,6 +7,8 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.tools import require_tool
 from tests.support.wait import wait_until
@@ -21,23 +23,21 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--disable-dev-shm-usage",
-    "--window-size=1400,1500",
     # Virtual time runs the page's timers and fetches until the budget is spent: at least two refreshes.
     "--virtual-time-budget=5000",
 ]
 
 
-def chromium(tmp_path, url, *args):
+def chromium(tmp_path, url, *args, width=1400):
     browser = require_tool("chromium", "chromium")
     profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
-    result = subprocess.run(
-        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url], capture_output=True, timeout=90
-    )
+    flags = [*CHROMIUM_FLAGS, f"--window-size={width},1500", f"--user-data-dir={profile}"]
+    result = subprocess.run([browser, *flags, *args, url], capture_output=True, timeout=90)
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     return result.stdout.decode()
 
 
-def browse(tmp_path, base, poll):
+def browse(tmp_path, base, poll, width=1400):
     """The page's DOM after the browser ran it, with ``poll()`` called every 50 ms meanwhile (and once after), so
     what the API said all the while the page read it is known, however far the simulated job moved meanwhile."""
     browsing = threading.Event()
@@ -49,7 +49,7 @@ def browse(tmp_path, base, poll):
     poller = threading.Thread(target=polling, daemon=True)
     poller.start()
     try:
-        return chromium(tmp_path, base, "--dump-dom")
+        return chromium(tmp_path, base, "--dump-dom", width=width)
     finally:
         browsing.set()
         poller.join()
@@ -173,7 +173,7 @@ def printed_right(field, value, text):
     """The text is ``value`` as the page's formatters print it (within the digits they keep), never NaN."""
     if value is None or (field == "gpus" and value == []):
         return text in ("–", "—")
-    if field == "gpus":
+    if field in ("gpus", "discovered.gpus"):
         return text == str(len(value) if isinstance(value, list) else value)
     if field in ("found_by", "gpu_indices"):
         return text == (", ".join(str(v) for v in value) or "—")
@@ -194,19 +194,24 @@ def printed_right(field, value, text):
     return abs(shown - value) <= 0.005 * abs(value) + 1e-9  # si(): two decimals of the scaled value
 
 
-def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path):
-    """The demo's llama3-70b says its GPUs as a list ([0, 1, 2, 3]) and bert-pretrain says none (discovery found
-    its GPUs): the page shows 4 and "–", never NaN; every other fact, the MFU, the reason and the cause are the API's,
-    and "updated" is the wall clock, not the demo's simulated one that runs minutes ahead."""
+@pytest.mark.parametrize("width", [1400, 800])
+def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path, width):
+    """The demo's llama3-70b says its GPUs as a list ([0, 1, 2, 3]); bert-pretrain is found by discovery alone: its
+    card shows the GPUs discovery found (4), its hardware estimate as the headline, labelled so, and "–" for what it
+    never reported. Every other fact, the MFU, the reason and the cause are the API's; the MFU's colour follows the
+    job's own attribution (the 25% line, a cause below its baseline), and "updated" is the wall clock, not the demo's
+    simulated one that runs minutes ahead. At 1,400 and 800 px the page never scrolls sideways."""
     with running_demo(speed=20) as base:
-        # Until the demo's clock is a minute ahead of the wall clock, so the two "updated" could show differ.
+        # Until the demo's clock is a minute ahead of the wall clock, so the two "updated" could show differ, and
+        # the discovered job has a hardware estimate to show.
         wait_until(
             lambda: (
-                {j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]}.get("llama3-70b", {}).get("mfu")
+                (jobs := {j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]}).get("llama3-70b", {}).get("mfu")
+                and ((jobs.get("bert-pretrain") or {}).get("hardware") or {}).get("headline") is not None
                 and get_json(base + "api/v1/status")["time"] - time.time() > 60
             ),
             30,
-            "llama3-70b to have an MFU, and the demo's clock to run a minute ahead",
+            "llama3-70b to have an MFU, bert-pretrain a hardware estimate, and the demo's clock to run a minute ahead",
         )
         answers: list[dict] = []
 
@@ -215,7 +220,7 @@ def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path):
 
         started = time.time()
         poll()
-        dom = browse(tmp_path, base, poll)
+        dom = browse(tmp_path, base, poll, width)
         ended = time.time()
         simulated = get_json(base + "api/v1/status")["time"]
 
@@ -230,10 +235,21 @@ def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path):
     for name, body in cards.items():
         seen = [a[name] for a in answers if name in a]
         assert re.search(rf"<h3>{re.escape(html.escape(name))}</h3>", body)
-        raw_mfu, mfu_text = re.search(r'data-mfu="([^"]*)">([^<]*)<', body).groups()
+        colour, kind, raw_mfu, mfu_text = re.search(
+            r'<div class="mfu (\w+)" data-headline="(\w+)" data-mfu="([^"]*)">([^<]*)<', body
+        ).groups()
         mfu = float(raw_mfu) if raw_mfu else None
         assert agrees(mfu, [j["mfu"] for j in seen]), (name, mfu)
-        assert mfu_text == ("–" if mfu is None else f"{100 * mfu:.1f}%")
+        if mfu is not None:
+            assert kind == "mfu" and mfu_text == f"{100 * mfu:.1f}%"
+            headline = mfu
+        else:  # the hardware estimate, labelled so
+            assert kind == "hardware" and "hardware estimate</small>" in body, body[:400]
+            headline = float(mfu_text.strip().rstrip("%")) / 100
+            assert any(abs(headline - j["hardware"]["headline"]) <= 0.0005 for j in seen), (name, headline)
+        causes = [(j.get("bottleneck") or {}).get("cause") for j in seen]
+        expected = {"bad"} if headline < 0.25 else {"warn" if c not in (None, "none") else "good" for c in causes}
+        assert colour in expected, (name, colour, headline, causes)
         reason = re.search(r"<div class=\"muted\" data-reason=\"\">(.*?)</div>", body)
         assert agrees(html.unescape(reason.group(1)) if reason else None, [j["reason"] for j in seen]), name
         cause = re.search(r'<div class="cause" data-cause="([a-z_]+)">', body)
@@ -249,5 +265,8 @@ def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path):
         shown = {field: html.unescape(text) for field, _, text in facts}
         if name == "llama3-70b":
             assert seen[-1]["gpus"] == [0, 1, 2, 3] and shown["gpus"] == "4"  # a list: how many
-        else:
-            assert seen[-1]["gpus"] is None and shown["gpus"] == "–"
+        else:  # found by discovery alone: the GPUs it found, and "–" (never 0) for what it never reported
+            assert seen[-1]["gpus"] is None and shown["discovered.gpus"] == "4"
+            assert seen[-1]["tokens_total"] is None and seen[-1]["last_report_time"] is None
+            assert shown["tokens_total"] == "–"
+    assert 'data-overflow-x="0"' in dom, re.search(r'data-overflow-x="(-?\d+)"', dom)

@@ -10,11 +10,13 @@ from exporter.config import typed_config, validate
 from exporter.model.job_view import GpuInfo
 from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
+from exporter.node import gpm as gpm_module
+from exporter.node import nvml_fields as fields_module
+from exporter.node.nvml_fields import decode_throttle_reasons
 from exporter.service import build_service
 from exporter.sim import nvml as fake
-from exporter.sources import gpu as gpu_module
 from exporter.sources.base import SourceContext, SourceUnavailable
-from exporter.sources.gpu import GpuSource, decode_throttle_reasons
+from exporter.sources.gpu import GpuSource
 from exporter.web.app import create_app
 from tests.support import expo
 from tests.support.tools import require_tool
@@ -196,7 +198,7 @@ def test_blackwell_pcie_bytes_come_from_nvml_fields_not_gpm():
     node.source.sample()
     _, values = exposition(node.tick())
     assert values[("mfu_gpu_pcie_transmit_bytes_total", gpu(0))] == 123_456_789
-    assert node.source._gpus[fake.b200(0).uuid].gpm.keys == (
+    assert node.source.reader.by_uuid[fake.b200(0).uuid].gpm.keys == (
         "tensor_active",
         "sm_active",
         "sm_occupancy",
@@ -214,8 +216,8 @@ def test_field_ids_the_driver_does_not_know_are_absent_not_errors():
     snapshot = node.tick()
     assert snapshot.errors == {"nvml_timeout": 1}
     assert snapshot.status["gpus"][0]["unsupported"]["pcie_transmit_bytes"] == "Invalid Argument"
-    assert gpu_module.GPM_RATES["pcie_transmit_bytes"] in [
-        node.source._gpus[fake.h100(0).uuid].gpm.request.metrics[i].metricId for i in range(6)
+    assert gpm_module.GPM_RATES["pcie_transmit_bytes"] in [
+        node.source.reader.by_uuid[fake.h100(0).uuid].gpm.request.metrics[i].metricId for i in range(6)
     ]
 
 
@@ -282,7 +284,7 @@ def test_no_nvml_library_reports_down_logs_once_and_retries_slowly(caplog):
     nvml = fake.FakeNvml([fake.h100(0)], library_present=False)
     config = validate({"sources": {"gpu": {"retry_interval": "2m"}}})
     source = GpuSource.from_config(typed_config(config).sources.gpu, SourceContext(config, nvml=nvml))
-    caplog.set_level(logging.INFO, logger="exporter.sources.gpu")
+    caplog.set_level(logging.INFO, logger="exporter.node.nvml_gpus")
     for _ in range(3):
         with pytest.raises(SourceUnavailable) as raised:
             source.sample()
@@ -477,7 +479,7 @@ def test_throttle_bitmask_decoding():
         "hw_thermal_slowdown",
         "hw_power_brake",
     ]
-    assert dict(gpu_module.THROTTLE_REASONS) == {
+    assert dict(fields_module.THROTTLE_REASONS) == {
         "idle": pynvml.nvmlClocksEventReasonGpuIdle,
         "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
         "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
@@ -505,19 +507,19 @@ def test_old_driver_without_clocks_event_reasons_falls_back_to_throttle_reasons(
 
 
 def test_nvml_ids_match_the_real_module():
-    assert dict(gpu_module.GPM_ACTIVITY) == {
+    assert dict(gpm_module.GPM_ACTIVITY) == {
         "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
         "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
         "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
         "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
     }
-    assert gpu_module.GPM_RATES == {
+    assert gpm_module.GPM_RATES == {
         "pcie_transmit_bytes": pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
         "pcie_receive_bytes": pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
         "nvlink_transmit_bytes": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
         "nvlink_receive_bytes": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
     }
-    assert [spec[1] for spec in gpu_module.FIELD_COUNTERS] == [
+    assert [spec[1] for spec in fields_module.FIELD_COUNTERS] == [
         pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
         pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
         pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
@@ -548,7 +550,7 @@ def test_gpm_metric_a_gpu_lacks_is_absent_and_dropped_from_the_request():
     assert ("mfu_gpu_sm_occupancy_ratio", gpu(0)) not in values
     assert ("mfu_gpu_tensor_active_ratio", gpu(0)) in values
     node.tick()
-    assert "sm_occupancy" not in node.source._gpus[fake.h100(0).uuid].gpm.keys
+    assert "sm_occupancy" not in node.source.reader.by_uuid[fake.h100(0).uuid].gpm.keys
 
 
 def test_gpm_off_in_config():

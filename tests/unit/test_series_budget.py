@@ -39,6 +39,11 @@ ON_AN_EVENT = {
     "mfu_storage_reads_total": "the same",
     "mfu_storage_read_seconds_total": "the same",
     "mfu_storage_job_mount_info": "a job with jobs.<name>.data_paths or a checkpoint watch",
+    "mfu_gds_io_stats_enabled": "the nvidia-fs module loaded (render/storage.py: standard)",
+    "mfu_gds_read_bytes_total": "the nvidia-fs module loaded with rw_stats_enabled=1",
+    "mfu_gds_read_errors_total": "the nvidia-fs module loaded",
+    "mfu_checkpoint_last_load_duration_seconds": "a job's first checkpoint load (render/restore.py, always on)",
+    "mfu_checkpoint_last_load_read_bandwidth_bytes_per_second": "a load of a job with a checkpoint watch",
 }
 
 

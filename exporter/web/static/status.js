@@ -2,7 +2,7 @@
 "use strict";
 
 const REFRESH_MS = 2000;
-const MFU_LOW = 0.25, MFU_GOOD = 0.45;  // the guide's sub-25% stall line and the achievable 45%
+const MFU_LOW = 0.25;  // the guide's sub-25% stall line; "good" is the job's own baseline, not a fixed figure
 
 const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 const pct = (r, digits = 1) => (r === null || r === undefined) ? "–" : (100 * r).toFixed(digits) + "%";
@@ -20,19 +20,37 @@ const duration = (s) => {
   if (s >= 60) return Math.floor(s / 60) + " m " + Math.floor(s % 60) + " s";
   return s.toFixed(0) + " s";
 };
-const mfuClass = (r) => r === null || r === undefined ? "muted" : r < MFU_LOW ? "bad" : r < MFU_GOOD ? "warn" : "good";
+// Red under the guide's 25% line; amber while the attribution books a gap below the job's own baseline (any cause
+// but "none"); green otherwise. A fixed "good" line would colour a job amber that runs at its healthy 43%.
+const mfuClass = (r, bottleneck) => {
+  if (r === null || r === undefined) return "muted";
+  if (r < MFU_LOW) return "bad";
+  const cause = bottleneck && bottleneck.cause;
+  return cause && cause !== "none" ? "warn" : "good";
+};
 
-function chart(points) {
-  const w = 600, h = 110, top = 0.7;  // y axis 0–70% MFU
-  const values = points.filter((p) => p[1] !== null);
-  if (values.length < 2) return '<p class="muted">chart: collecting history…</p>';
+// The job's headline: its MFU, else the hardware estimate (GPM tensor activity × clock, or utilization) that the
+// fleet rules use for a job that reports nothing, labelled as such.
+const headline = (job) => job.mfu != null
+  ? {value: job.mfu, kind: "mfu", label: ""}
+  : {value: (job.hardware || {}).headline ?? null, kind: "hardware", label: "hardware estimate"};
+
+// points: [time, MFU, tokens/s, hardware estimate]; the chart draws what the headline shows.
+function chart(points, kind, baseline) {
+  const w = 600, h = 110, top = 0.7;  // y axis 0–70%
+  const column = kind === "mfu" ? 1 : 3;
+  const values = points.filter((p) => p[column] !== null && p[column] !== undefined);
+  if (points.length < 2) return '<p class="muted">chart: collecting history…</p>';
+  if (values.length < 2) return `<p class="muted">chart: no ${kind === "mfu" ? "MFU" : "MFU or hardware figure"} in the last ${duration(points[points.length - 1][0] - points[0][0])}</p>`;
   const t0 = points[0][0], t1 = points[points.length - 1][0], span = Math.max(t1 - t0, 1);
   const x = (t) => ((t - t0) / span) * w;
   const y = (r) => h - (Math.min(r, top) / top) * h;
-  const path = values.map((p, i) => (i ? "L" : "M") + x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join(" ");
-  return `<svg class="chart" viewBox="0 0 ${w} ${h}" role="img" aria-label="MFU over the last ${Math.round(span / 60)} minutes">
-    <line class="ref high" x1="0" x2="${w}" y1="${y(MFU_GOOD)}" y2="${y(MFU_GOOD)}"/><text x="2" y="${y(MFU_GOOD) - 2}">45%</text>
-    <line class="ref low" x1="0" x2="${w}" y1="${y(MFU_LOW)}" y2="${y(MFU_LOW)}"/><text x="2" y="${y(MFU_LOW) - 2}">25%</text>
+  const path = values.map((p, i) => (i ? "L" : "M") + x(p[0]).toFixed(1) + "," + y(p[column]).toFixed(1)).join(" ");
+  const what = kind === "mfu" ? "MFU" : "hardware estimate";
+  const base = baseline == null ? "" : `<line class="ref high" x1="0" x2="${w}" y1="${y(baseline)}" y2="${y(baseline)}"/><text x="2" y="${y(baseline) - 2}">baseline ${pct(baseline, 0)}</text>`;
+  return `<svg class="chart" data-kind="${kind}" viewBox="0 0 ${w} ${h}" role="img" aria-label="${what} over the last ${Math.round(span / 60)} minutes">
+    ${base}
+    <line class="ref low" x1="0" x2="${w}" y1="${y(MFU_LOW)}" y2="${y(MFU_LOW)}"/><text x="2" y="${y(MFU_LOW) - 2}">25% stall line (the guide)</text>
     <path class="line" d="${path}"/></svg>`;
 }
 
@@ -50,7 +68,7 @@ function timeline(ledger) {
   const x = (t) => label + ((t - t0) / span) * (w - label);
   const rects = bands.map((b) => {
     const y = runs.indexOf(b.run) * (row + gap);
-    const width = Math.max(x(b.end) - x(b.start), 0.5);
+    const width = Math.max(x(b.end) - x(b.start), 2);  // a short band (a crash before the first step) stays visible
     return `<rect class="band ${esc(b.kind)}" data-run="${b.run}" data-kind="${esc(b.kind)}" x="${x(b.start).toFixed(1)}" y="${y}" width="${width.toFixed(1)}" height="${row}"><title>run ${b.run}: ${esc(b.kind)} ${duration(b.end - b.start)}</title></rect>`;
   }).join("");
   const labels = runs.map((r, i) => `<text x="0" y="${i * (row + gap) + row - 3}">run ${r}</text>`).join("");
@@ -63,14 +81,17 @@ function timeline(ledger) {
 }
 
 function jobCard(job, history) {
-  const hw = job.hardware || {};
+  const hw = job.hardware || {}, head = headline(job);
   // [label, the API field shown (a path in the job's JSON), its value, the text]: each <dd> carries the field and
   // the value it was drawn from, so what the page prints can be checked against what the API said.
   const facts = [
     ["tokens/s", "tokens_per_second", job.tokens_per_second, num(job.tokens_per_second)],
     ["tokens", "tokens_total", job.tokens_total, si(job.tokens_total, "")],
     ["step", "step", job.step, num(job.step)],
-    ["GPUs here", "gpus", job.gpus, num(gpuCount(job.gpus))],
+    // What the job said, else what discovery found: the count mfu_job_gpus exports either way.
+    job.gpus != null || !job.discovered
+      ? ["GPUs here", "gpus", job.gpus, num(gpuCount(job.gpus))]
+      : ["GPUs here", "discovered.gpus", job.discovered.gpus, num(job.discovered.gpus.length)],
     ["peak", "peak_flops", job.peak_flops, si(job.peak_flops, "FLOP/s")],
     ["ETA", "eta_seconds", job.eta_seconds, duration(job.eta_seconds)],
     ["found by", "found_by", job.found_by, esc((job.found_by || []).join(", ") || "—")],
@@ -83,11 +104,11 @@ function jobCard(job, history) {
     ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why ${job.bottleneck.signal && job.bottleneck.signal !== "mfu" ? "utilization" : "MFU"} is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";
   return `<div class="card" data-job="${esc(job.job)}">
     <h3>${esc(job.job)}</h3>
-    <div class="mfu ${mfuClass(job.mfu)}" data-mfu="${job.mfu ?? ""}">${pct(job.mfu)}</div>
+    <div class="mfu ${mfuClass(head.value, job.bottleneck)}" data-headline="${head.kind}" data-mfu="${job.mfu ?? ""}">${pct(head.value)}${head.label ? ` <small class="muted">${head.label}</small>` : ""}</div>
     ${job.reason ? `<div class="muted" data-reason>${esc(job.reason)}</div>` : ""}
     ${cause}
     <dl class="facts">${facts.map(([k, field, value, text]) => `<dt>${k}</dt><dd data-field="${field}" data-value="${esc(JSON.stringify(value ?? null))}">${text}</dd>`).join("")}</dl>
-    ${chart(history || [])}
+    ${chart(history || [], head.kind, job.bottleneck ? job.bottleneck.baseline_mfu : null)}
     ${timeline(job.ledger)}
   </div>`;
 }
@@ -96,7 +117,7 @@ function table(rows, columns) {
   if (!rows.length) return '<p class="muted">nothing to show</p>';
   const head = columns.map((c) => `<th>${esc(c[0])}</th>`).join("");
   const body = rows.map((r) => "<tr>" + columns.map((c) => `<td class="${c[2] || ""}">${c[1](r)}</td>`).join("") + "</tr>").join("");
-  return `<table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table>`;
+  return `<div class="scroll"><table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table></div>`;
 }
 
 const sum = (o) => Object.values(o || {}).reduce((a, b) => a + (Number(b) || 0), 0);
@@ -139,7 +160,9 @@ function render(status) {
   updated.dataset.time = String(now.getTime() / 1000);
   const sources = Object.fromEntries(status.sources.map((s) => [s.source, s]));
   const jobs = document.getElementById("jobs");
-  if (status.jobs.length) jobs.innerHTML = status.jobs.map((j) => jobCard(j, (status.history || {})[j.job])).join("");
+  jobs.innerHTML = status.jobs.length
+    ? status.jobs.map((j) => jobCard(j, (status.history || {})[j.job])).join("")
+    : '<p class="muted">No job has reported progress or been found yet. See the README: <code>ProgressReporter.update(tokens_total=…)</code>.</p>';
 
   const gpu = sources.gpu;
   const gpus = gpu && gpu.status && gpu.status.gpus ? Object.values(gpu.status.gpus) : [];
@@ -151,7 +174,7 @@ function render(status) {
       ["utilization", (g) => bar(g.utilization)], ["tensor active", (g) => bar(g.tensor_active)],
       ["SM clock", (g) => si(g.sm_clock_hz, "Hz"), "num"], ["temp", (g) => g.temperature_celsius == null ? "–" : g.temperature_celsius + " °C", "num"],
       ["power", (g) => g.power_watts == null ? "–" : num(g.power_watts) + " W", "num"],
-      ["throttle", (g) => esc((g.throttle || []).join(", ")) || "–"],
+      ["throttle", (g) => esc((g.throttle || []).join(", ")) || "–", "wrap"],
     ]) + (gpu && gpu.status && gpu.status.notes ? gpu.status.notes.map((n) => `<p class="muted">${esc(n)}</p>`).join("") : "");
 
   document.getElementById("nics").innerHTML = fabricTable(sources.rdma, sources.ethtool);
@@ -183,6 +206,8 @@ async function refresh() {
     if (!response.ok) throw new Error(response.status + " " + response.statusText);
     render(await response.json());
     document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+    // How far the page runs wider than the window (0: no sideways scrolling), for the browser test at 800 px.
+    document.body.dataset.overflowX = String(document.documentElement.scrollWidth - document.documentElement.clientWidth);
   } catch (err) {
     document.getElementById("updated").textContent = "update failed: " + err.message;
   } finally {

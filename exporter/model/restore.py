@@ -1,0 +1,127 @@
+"""Checkpoint restores per job: how long each load took (the time ledger's ``checkpoint_load`` bands) and how many
+bytes the mounts holding the job's checkpoints read meanwhile (the storage source's counters): the read side of
+the checkpoint plane, beside the writes the checkpoint tracker counts.
+
+A load counts once its band is closed (a later band of the run follows it). Its bytes are the growth of the
+checkpoint mounts' read counters between the band's start and end, each interpolated between the two storage samples
+around it; a load the samples do not cover (the exporter started during it, no checkpoint mount configured) counts
+with its time and without bytes. The mount's counters count every reader of it: a restore's bytes are the mount's
+reads during the load, which is the restore's own on a node where nothing else reads that mount then.
+
+Pure: no I/O, no clock of its own, no Prometheus types (rendered in ``exporter.render.restore``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+LOAD = "checkpoint_load"
+HISTORY_SECONDS = 1800.0  # storage samples kept: a band is committed within the ledger's holdback (120 s) of its end
+GIVE_UP_SECONDS = 600.0  # a load ended this long ago with no storage sample after it counts without bytes
+
+
+@dataclass(frozen=True)
+class RestoreTotals:
+    """A job's restores on this node since the exporter started."""
+
+    loads: int = 0
+    seconds: float = 0.0
+    read_bytes: float = 0.0  # of the loads whose bytes are known
+    loads_with_bytes: int = 0
+    last_seconds: float | None = None
+    last_read_bytes: float | None = None
+
+    @property
+    def last_bandwidth(self) -> float | None:
+        if self.last_read_bytes is None or not self.last_seconds or self.last_seconds <= 0:
+            return None
+        return self.last_read_bytes / self.last_seconds
+
+
+class RestoreMeter:
+    def __init__(self, history_seconds: float = HISTORY_SECONDS):
+        self._history_seconds = history_seconds
+        self._samples: dict[str, deque[tuple[float, float]]] = {}  # mount point -> (Unix time, read bytes)
+        self._counted: dict[str, set[tuple[int, float]]] = {}  # job -> (run, start) of the loads counted
+        self._totals: dict[str, RestoreTotals] = {}
+
+    def observe_mounts(self, at: float, read_bytes: Mapping[str, float]) -> None:
+        """The read counters of the checkpoint mounts, sampled at ``at`` (a counter that went back starts anew)."""
+        for point, value in read_bytes.items():
+            samples = self._samples.setdefault(point, deque())
+            if samples and at <= samples[-1][0]:
+                continue
+            if samples and value < samples[-1][1]:
+                samples.clear()  # remounted: the bytes before are another counter's
+            samples.append((at, value))
+            while samples and samples[0][0] < at - self._history_seconds:
+                samples.popleft()
+
+    def observe_job(
+        self, job: str, bands: Iterable[tuple[int, str, float, float]], mounts: tuple[str, ...], now: float
+    ) -> None:
+        """The job's ledger bands (run, kind, start, end); ``mounts``: the mount points holding its checkpoints."""
+        ordered = sorted(bands, key=lambda band: (band[2], band[3]))
+        counted = self._counted.setdefault(job, set())
+        for index, (run, kind, start, end) in enumerate(ordered):
+            if kind != LOAD or (run, start) in counted:
+                continue
+            if not any(later[0] == run and later[2] >= end for later in ordered[index + 1 :]):
+                continue  # still loading, or its end not settled yet
+            read = self._read_between(mounts, start, end)
+            if read is _PENDING:
+                if now - end < GIVE_UP_SECONDS:
+                    continue  # the storage sample after its end has not come yet
+                read = None  # the storage source stopped sampling: the load counts without its bytes
+            counted.add((run, start))
+            self._count(job, end - start, read if isinstance(read, float) else None)
+
+    def totals(self) -> dict[str, RestoreTotals]:
+        return dict(self._totals)
+
+    def forget(self, jobs: Iterable[str]) -> None:
+        for job in jobs:
+            self._counted.pop(job, None)
+            self._totals.pop(job, None)
+
+    def _count(self, job: str, seconds: float, read: float | None) -> None:
+        before = self._totals.get(job, RestoreTotals())
+        self._totals[job] = RestoreTotals(
+            loads=before.loads + 1,
+            seconds=before.seconds + seconds,
+            read_bytes=before.read_bytes + (read or 0.0),
+            loads_with_bytes=before.loads_with_bytes + (read is not None),
+            last_seconds=seconds,
+            last_read_bytes=read,
+        )
+
+    def _read_between(self, mounts: tuple[str, ...], start: float, end: float) -> float | None | object:
+        """Bytes the mounts read from ``start`` to ``end``; None when a mount's samples do not reach back to
+        ``start``; ``_PENDING`` while none has been sampled after ``end``."""
+        if not mounts:
+            return None
+        total = 0.0
+        for point in mounts:
+            samples = self._samples.get(point)
+            if not samples or samples[-1][0] < end:
+                return _PENDING if samples else None
+            if samples[0][0] > start:
+                return None
+            total += _at(samples, end) - _at(samples, start)
+        return max(total, 0.0)
+
+
+_PENDING = object()
+
+
+def _at(samples: deque[tuple[float, float]], when: float) -> float:
+    """The counter at ``when``, linear between the samples around it."""
+    times = [t for t, _ in samples]
+    index = bisect.bisect_left(times, when)
+    if index < len(times) and times[index] == when:
+        return samples[index][1]
+    (t0, v0), (t1, v1) = samples[index - 1], samples[index]
+    return v0 + (v1 - v0) * (when - t0) / (t1 - t0)

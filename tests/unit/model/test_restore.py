@@ -1,0 +1,85 @@
+"""Checkpoint restores (exporter.model.restore): a load's time from the ledger's bands, its bytes from the checkpoint
+mounts' read counters around it, and the loads it cannot measure."""
+
+import pytest
+
+from exporter.model.ledger import Ledger
+from exporter.model.restore import RestoreMeter
+from tests.support.known_truth import END, script
+
+LOAD = [(1, "productive", 0.0, 100.0), (2, "checkpoint_load", 200.0, 215.0), (2, "startup", 215.0, 220.0)]
+
+
+def test_a_loads_bytes_are_the_mounts_reads_between_its_start_and_end():
+    meter = RestoreMeter()
+    for at, value in ((195.0, 1000.0), (205.0, 21000.0), (220.0, 51000.0)):
+        meter.observe_mounts(at, {"/ckpt": value})
+    meter.observe_job("llama", LOAD, ("/ckpt",), now=221.0)
+    total = meter.totals()["llama"]
+    # At 200: 1000 + 20000 × 5/10 = 11000; at 215: 21000 + 30000 × 10/15 = 41000.
+    assert (total.loads, total.seconds, total.read_bytes, total.loads_with_bytes) == (1, 15.0, 30000.0, 1)
+    assert total.last_bandwidth == pytest.approx(2000.0)
+    meter.observe_job("llama", LOAD, ("/ckpt",), now=222.0)
+    assert meter.totals()["llama"].loads == 1  # counted once
+
+
+def test_a_load_waits_for_its_end_and_for_the_sample_after_it():
+    meter = RestoreMeter()
+    meter.observe_mounts(190.0, {"/ckpt": 0.0})
+    meter.observe_job("llama", LOAD[:2], ("/ckpt",), now=216.0)  # still loading: no band after it
+    meter.observe_job("llama", LOAD, ("/ckpt",), now=216.0)  # ended, but no sample after 215 yet
+    assert meter.totals() == {}
+    meter.observe_mounts(216.0, {"/ckpt": 26000.0})
+    meter.observe_job("llama", LOAD, ("/ckpt",), now=217.0)
+    assert meter.totals()["llama"].read_bytes == pytest.approx(15000.0)
+
+
+def test_loads_the_counters_do_not_cover_count_without_bytes():
+    started_during = RestoreMeter()
+    started_during.observe_mounts(205.0, {"/ckpt": 0.0})
+    started_during.observe_mounts(220.0, {"/ckpt": 10.0})
+    started_during.observe_job("llama", LOAD, ("/ckpt",), now=221.0)
+    no_mount = RestoreMeter()
+    no_mount.observe_job("llama", LOAD, (), now=221.0)
+    stopped = RestoreMeter()
+    stopped.observe_mounts(190.0, {"/ckpt": 0.0})
+    stopped.observe_job("llama", LOAD, ("/ckpt",), now=300.0)
+    assert stopped.totals() == {}  # the storage source may still sample
+    stopped.observe_job("llama", LOAD, ("/ckpt",), now=900.0)
+    for meter in (started_during, no_mount, stopped):
+        total = meter.totals()["llama"]
+        assert (total.loads, total.seconds, total.loads_with_bytes, total.last_bandwidth) == (1, 15.0, 0, None)
+    remounted = RestoreMeter()
+    remounted.observe_mounts(190.0, {"/ckpt": 5000.0})
+    remounted.observe_mounts(210.0, {"/ckpt": 10.0})  # the counter went back: the samples before are forgotten
+    remounted.observe_mounts(230.0, {"/ckpt": 20.0})
+    remounted.observe_job("llama", LOAD, ("/ckpt",), now=231.0)
+    assert remounted.totals()["llama"].loads_with_bytes == 0
+    remounted.forget(["llama"])
+    assert remounted.totals() == {}
+
+
+def test_the_known_truth_runs_load_from_a_real_ledger():
+    ledger = Ledger(gpus=4)
+    offset = 1_800_000_000.0
+    for at, event, arg in script():
+        if event == "start":
+            ledger.start_run(at, offset, "client", arg)
+        elif event == "step":
+            ledger.progress(at, offset, arg, "client")
+        elif event.startswith("save"):
+            ledger.save(event.split("_")[1], at, offset)
+        else:
+            ledger.load(event.split("_")[1], at, offset, resume=arg)
+        ledger.tick(at, offset)
+    ledger.finish(END, offset)
+    bands = ledger.view(END, offset).bands
+    (load,) = [band for band in bands if band[1] == "checkpoint_load"]
+    meter = RestoreMeter()
+    rate = 3e9
+    for second in range(int(load[2]) - 10, int(load[3]) + 10, 5):
+        meter.observe_mounts(float(second), {"/ckpt": rate * max(0.0, min(second, load[3]) - load[2])})
+    meter.observe_job("llama", bands, ("/ckpt",), now=load[3] + 20)
+    total = meter.totals()["llama"]
+    assert total.loads == 1 and total.seconds == load[3] - load[2]
+    assert total.last_bandwidth == pytest.approx(rate)

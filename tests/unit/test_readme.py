@@ -1,0 +1,33 @@
+"""The README says what the program does: every route the server serves, every incident of the demo's rotation and
+its length (issue 35: the quick start listed four incidents and 33 minutes when the demo had five and 37)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from exporter.config import validate
+from exporter.service import build_service
+from exporter.sim.node import INCIDENTS, ROTATION_SECONDS
+from exporter.web.app import create_app
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_every_route_is_in_the_readme():
+    app = create_app(build_service(validate({}), []))
+    paths = {
+        re.sub(r"\{(\w+)\}", r"<\1>", resource.canonical)
+        for resource in app.router.resources()
+        if not resource.canonical.startswith("/static")
+    }
+    missing = sorted(p for p in paths if f"`{p}`" not in README and f" {p}`" not in README)
+    assert not missing, f"routes the README does not list: {missing}"
+
+
+def test_the_quick_start_names_every_incident_and_the_rotation_length():
+    quick_start = README.split("## ", 2)[1]  # the first section after the title
+    for name in INCIDENTS:
+        assert f"`{name}`" in quick_start, name
+    minutes = round(ROTATION_SECONDS / 60)
+    assert f"{minutes} minutes a rotation" in quick_start, minutes
