@@ -194,11 +194,20 @@ def _network_evidence(signals: NodeSignals, limits: Thresholds, nics: JobNics) -
     return None
 
 
+def _job_gpus(view: JobView, signals: NodeSignals) -> list[GpuReading]:
+    indices = view.gpu_indices or sorted(signals.gpus)
+    return [signals.gpus[i] for i in indices if i in signals.gpus]
+
+
+def _gpu_lost(view: JobView, signals: NodeSignals) -> bool:
+    return any(not gpu.up for gpu in _job_gpus(view, signals))
+
+
 def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: bool = False) -> tuple[str, str]:
     """The cause of a degraded job's gap and the evidence for it, by precedence. ``stopped``: the job's report is
     overdue (its recent progress is none), which is ``stalled`` as much as a window without progress is."""
     indices = view.gpu_indices or sorted(signals.gpus)
-    gpus = [signals.gpus[i] for i in indices if i in signals.gpus]
+    gpus = _job_gpus(view, signals)
     lost = [g for g in gpus if not g.up]
     if lost:
         return "gpu_lost", ", ".join(f"GPU {g.index} ({g.uuid or '?'}) is off the bus" for g in lost)
@@ -265,7 +274,9 @@ def _recent(view: JobView, state: _JobAttribution, now: float) -> tuple[float | 
         return None, 0.0, False
     last, previous = state.reports[-1], state.reports[-2]
     interval = max(last[0] - previous[0], 0.0)
-    if now - last[2] > max(OVERDUE_INTERVALS * interval, REPORT_RESOLUTION_SECONDS):
+    # Since it arrived (our clock), else since an evaluation first saw it (a second later at most).
+    arrived = view.progress_arrival if view.progress_arrival is not None else last[2]
+    if now - arrived > max(OVERDUE_INTERVALS * interval, REPORT_RESOLUTION_SECONDS):
         return 0.0, interval, True
     reference = next((p for p in reversed(state.reports) if last[0] - p[0] >= REPORT_RESOLUTION_SECONDS), None)
     if reference is None:
@@ -354,7 +365,8 @@ class Attributor:
         for cause in [cause for cause, seen in state.held.items() if now - seen.seen > hold]:
             del state.held[cause]  # the window no longer holds the seconds it slowed
         found: tuple[str, str] | None = None
-        if lost >= self.limits.tolerance or recent_lost >= self.limits.tolerance:
+        # A GPU of the job off the bus stops it (its collectives wait for the rank): no need to wait for a drop.
+        if lost >= self.limits.tolerance or recent_lost >= self.limits.tolerance or _gpu_lost(view, signals):
             cause, evidence = classify(view, signals, self.limits, stopped)
             if cause in SIGNAL_CAUSES:
                 state.held[cause] = _Held(cause, evidence, now)

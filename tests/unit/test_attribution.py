@@ -201,8 +201,17 @@ def test_a_job_watches_the_nics_on_its_gpus_pcie_switches(tmp_path):
 
 
 def test_healthy_job_is_none_and_loses_nothing():
-    attributor, found = verdict(job(mfu=0.43), NodeSignals(gpus=healthy_gpus(**{"3": {"up": False}})))
+    hot = NodeSignals(gpus=healthy_gpus(**{"3": {"throttle_reasons": ["hw_thermal_slowdown"]}}))
+    attributor, found = verdict(job(mfu=0.43), hot)
     assert found.cause == "none"
+    lost = {m.name: m for m in attribution_families(attributor.standings())}["mfu_job_lost_gpu_seconds"]
+    assert all(sample.value == 0 for sample in lost.samples)
+
+
+def test_a_lost_gpu_is_the_jobs_cause_at_once_but_loses_only_what_its_mfu_shows():
+    """A job's GPU off the bus stops it: gpu_lost before its windowed MFU moves, with nothing booked until it does."""
+    attributor, found = verdict(job(mfu=0.45), NodeSignals(gpus=healthy_gpus(**{"3": {"up": False}})))
+    assert found.cause == "gpu_lost"
     lost = {m.name: m for m in attribution_families(attributor.standings())}["mfu_job_lost_gpu_seconds"]
     assert all(sample.value == 0 for sample in lost.samples)
 
