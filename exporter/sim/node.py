@@ -32,6 +32,7 @@ from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
+from exporter.sources.base import Snapshot, Source
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ STALLED_CHECKPOINT_SECONDS = 900.0  # the guide's slow storage: fifteen minutes
 RESTORE_SECONDS = 15.0
 CHECKPOINT_EVERY = 600.0
 FIRST_CHECKPOINT = 20.0
+FABRIC_SOURCES = frozenset({"rdma", "ethtool"})  # the sources that read the simulated NICs' counters (ReadsNow)
 STORM_NICS = (2, 5)  # NIC i is the nearest of GPU i: NIC 2 is the reporting job's, NIC 5 the discovered job's
 HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3  # one of the reporting job's GPUs
@@ -462,6 +464,9 @@ class DemoNode:
         self._stall_pending = False
         # The incidents as they happened, on the simulated clock: the truth of GET /api/v1/demo.
         self.timeline: list[dict[str, Any]] = []
+        # The NICs' counters advance when a source reads them (sync_fabric), under this lock.
+        self._fabric_lock = threading.Lock()
+        self._fabric_at = clock.monotonic()
         self._apply(None)
 
     def context(self, config: dict) -> SourceContext:
@@ -499,11 +504,12 @@ class DemoNode:
                 self._restart(now, stamp)
             self.incident = incident
             self._stall_pending = incident == "checkpoint-stall"
-            self._apply(incident)
+            with self._fabric_lock:
+                self._advance_fabric()  # the traffic so far at the old rates, then the incident's
+                self._apply(incident)
         if self._restoring is not None:
             if now < self._restoring[0]:
                 self.nvml.advance(dt)
-                self.fabric.tick(dt)
                 self.storage.tick(dt, 0.0, restoring=True)
                 return  # loading the checkpoint: no steps yet
             self._restored(stamp)
@@ -514,12 +520,23 @@ class DemoNode:
         rate = healthy_tokens_per_second() * factor * (1 + self.random.uniform(-0.02, 0.02))
         self.tokens += rate * dt
         self.nvml.advance(dt)
-        self.fabric.tick(dt)
         self.storage.tick(dt, rate / healthy_tokens_per_second(), restoring=False)  # the loader reads as it trains
         if self.progressing and self.reporter is not None:
             self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
         if self.progressing and self.training_log is not None:
             self.training_log.progress(stamp, self.tokens)
+
+    def sync_fabric(self) -> None:
+        """Advance the NICs' counters to the simulated now: a source about to read them calls this (``ReadsNow``)."""
+        with self._fabric_lock:
+            self._advance_fabric()
+
+    def _advance_fabric(self) -> None:
+        now = self.clock.monotonic()
+        # Two sources reading at once (RDMA, ethtool) share one write: a few simulated milliseconds are no traffic.
+        if now - self._fabric_at >= 0.01:
+            self.fabric.tick(now - self._fabric_at)
+            self._fabric_at = now
 
     @property
     def progressing(self) -> bool:
@@ -699,6 +716,25 @@ def demo_config(config_path: str | None, node: DemoNode, kubelet_socket: str | N
     return validate(config, file)
 
 
+class ReadsNow:
+    """A source that reads the simulated NICs (RDMA's sysfs counters, the ethtool texts): before each sample they
+    advance to the simulated now, as real counters run on between a simulation's ticks. Stepped with the simulation
+    instead, a source sampling about as often would see one tick's counts, or none, or two (a pause ratio of 0 or
+    twice the truth). Everything else is the real source's."""
+
+    def __init__(self, source: Source, node: DemoNode):
+        self.source = source
+        self.node = node
+        self.name, self.interval, self.timeout = source.name, source.interval, source.timeout
+
+    def sample(self) -> Snapshot:
+        self.node.sync_fabric()
+        return self.source.sample()
+
+    def close(self) -> None:
+        self.source.close()
+
+
 class Simulation:
     """Runs ``DemoNode.tick`` in a thread (file writes must not stall the event loop) until stopped."""
 
@@ -752,7 +788,9 @@ def build_demo(
     if node.training_log is not None:
         node.training_log.path.touch()  # the logs source follows it from the start
     ctx = node.context(config)
-    sources = build_sources(config, ctx)
+    sources = [
+        ReadsNow(source, node) if source.name in FABRIC_SOURCES else source for source in build_sources(config, ctx)
+    ]
     require_sources(config, sources, args.config)
     runtime = build_service(
         config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic, speed=args.speed
