@@ -262,7 +262,7 @@ class _JobAttribution:
     held: dict[str, _Held] = field(default_factory=dict)  # cause -> when its signal was last seen
 
 
-def _recent(view: JobView, state: _JobAttribution, now: float) -> tuple[float | None, float, bool]:
+def _recent(view: JobView, state: _JobAttribution, now: float, elapsed: float) -> tuple[float | None, float, bool]:
     """The job's recent MFU (over its newest report interval at least a second long), its report interval, and
     whether its next report is overdue (then the recent MFU is 0: it is not progressing). None when it has not
     reported twice, or its FLOPs per token or peak are unknown."""
@@ -276,7 +276,8 @@ def _recent(view: JobView, state: _JobAttribution, now: float) -> tuple[float | 
     interval = max(last[0] - previous[0], 0.0)
     # Since it arrived (our clock), else since an evaluation first saw it (a second later at most).
     arrived = view.progress_arrival if view.progress_arrival is not None else last[2]
-    if now - arrived > max(OVERDUE_INTERVALS * interval, REPORT_RESOLUTION_SECONDS):
+    # As many evaluation intervals at least: a pass that comes late (a busy process) is no sign of the job's.
+    if now - arrived > OVERDUE_INTERVALS * max(interval, elapsed) and now - arrived > REPORT_RESOLUTION_SECONDS:
         return 0.0, interval, True
     reference = next((p for p in reversed(state.reports) if last[0] - p[0] >= REPORT_RESOLUTION_SECONDS), None)
     if reference is None:
@@ -336,7 +337,7 @@ class Attributor:
         elapsed = 0.0 if state.last_evaluated is None else max(now - state.last_evaluated, 0.0)
         state.last_evaluated = now
         signal, value = _signal(view)
-        recent, interval, stopped = _recent(view, state, now) if signal == "mfu" else (value, 0.0, False)
+        recent, interval, stopped = _recent(view, state, now, elapsed) if signal == "mfu" else (value, 0.0, False)
         if value is None or not view.running:
             # No MFU and no hardware figure to explain (the job JSON says why), or the job ended: nothing to blame.
             state.verdict = None
@@ -373,15 +374,22 @@ class Attributor:
             elif not state.held and (lost >= self.limits.tolerance or cause == "stalled"):
                 # No signal now nor within the window: what is left (no progress, idle GPUs, or nothing known).
                 found = (cause, evidence)
+        booked = found[0] if found is not None else None
         if state.held:
             held = min(state.held.values(), key=lambda h: PRECEDENCE[h.cause])
-            evidence = held.evidence
-            if held.seen < now:
-                evidence += (
-                    f" (cleared {now - held.seen:.0f} s ago; the {self.window:g} s MFU window still holds"
-                    " its slow seconds)"
+            booked = held.cause  # the window's gap, however small, is the seconds this cause slowed
+            if held.seen == now:
+                found = (held.cause, held.evidence)
+            elif lost >= self.limits.tolerance:  # shown while the job recovers; within the tolerance, none
+                found = (
+                    held.cause,
+                    f"{held.evidence} (cleared {now - held.seen:.0f} s ago; the {self.window:g} s MFU window still"
+                    " holds its slow seconds)",
                 )
-            found = (held.cause, evidence)
+            else:
+                found = None
+        if booked is not None:
+            state.lost_seconds[booked] += (view.gpus or 0) * min(lost, 1.0) * elapsed
         if found is None:
             self._judge(
                 state,
@@ -392,7 +400,6 @@ class Attributor:
             )
             return
         self._judge(state, now, Verdict(found[0], found[1], baseline, lost, signal))
-        state.lost_seconds[found[0]] += (view.gpus or 0) * min(lost, 1.0) * elapsed
 
     @staticmethod
     def _judge(state: _JobAttribution, now: float, verdict: Verdict) -> None:
