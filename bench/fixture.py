@@ -4,7 +4,7 @@ Eight H100s through the fake NVML, eight ConnectX-7 RoCE ports with every ``coun
 their eight netdevs with at least 300 ``ethtool -S`` statistics each, and four jobs of two GPUs each reporting
 progress and one checkpoint write each. Only the inputs are simulated: the daemon runs the real sources on them (the GPU source on the fake
 NVML module, the RDMA source on the sysfs tree, the ethtool source on ``ethtool -S`` texts) and every other source
-the runtime registers, as a real node's daemon does.
+the service registers, as a real node's daemon does.
 
 The fabric files are written by the bench driver (``SimulatedNode.tick``), not by the daemon, so the daemon's CPU
 is the exporter's own. ``Hangable`` wraps a source so the driver can make its sample hang, as NVML's calls do on a
@@ -23,7 +23,6 @@ from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.nic_qos import NicQos
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names
-from exporter.sim.node import train_healthily
 from exporter.sources import Paths, SourceContext, build_sources
 from exporter.sources.base import Source
 
@@ -57,7 +56,7 @@ def build_gpus() -> fake_nvml.FakeNvml:
     """Eight H100s in steady training, as the demo's healthy node has them."""
     nvml = fake_nvml.FakeNvml([fake_nvml.h100(index) for index in range(GPUS)])
     for gpu in nvml.gpus:
-        train_healthily(gpu)
+        fake_nvml.train_healthily(gpu)
     return nvml
 
 
@@ -119,7 +118,7 @@ class Hangable:
         self.switch = str(switch)
         self.blocked = str(switch) + ".blocked"
 
-    def __getattr__(self, name: str) -> Any:  # name, interval, timeout and whatever else the runtime reads
+    def __getattr__(self, name: str) -> Any:  # name, interval, timeout and whatever else the service reads
         return getattr(self.source, name)
 
     def sample(self):

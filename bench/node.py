@@ -1,4 +1,4 @@
-"""The benchmarked exporter process: the real runtime and server (``exporter.web.app.serve``) on the full-node fixture.
+"""The benchmarked exporter process: the real service and server (``exporter.web.app.serve``) on the full-node fixture.
 
     python -m bench.node --fixture DIR --web.listen-address 127.0.0.1:PORT
 
@@ -42,10 +42,10 @@ def main() -> int:
     sources = fixture.node_sources(config, args.fixture, nvml)
     if args.hang_switch:
         sources = [fixture.Hangable(s, args.hang_switch) if s.name == "gpu" else s for s in sources]
-    runtime = build_service(config, sources)
+    service = build_service(config, sources)
     stop = threading.Event()
     threading.Thread(target=advance_gpus, args=(nvml, stop), name="bench-gpus", daemon=True).start()
-    asyncio.run(serve(runtime, on_started=lambda urls: print("ready", urls[0], flush=True)))
+    asyncio.run(serve(service, on_started=lambda urls: print("ready", urls[0], flush=True)))
     stop.set()
     return 0
 

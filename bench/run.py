@@ -125,7 +125,8 @@ QUICK = Plan(
     demo_seconds=2.0,
 )
 
-# (figure, comparison, limit): a full run judges the median of each.
+# (figure, comparison, limit): a full run judges the median of each. Where node_exporter runs beside the exporter,
+# the target is the ratio of the two in the same window (issue 33): a loaded machine slows both alike.
 TARGETS = [
     *((f"scrape.{mode}.single.p99_ms", "<=", 2.0) for mode in loadgen.SCRAPE_MODES),
     *((f"scrape.{mode}.concurrent.p99_ms", "<=", 10.0) for mode in loadgen.SCRAPE_MODES),
@@ -136,15 +137,20 @@ TARGETS = [
     ),
     *((f"ratio.{mode}.fresh_single.p99", "<=", 0.5) for mode in loadgen.SCRAPE_MODES),  # issue 16
     ("hung.scrape.p99_ms", "<=", 50.0),
-    ("cpu.daemon_percent", "<=", 1.0),  # issue 16 (was 2 %)
+    ("ratio.cpu", "<=", 2.0),  # issue 33: the daemon's CPU over node_exporter's, the same 60 s
+    ("ratio.cpu_per_series", "<=", 1.2),  # issue 33: the same per series each exports
     ("demo.cpu_percent", "<", 5.0),
     ("sample.gpu.cpu_ms", "<", 20.0),
     ("sample.fabric.cpu_ms", "<", 15.0),
-    ("rss.final_mb", "<=", 80.0),
+    ("rss.final_mb", "<=", 60.0),  # issue 33 (was 80 MB)
     ("rss.growth_percent", "<", 5.0),
     ("ingest.reports_per_second", ">=", 5000.0),  # issue 16 (was 2,000)
     ("ingest.p99_ms", "<=", 25.0),
 ]
+# Judged only on a quiet machine: the 1-minute load average when the CPU window starts at most QUIET_LOAD (the bench
+# itself keeps about one core busy); on a loaded one the ratios above are the verdict.
+QUIET_TARGETS = [("cpu.daemon_percent", "<=", 1.0)]  # issues 16 and 33
+QUIET_LOAD = 1.5
 
 
 def stats(values: list[float]) -> dict[str, float]:
@@ -304,35 +310,35 @@ def text_reader_cpu(fabric: SimulatedNode, root: Path, cycles: int = 20) -> floa
 
 
 async def measure_rendering(plan: Plan, root: Path, figures: Figures) -> dict[str, str]:
-    """The CPU of one full render per format, on a runtime whose daemon sampled once, with the jobs reported and
+    """The CPU of one full render per format, on a service whose daemon sampled once, with the jobs reported and
     attributed; returns which source each family comes from (by its name in the text format)."""
     config = fixture.node_config()
-    runtime = build_service(config, fixture.node_sources(config, root, fixture.build_gpus()))
-    if runtime.checkpoints is not None:
+    service = build_service(config, fixture.node_sources(config, root, fixture.build_gpus()))
+    if service.checkpoints is not None:
         for job in fixture.JOBS:
-            runtime.checkpoints.record(parse_checkpoint_event(fixture.checkpoint_event(job), time.time()))
-    daemon = runtime.daemon
-    await daemon.start()
+            service.checkpoints.record(parse_checkpoint_event(fixture.checkpoint_event(job), time.time()))
+    scheduler = service.scheduler
+    await scheduler.start()
     try:
-        while not all(state.cycles for state in daemon.states.values()):
+        while not all(state.cycles for state in scheduler.states.values()):
             await asyncio.sleep(0.05)
     finally:
-        await daemon.stop()
+        await scheduler.stop()
     for index, job in enumerate(fixture.JOBS):
         for step in (1, 2):
-            runtime.jobs.report(
+            service.jobs.report(
                 parse_progress(fixture.progress_report(index, job, step * fixture.TOKENS_PER_REPORT, step), time.time())
             )
-    runtime.attribution.evaluate(time.time(), runtime.jobs.views(), runtime.node_signals())  # as evaluate_jobs does
+    service.attribution.evaluate(time.time(), service.jobs.views(), service.node_signals())  # as evaluate_jobs does
     source_of = {}
-    for name, state in daemon.states.items():
+    for name, state in scheduler.states.items():
         for family in snapshot_families(state.snapshot) if state.snapshot else ():
             source_of[family.name + "_info" if family.type == "info" else family.name] = name
     for label, accept in (("text", ""), ("openmetrics", loadgen.PROMETHEUS_ACCEPT)):
         encoder, content_type = choose_encoder(accept)
         renders = {
-            "cpu_ms": lambda: encode(runtime.registry, encoder, content_type),  # what a scrape waits for
-            "library_cpu_ms": lambda: encoder(runtime.registry),
+            "cpu_ms": lambda: encode(service.registry, encoder, content_type),  # what a scrape waits for
+            "library_cpu_ms": lambda: encoder(service.registry),
         }  # prometheus_client's own, for comparison
         for _ in range(plan.repetitions):
             for figure, render in renders.items():
@@ -491,6 +497,7 @@ async def measure_cpu(
     requests = {p: loadgen.get_request(p.address, "/metrics", loadgen.SCRAPE_MODES["openmetrics_gzip"]) for p in scrape}
     post = loadgen.Connection(exporter.address)
     windows: dict[Process, list[float]] = {p: [] for p in scrape}
+    figures.set("cpu.loadavg_1m_at_start", os.getloadavg()[0])
     started = time.monotonic()
     cpu_at_start = {p: p.cpu_seconds() for p in scrape}
     cpu_at_window = dict(cpu_at_start)
@@ -513,6 +520,15 @@ async def measure_cpu(
     for process, prefix in ((exporter, "cpu.daemon"), (node_exporter, "node_exporter.cpu")):
         figures.set(f"{prefix}_percent", (process.cpu_seconds() - cpu_at_start[process]) / elapsed * 100)
         figures.set(f"{prefix}_window_percent", stats(windows[process]))
+    figures.set("cpu.loadavg_1m_at_end", os.getloadavg()[0])
+    # The two processes over the same seconds, so what the machine's load does to one it does to the other.
+    ours, theirs = figures.median("cpu.daemon_percent"), figures.median("node_exporter.cpu_percent")
+    ratios = [a / b for a, b in zip(windows[exporter], windows[node_exporter]) if b > 0]
+    figures.set("ratio.cpu", ours / theirs if theirs > 0 else float("inf"))
+    if ratios:
+        figures.set("ratio.cpu_window", stats(ratios))
+    per_series = figures.median("node_exporter.series") / figures.median("series.total")
+    figures.set("ratio.cpu_per_series", figures.median("ratio.cpu") * per_series)
     return plan.cpu_seconds
 
 
@@ -787,11 +803,46 @@ async def run(plan: Plan) -> dict[str, Any]:
 
 def judge(figures: Figures) -> list[dict[str, Any]]:
     verdicts = []
-    for name, comparison, limit in TARGETS:
+    quiet = figures.median("cpu.loadavg_1m_at_start") <= QUIET_LOAD
+    for name, comparison, limit in TARGETS + QUIET_TARGETS:
         value = figures.median(name)
-        met = {"<=": value <= limit, "<": value < limit, ">=": value >= limit}[comparison]
+        met: bool | None = {"<=": value <= limit, "<": value < limit, ">=": value >= limit}[comparison]
+        if (name, comparison, limit) in QUIET_TARGETS and not quiet:
+            met = None  # not judged: the machine was loaded
         verdicts.append({"figure": name, "target": f"{comparison} {limit:g}", "median": value, "met": met})
     return verdicts
+
+
+def same_window(figures: dict[str, Any]) -> list[str]:
+    """Ours and node_exporter's figures of one window side by side, with their ratio (issue 33)."""
+
+    def median(name: str) -> float:
+        value = figures[name]
+        return value["median"] if isinstance(value, dict) else value
+
+    rows = [
+        ("CPU, % of a core over the same 60 s", "cpu.daemon_percent", "node_exporter.cpu_percent", "ratio.cpu"),
+        ("series", "series.total", "node_exporter.series", None),
+        ("RSS at warm-up, MB", "rss.warm_mb", "node_exporter.rss_mb", None),
+        *(
+            (
+                f"scrape p99 {mode}, fresh, 1 scraper, ms",
+                f"scrape.{mode}.fresh_single.p99_ms",
+                f"node_exporter.scrape.{mode}.fresh_single.p99_ms",
+                f"ratio.{mode}.fresh_single.p99",
+            )
+            for mode in loadgen.SCRAPE_MODES
+        ),
+    ]
+    lines = [
+        f"same window (load {median('cpu.loadavg_1m_at_start'):.2f} → {median('cpu.loadavg_1m_at_end'):.2f}): "
+        "ours / node_exporter's = ratio"
+    ]
+    for label, ours, theirs, ratio in rows:
+        value = median(ratio) if ratio else median(ours) / median(theirs)
+        lines.append(f"  {label:52} {median(ours):10.3f} / {median(theirs):10.3f} = {value:.2f}")
+    lines.append(f"  {'CPU per series':52} {'':10}   {'':10} = {median('ratio.cpu_per_series'):.2f}")
+    return lines
 
 
 def show(result: dict[str, Any]) -> str:
@@ -808,10 +859,10 @@ def show(result: dict[str, Any]) -> str:
             lines.append(f"{name:58} {value:12.3f}")
         else:
             lines.append(f"{name:58} {value!s:>12}")
+    lines += same_window(result["figures"])
     for verdict in result["targets"]:
-        lines.append(
-            f"{'met ' if verdict['met'] else 'MISSED'} {verdict['figure']} {verdict['target']}: {verdict['median']:.3f}"
-        )
+        word = {True: "met ", False: "MISSED", None: "not judged (loaded machine)"}[verdict["met"]]
+        lines.append(f"{word} {verdict['figure']} {verdict['target']}: {verdict['median']:.3f}")
     return "\n".join(lines)
 
 
@@ -822,13 +873,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.ERROR)  # the in-process runtime's notes (a job's first report) are expected
+    logging.basicConfig(level=logging.ERROR)  # the in-process service's notes (a job's first report) are expected
     result = asyncio.run(run(QUICK if args.quick else FULL))
     print(show(result), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    missed = [v["figure"] for v in result["targets"] if not v["met"]]
+    missed = [v["figure"] for v in result["targets"] if v["met"] is False]
     return 1 if missed and not args.quick else 0
 
 

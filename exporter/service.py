@@ -8,9 +8,10 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterable, TypeVar
 
 from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.metrics_core import Metric
 
 from exporter import __version__
 from exporter.config import CONFIG_ONLY_JOB_KEYS, Config, typed_config
@@ -21,10 +22,11 @@ from exporter.model.history import MfuHistory
 from exporter.model.job_view import GpuInfo, JobView
 from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
-from exporter.model.readings import GpuReading
+from exporter.model.readings import GpuReading, JobCollectives
 from exporter.model.restore import RestoreMeter
 from exporter.node.pci import nearest_devices
 from exporter.render.attribution import attribution_families
+from exporter.render.collectives import collective_families
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
 from exporter.render.restore import restore_families
@@ -34,7 +36,9 @@ from exporter.sources.checkpoint import CheckpointSource
 from exporter.sources.discovery import DiscoverySample
 from exporter.sources.ethtool import EthtoolSample
 from exporter.sources.gpu import GpuSample
-from exporter.sources.logs import LogsSource, discovered_pods_from
+from exporter.sources.inspector import InspectorReading
+from exporter.sources.logs import LogCollectives, LogsSample, LogsSource, discovered_pods_from
+from exporter.sources.nccl import NcclSample, NcclSource
 from exporter.sources.rdma import RdmaSample
 from exporter.sources.storage import StorageReading
 
@@ -50,7 +54,7 @@ T = TypeVar("T")
 @dataclass
 class Service:
     config: dict
-    daemon: Scheduler
+    scheduler: Scheduler
     jobs: JobTracker
     registry: CollectorRegistry
     cache: MetricsCache
@@ -68,7 +72,7 @@ class Service:
 
     async def start(self) -> None:
         """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop."""
-        await self.daemon.start()
+        await self.scheduler.start()
         self._ticking = asyncio.create_task(self.evaluate_jobs(), name="evaluate-jobs")
 
     async def stop(self) -> None:
@@ -78,7 +82,7 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticking
             self._ticking = None
-        await self.daemon.stop()
+        await self.scheduler.stop()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Service]:
@@ -95,7 +99,7 @@ class Service:
     @property
     def ready(self) -> bool:
         """Whether every source has finished its first sample cycle (``/readyz``)."""
-        return self.daemon.ready
+        return self.scheduler.ready
 
     async def metrics(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
         """The /metrics body in the format and encoding asked for, with its headers (cached per generation)."""
@@ -162,7 +166,7 @@ class Service:
 
     def readings(self, name: str, kind: type[T]) -> T | None:
         """The latest typed readings of source ``name`` (None while it is absent or has no snapshot yet)."""
-        return latest_readings(self.daemon, name, kind)
+        return latest_readings(self.scheduler, name, kind)
 
     def node_signals(self) -> NodeSignals:
         """The latest readings of the sources the attribution reads; a source that is absent or down adds nothing."""
@@ -175,7 +179,20 @@ class Service:
             ports=dict(rdma.ports) if rdma else {},
             checkpoint=self.checkpoint_overlap,
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
+            collectives=job_collectives(*self._collectives()),
         )
+
+    def _collectives(self) -> tuple[dict[str, LogCollectives], dict[str, InspectorReading]]:
+        logs = self.readings("logs", LogsSample)
+        nccl = self.readings("nccl", NcclSample)
+        return (dict(logs.collectives) if logs else {}), (dict(nccl.inspector) if nccl else {})
+
+    def collective_families(self) -> Iterable[Metric]:
+        """What joins two sources (render/collectives.py): whether a job's NCCL fell back to sockets (the logs source's
+        transport, the RDMA source's ports) and the slow rank its log or NCCL Inspector names."""
+        rdma = self.readings("rdma", RdmaSample)
+        rdma_active = any(port.port.active for port in rdma.ports.values()) if rdma else False
+        return collective_families(*self._collectives(), rdma_active)
 
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
@@ -190,8 +207,8 @@ class Service:
         return {
             "version": __version__,
             "time": now,
-            "ready": self.daemon.ready,
-            "sources": [s.as_json(now) for s in self.daemon.states.values()],
+            "ready": self.scheduler.ready,
+            "sources": [s.as_json(now) for s in self.scheduler.states.values()],
             "jobs": [self.job_json(v) for v in views],
             "history": {v.name: self.history.of(v.name) for v in views},
         }
@@ -218,7 +235,7 @@ class Service:
     def observe_restores(self, now: float, views: list[JobView]) -> None:
         """Each job's finished checkpoint loads (its ledger's bands) with the reads of its checkpoint mounts."""
         storage = self.readings("storage", StorageReading)
-        state = self.daemon.states.get("storage")
+        state = self.scheduler.states.get("storage")
         mounts: dict[str, list[str]] = {}
         if storage is not None and state is not None and state.last_success is not None:
             counters = {}
@@ -235,31 +252,50 @@ class Service:
         self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
 
 
-def latest_readings(daemon: Scheduler, name: str, kind: type[T]) -> T | None:
+def job_collectives(
+    logs: dict[str, LogCollectives], inspector: dict[str, InspectorReading]
+) -> dict[str, JobCollectives]:
+    """What the attribution reads of each job's collectives: the transport its log shows, and the slow rank the job
+    names (its own log first: it sees every rank) or NCCL Inspector finds among this node's ranks."""
+    result = {}
+    for job in sorted(set(logs) | set(inspector)):
+        log_found, measured = logs.get(job, LogCollectives()), inspector.get(job)
+        transport = log_found.transport
+        straggler = log_found.straggler.evidence if log_found.straggler is not None else None
+        result[job] = JobCollectives(
+            transport=transport.transport if transport is not None else None,
+            socket_fallback=bool(transport is not None and transport.fell_back_to_socket),
+            transport_evidence=transport.evidence if transport is not None else "",
+            straggler=straggler or (measured.straggler if measured is not None else None),
+        )
+    return result
+
+
+def latest_readings(scheduler: Scheduler, name: str, kind: type[T]) -> T | None:
     """The typed readings of source ``name``'s latest snapshot, when it has them of ``kind``."""
-    state = daemon.states.get(name)
+    state = scheduler.states.get(name)
     readings = state.snapshot.readings if state is not None and state.snapshot is not None else None
     return readings if isinstance(readings, kind) else None
 
 
-def gpu_inventory_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
+def gpu_inventory_from(scheduler: Scheduler, source_name: str = "gpu") -> Callable[[], list[GpuInfo] | None]:
     """This node's GPUs as the GPU source last saw them; None while it is down or absent."""
 
     def inventory() -> list[GpuInfo] | None:
-        sample = latest_readings(daemon, source_name, GpuSample)
+        sample = latest_readings(scheduler, source_name, GpuSample)
         return sample.inventory if sample is not None else None
 
     return inventory
 
 
-def gpu_readings_from(daemon: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, GpuReading] | None]:
+def gpu_readings_from(scheduler: Scheduler, source_name: str = "gpu") -> Callable[[], dict[int, GpuReading] | None]:
     """The GPU source's latest readings by GPU index; None while it is down or absent."""
 
     def readings() -> dict[int, GpuReading] | None:
-        state = daemon.states.get(source_name)
+        state = scheduler.states.get(source_name)
         if state is None or not state.up:
             return None
-        sample = latest_readings(daemon, source_name, GpuSample)
+        sample = latest_readings(scheduler, source_name, GpuSample)
         return sample.gpus if sample is not None else None
 
     return readings
@@ -276,7 +312,7 @@ def build_service(
     """The service over ``sources``. ``clock`` and ``monotonic`` are the node's clocks; ``speed`` says how many of
     their seconds pass per wall second (the demo's ``--speed``), so sampling and the 1 s tick keep to them."""
     typed = typed_config(config)
-    daemon = Scheduler(sources, clock=clock, speed=speed)
+    scheduler = Scheduler(sources, clock=clock, speed=speed)
     jobs = JobTracker(
         # The facts stay dicts (the progress API's reports merge into them), without the node's keys (data_paths).
         configured={
@@ -286,30 +322,32 @@ def build_service(
         window=typed.mfu.window,
         max_jobs=typed.ingest.max_jobs,
         job_ttl=typed.ingest.job_ttl,
-        gpu_inventory=gpu_inventory_from(daemon),
+        gpu_inventory=gpu_inventory_from(scheduler),
         clock=clock,
-        gpu_readings=gpu_readings_from(daemon),
+        gpu_readings=gpu_readings_from(scheduler),
         monotonic=monotonic,
     )
     attribution = Attributor(typed.attribution, window=typed.mfu.window)
     registry = CollectorRegistry(auto_describe=False)
     collector = ExporterCollector(
-        daemon, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
+        scheduler, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
     )
     registry.register(collector)
-    cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, parts=collector.parts)
-    daemon.on_sample(cache.sampled)
+    cache = MetricsCache(registry, lambda: scheduler.generation + jobs.generation, parts=collector.parts)
+    scheduler.on_sample(cache.sampled)
     checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
     if checkpoints is not None:
         checkpoints.listeners.append(jobs.checkpoint_event)  # every feed's saves reach the jobs' time ledgers
     for source in sources:
         if isinstance(source, LogsSource):  # log lines feed the same job model and checkpoint tracker as the APIs
-            source.attach(jobs, checkpoints, discovered_pods_from(lambda: daemon.states))
+            source.attach(jobs, checkpoints, discovered_pods_from(lambda: scheduler.states))
+        elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
+            source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(scheduler))
     restores = RestoreMeter()
     collector.add(lambda: restore_families(restores.totals()))
-    return Service(
+    service = Service(
         config,
-        daemon,
+        scheduler,
         jobs,
         registry,
         cache,
@@ -322,3 +360,15 @@ def build_service(
         restores=restores,
         speed=speed,
     )
+    collector.add(service.collective_families)
+    return service
+
+
+def jobs_by_gpu(jobs: JobTracker) -> dict[int, str]:
+    """Each GPU index of this node with the job holding it (discovery's GPUs, or ``jobs.<job>.gpus``)."""
+    return {index: view.name for view in jobs.views() for index in view.gpu_indices or ()}
+
+
+def gpu_index_by_uuid(scheduler: Scheduler, source_name: str = "gpu") -> Callable[[], dict[str, int]]:
+    inventory = gpu_inventory_from(scheduler, source_name)
+    return lambda: {gpu.uuid: gpu.index for gpu in inventory() or ()}

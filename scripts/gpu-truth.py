@@ -208,8 +208,8 @@ def serve_fake(config_path: str, listen: str) -> int:
 
     threading.Thread(target=tick, daemon=True).start()
     ctx = SourceContext(config, Paths(args.sysfs, args.procfs), nvml=nvml)
-    runtime = build_service(config, build_sources(config, ctx), paths=ctx.paths)
-    asyncio.run(serve(runtime))
+    service = build_service(config, build_sources(config, ctx), paths=ctx.paths)
+    asyncio.run(serve(service))
     stop.set()
     return 0
 

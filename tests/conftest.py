@@ -31,9 +31,9 @@ def make_client(aiohttp_client):
     """An aiohttp test client around a real exporter app built from ``config`` and ``sources``."""
 
     async def make(config=None, sources=()):
-        runtime = build_service(validate(config or {}), list(sources))
-        client = await aiohttp_client(create_app(runtime))
-        client.runtime = runtime
+        service = build_service(validate(config or {}), list(sources))
+        client = await aiohttp_client(create_app(service))
+        client.service = service
         return client
 
     return make

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from typing import Callable
 
 from exporter import __version__
-from exporter.cli import check, demo, healthcheck, nccl, plan, run
 from exporter.cli.flags import EXIT_CONFIG, BadEnv, UsageError
 from exporter.config import ConfigError
 
@@ -17,18 +17,54 @@ log = logging.getLogger("exporter")
 Configure = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
 
-# Every command, in --help order: (help, add its flags, run it). A static table: nothing registers on import.
-COMMANDS: dict[str, tuple[str, Configure, Run]] = {
-    "run": (run.RUN_HELP, run.add_run_flags, run.run_daemon),
-    "check": (check.CHECK_HELP, check.add_check_flags, check.run_check),
-    "nccl": (nccl.NCCL_HELP, nccl.add_nccl_flags, nccl.run_nccl),
-    "plan": (plan.PLAN_HELP, plan.add_plan_flags, plan.run_plan),
-    "demo": (demo.DEMO_HELP, demo.add_demo_flags, demo.run_demo),
-    "healthcheck": (healthcheck.HEALTHCHECK_HELP, healthcheck.add_healthcheck_flags, healthcheck.run_healthcheck),
+# Every command, in --help order: (help, its module, the module's function that adds its flags, the one that runs
+# it). A static table: nothing registers on import. A command's module is imported when its flags are needed, so the
+# daemon never loads the demo's simulation (gRPC, requests: some 20 MB resident).
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "run": ("Run the exporter daemon (the default command).", "run", "add_run_flags", "run_daemon"),
+    "check": (
+        "Check this node for what a distributed training job needs (read-only); exit 1 when a check FAILs.",
+        "check",
+        "add_check_flags",
+        "run_check",
+    ),
+    "nccl": (
+        "Judge an NCCL test's output (nccl-tests, NCCL_DEBUG=INFO) against this node's fabric; exit 1 on FAIL.",
+        "nccl",
+        "add_nccl_flags",
+        "run_nccl",
+    ),
+    "plan": (
+        "Size a training run with the guide's t_train = 6·P·D / (N·T_peak·MFU).",
+        "plan",
+        "add_plan_flags",
+        "run_plan",
+    ),
+    "demo": (
+        "Run a simulated 8-GPU training node through the real exporter, with live MFU and incidents.",
+        "demo",
+        "add_demo_flags",
+        "run_demo",
+    ),
+    "healthcheck": (
+        "Ask the daemon's /healthz over HTTP or HTTPS, as its own settings say (for Docker HEALTHCHECK).",
+        "healthcheck",
+        "add_healthcheck_flags",
+        "run_healthcheck",
+    ),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command(name: str) -> tuple[Configure, Run]:
+    """The command's (add its flags, run it), its module imported now."""
+    _, module_name, configure, runner = COMMANDS[name]
+    module = importlib.import_module(f"exporter.cli.{module_name}")
+    return getattr(module, configure), getattr(module, runner)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with ``only``, the flags of that command and of ``run`` (the top-level help lists
+    them) and the others' names and help alone."""
     parser = argparse.ArgumentParser(
         prog="mfu-exporter",
         description="Prometheus exporter and live MFU monitor for LLM training nodes. With no command, runs the daemon.",
@@ -36,10 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mfu-exporter {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help_text, configure, runner) in COMMANDS.items():
+    for name, (help_text, *_) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        configure(sub)
-        sub.set_defaults(run=runner)
+        if only is None or name in (only, "run"):
+            configure, runner = command(name)
+            configure(sub)
+            sub.set_defaults(run=runner)
     parser.epilog = run_flags_help(commands.choices["run"])
     return parser
 
@@ -62,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "run")
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv[0] if argv[0] in COMMANDS else None).parse_args(argv)
     try:
         for value in vars(args).values():
             if isinstance(value, BadEnv):

@@ -14,18 +14,9 @@ from exporter.cli.flags import add_flag, add_path_flags, positive
 from exporter.config import ConfigError, load_config, typed_config
 from exporter.node.nic_qos import NicQos
 from exporter.preflight import nccl
-from exporter.preflight.checks import (
-    CheckResult,
-    PreflightSettings,
-    Status,
-    gather,
-    read_env_file,
-    render_table,
-    results_json,
-    run_checks,
-)
-
-CHECK_HELP = "Check this node for what a distributed training job needs (read-only); exit 1 when a check FAILs."
+from exporter.preflight.checks import read_env_file, run_checks
+from exporter.preflight.facts import CheckResult, PreflightSettings, Status, gather
+from exporter.preflight.report import render_table, results_json
 
 
 def add_check_flags(parser: argparse.ArgumentParser) -> None:

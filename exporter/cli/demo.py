@@ -30,8 +30,6 @@ from exporter.sim.node import (
 )
 from exporter.web.app import serve
 
-DEMO_HELP = "Run a simulated 8-GPU training node through the real exporter, with live MFU and incidents."
-
 
 class NotForTheDemo(argparse.Action):
     """``--path.sysfs`` and ``--path.procfs`` say where the kernel's trees are, and the demo reads no kernel tree: its
@@ -121,7 +119,7 @@ def run_demo(args: argparse.Namespace) -> int:
         raise UsageError("--incident-node needs --nodes")
     root = Path(tempfile.mkdtemp(prefix="mfu-demo-"))
     try:
-        runtime, node, simulation = build_demo(args, root, flags=lambda config: demo_flags(config, args))
+        service, node, simulation = build_demo(args, root, flags=lambda config: demo_flags(config, args))
 
         def started(urls: list[str]) -> None:
             url = urls[0]
@@ -136,7 +134,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     target_tokens=NODE_TARGET_TOKENS,
                     clock=lambda: node.stamp,  # the time of the tick's token count, not of the send
                     monotonic=node.clock.monotonic,  # heartbeats and the load's duration on the simulated clock
-                    **reporter_access(runtime.config, url),
+                    **reporter_access(service.config, url),
                 )
                 node.reporter = node.new_reporter()
             simulation.start()
@@ -160,7 +158,7 @@ def run_demo(args: argparse.Namespace) -> int:
             print("  Ctrl-C stops it.", flush=True)
 
         # The simulation's truth, served beside the exporter's own answers (the web layer never imports sim/).
-        asyncio.run(serve(runtime, on_started=started, documents={"/api/v1/demo": node.truth}))
+        asyncio.run(serve(service, on_started=started, documents={"/api/v1/demo": node.truth}))
         simulation.stop()
         if node.kubelet is not None:
             node.kubelet.stop()

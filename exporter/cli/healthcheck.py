@@ -24,7 +24,6 @@ from exporter.cli.flags import BadEnv, add_daemon_flags, load_daemon_config
 from exporter.config import ConfigError, read_yaml, typed_config
 
 EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1
-HEALTHCHECK_HELP = "Ask the daemon's /healthz over HTTP or HTTPS, as its own settings say (for Docker HEALTHCHECK)."
 ENV_PREFIX = "MFU_EXPORTER_"
 # client_auth_type values under which a client without a certificate is refused during the handshake.
 CLIENT_CERT_REQUIRED = {"RequireAnyClientCert", "RequireAndVerifyClientCert"}

@@ -25,7 +25,6 @@ from exporter.preflight.nccl import (
     verify,
 )
 
-NCCL_HELP = "Judge an NCCL test's output (nccl-tests, NCCL_DEBUG=INFO) against this node's fabric; exit 1 on FAIL."
 EXIT = {"pass": 0, "fail": 1, "unreadable": 2}
 
 

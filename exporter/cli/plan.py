@@ -207,9 +207,6 @@ def render_plan(plan: Plan) -> str:
 # --- command line -----------------------------------------------------------------------------------------------
 
 
-PLAN_HELP = "Size a training run with the guide's t_train = 6·P·D / (N·T_peak·MFU)."
-
-
 def _quantity(value: str) -> float:
     try:
         number = parse_quantity(value)
@@ -223,7 +220,7 @@ def _quantity(value: str) -> float:
 
 
 def bounded(low: float, high: float, what: str) -> Callable[[str], float]:
-    """A positive quantity within the bounds the daemon holds a job's facts to (exporter/config.py), so every figure
+    """A positive quantity within the bounds the daemon holds a job's facts to (exporter/config/), so every figure
     the plan derives from it stays finite."""
 
     def parse(value: str) -> float:

@@ -12,8 +12,6 @@ from exporter.service import build_service
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
 from exporter.web.app import serve
 
-RUN_HELP = "Run the exporter daemon (the default command)."
-
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     add_daemon_flags(parser)
@@ -27,6 +25,6 @@ def run_daemon(args: argparse.Namespace, nvml: Any = None) -> int:
         ctx = dataclasses.replace(ctx, nvml=nvml)
     sources = build_sources(config, ctx)
     require_sources(config, sources, args.config)
-    runtime = build_service(config, sources, paths=ctx.paths, monotonic=ctx.monotonic)
-    asyncio.run(serve(runtime))
+    service = build_service(config, sources, paths=ctx.paths, monotonic=ctx.monotonic)
+    asyncio.run(serve(service))
     return 0

@@ -5,14 +5,21 @@ on every node and in the cluster rules):
 
 1. ``gpu_lost``    a GPU of the job is off the bus (NVML GpuIsLost, Unknown)
 2. ``checkpoint``  a checkpoint write of the job is in progress
-3. ``network``     a NIC of the job paused over the threshold, a pause storm, RDMA retransmissions/timeouts, or CNPs at or
-                   over a fixed rate (``cnp_per_second``, the level the cluster rules use too; not a rise over the job's
-                   healthy rate, so set it above the CNP rate the job sees when healthy)
+3. ``network``     NCCL carries the job's inter-node traffic over TCP sockets on a node with an active RDMA port (its
+                   log's ``NCCL INFO`` lines), a NIC of the job paused over the threshold, a pause storm, RDMA
+                   retransmissions/timeouts, or CNPs at or over a fixed rate (``cnp_per_second``, the level the
+                   cluster rules use too; not a rise over the job's healthy rate, so set it above the CNP rate the job
+                   sees when healthy)
 4. ``thermal``     a GPU of the job throttles for heat
 5. ``power``       a GPU of the job throttles for power (power cap, power brake, HW slowdown)
-6. ``stalled``     no progress at all
-7. ``input``       the job's GPUs are mostly idle with none of the above: data loading or host side
-8. ``unknown``     a gap and no signal that explains it
+6. ``straggler``   one rank holds the job back: named by the job (Megatron's straggler detector, nvidia-resiliency-ext's
+                   scores) or by NCCL Inspector (the rank whose collectives are the shortest: its peers wait in them).
+                   After thermal and power, which name the hardware reason a rank is slow; before stalled, since a
+                   straggling job still makes progress. The cluster rules add the hardware comparison (a node whose
+                   SM clock, throttle time or tensor activity lies beyond the median ± 3 MAD of the job's nodes)
+7. ``stalled``     no progress at all
+8. ``input``       the job's GPUs are mostly idle with none of the above: data loading or host side
+9. ``unknown``     a gap and no signal that explains it
 
 A job's NICs are the RDMA devices nearest each of its GPUs by PCIe topology (same switch, else same host bridge or
 NUMA node: the path its GPUDirect traffic takes), so on a node shared by jobs one job's paused NIC does not blame
@@ -48,12 +55,13 @@ from typing import Any, Callable, Iterable
 from exporter.config import AttributionConfig
 from exporter.model.job_view import JobView
 from exporter.model.progress import REPORT_RESOLUTION_SECONDS
-from exporter.model.readings import GpuReading, InterfaceSignal, PortSignal
+from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, PortSignal
 
-CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "stalled", "input", "unknown")
+CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "straggler", "stalled", "input", "unknown")
+SOCKET_FALLBACK = "NCCL uses sockets, not RDMA"
 # Causes that stand on a signal of their own (a reading, an event): seen now, or within the window, they explain
 # the gap. The rest (no progress, idle GPUs, nothing) are what is left when none does.
-SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "power"})
+SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "power", "straggler"})
 PRECEDENCE = {cause: rank for rank, cause in enumerate(CAUSES)}
 # A job's report counts as overdue (its progress stopped) this many of its own report intervals after the last.
 OVERDUE_INTERVALS = 1.5
@@ -74,7 +82,7 @@ RETRANSMIT_COUNTERS = frozenset(
 )
 
 
-# The thresholds are the config's ``attribution`` section, defaults and all (one table: exporter/config.py).
+# The thresholds are the config's ``attribution`` section, defaults and all (one table: exporter/config/).
 Thresholds = AttributionConfig
 
 
@@ -118,6 +126,8 @@ class NodeSignals:
     # (GPU's NVML bus ID, ((RDMA device, PCI address), ...)) -> the devices on the shortest PCIe path from the GPU.
     # The service binds it to the node's sysfs (``exporter.node.pci.nearest_devices``); the default places nothing.
     nearest_nics: Callable[[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = lambda bus_id, nics: ()
+    # Each job's collectives as its log and NCCL Inspector show them (the logs and nccl sources): job -> reading.
+    collectives: dict[str, JobCollectives] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -194,6 +204,19 @@ def _network_evidence(signals: NodeSignals, limits: Thresholds, nics: JobNics) -
     return None
 
 
+def _socket_fallback(collectives: JobCollectives, signals: NodeSignals) -> str | None:
+    """NCCL on TCP sockets between nodes while this node has an RDMA port up: the fabric is there, NCCL did not use
+    it (NCCL_IB_DISABLE, NCCL_NET, an HCA name NCCL_IB_HCA does not match, no /dev/infiniband in the container)."""
+    if not collectives.socket_fallback:
+        return None
+    active = sorted(key for key, port in signals.ports.items() if port.port.active)
+    if not active:
+        return None  # no RDMA port up here: sockets are all the node has, not a fallback NCCL chose
+    shown = ", ".join(active[:4]) + (f" and {len(active) - 4} more" if len(active) > 4 else "")
+    evidence = f"; {collectives.transport_evidence}" if collectives.transport_evidence else ""
+    return f"{SOCKET_FALLBACK}: the job's inter-node traffic is on TCP while {shown} is active{evidence}"
+
+
 def _job_gpus(view: JobView, signals: NodeSignals) -> list[GpuReading]:
     indices = view.gpu_indices or sorted(signals.gpus)
     return [signals.gpus[i] for i in indices if i in signals.gpus]
@@ -214,7 +237,8 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: b
     writes = signals.checkpoint(view.name)
     if writes and writes.get("in_progress"):
         return "checkpoint", f"checkpoint {writes['in_progress']} writing for {writes.get('elapsed_seconds') or 0:.0f}s"
-    network = _network_evidence(signals, limits, job_nics(indices, signals))
+    collectives = signals.collectives.get(view.name, JobCollectives())
+    network = _socket_fallback(collectives, signals) or _network_evidence(signals, limits, job_nics(indices, signals))
     if network:
         return "network", network
     for cause, reasons in (("thermal", THERMAL_REASONS), ("power", POWER_REASONS)):
@@ -226,6 +250,8 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: b
                 + (f" at {g.temperature:.0f} °C" if g.temperature is not None else "")
                 for g, r in hit
             )
+    if collectives.straggler:
+        return "straggler", collectives.straggler
     if view.tokens_per_second == 0:
         return "stalled", "no token progress over the MFU window"
     if stopped:

@@ -211,13 +211,13 @@ class ViewBuilder:
                 if len(job.window) >= 2
                 else "waiting for a second progress report"
             )
-        utilization = implausible = None
+        mfu = implausible = None
         # No reason means every fact is known; the checks for None say so to the type checker.
         if reason is None and running and fpt is not None and rate is not None and peak is not None:
-            utilization = mfu_math.model_flops_utilization(fpt, rate, peak)
-            if not 0.0 <= utilization <= 1.0:
+            mfu = mfu_math.model_flops_utilization(fpt, rate, peak)
+            if not 0.0 <= mfu <= 1.0:
                 reason = self._implausible(facts, gpus, count, fpt * rate, peak)
-                implausible, utilization = utilization, None
+                implausible, mfu = mfu, None
         if not running:
             reason = f"the job {job.state}: MFU is measured while a job runs"
         framework = job.framework_mfu
@@ -240,7 +240,7 @@ class ViewBuilder:
             flops_per_token=fpt,
             gpus=count,
             peak_flops=peak,
-            mfu=utilization,
+            mfu=mfu,
             eta_seconds=eta,
             reason=reason,
             facts=facts,

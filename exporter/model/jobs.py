@@ -37,6 +37,10 @@ from exporter.model.readings import GpuReading
 
 log = logging.getLogger(__name__)
 
+# A job's view is computed again when the job changes, at each 1 s tick, and on a read when the view it has is older
+# than this (the tick's period): reports, scrapes and status requests between two ticks share one computation.
+VIEW_MAX_AGE = 1.0
+
 
 @dataclass
 class Job:
@@ -69,6 +73,8 @@ class Job:
     ledger: Ledger = field(default_factory=Ledger)  # where its time here went (exporter.model.ledger)
     pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
     data_wait: DataWaitMeter | None = None  # its wait for input, once its client or log gives one
+    version: int = 0  # counts the changes to the job, so its kept view is known to be stale
+    view: tuple[int, float, JobView] | None = None  # (version, clock, the view then), shared by reads until stale
 
     @property
     def tokens_processed(self) -> float:
@@ -88,7 +94,7 @@ class JobTracker:
     def __init__(
         self,
         configured: dict[str, dict] | None = None,
-        window: float = DEFAULTS.mfu.window,  # the config table's defaults (exporter/config.py)
+        window: float = DEFAULTS.mfu.window,  # the config table's defaults (exporter/config/)
         max_jobs: int = DEFAULTS.ingest.max_jobs,
         job_ttl: float = DEFAULTS.ingest.job_ttl,
         gpu_inventory: Callable[[], list[GpuInfo] | None] = lambda: None,
@@ -134,7 +140,7 @@ class JobTracker:
                 self._ledger_report(job, report, at, now)
                 if report.state != job.state:
                     self._end(job, report.state, now)
-                self.generation += 1
+                self._changed(job)
                 return self._answer(job, now) if view else None
             before = job.tokens_total if job.reported else report.tokens_total
             if job.reported and report.tokens_total < job.tokens_total:
@@ -167,7 +173,7 @@ class JobTracker:
             self._ledger_report(job, report, at, now, before)
             if report.state != job.state:
                 self._end(job, report.state, now)
-            self.generation += 1
+            self._changed(job)
             # A log source feeds many lines at once and needs no view of each (a view looks the peak up); the
             # 1 s tick logs its reason then.
             if not view:
@@ -178,6 +184,11 @@ class JobTracker:
         answer = self._view(job, now)
         self._warn(answer)
         return answer
+
+    def _changed(self, job: Job) -> None:
+        """A change to the job: its kept view is stale, and the model's generation moves (the body cache's key)."""
+        job.version += 1
+        self.generation += 1
 
     # -- the time ledger (exporter.model.ledger) ----------------------------------------------------------------
     def _clocks(self, at: float | None, now: float) -> tuple[float, float, float]:
@@ -252,7 +263,7 @@ class JobTracker:
             if job is None:
                 return
             self._data_wait(job, at, total, source)
-            self.generation += 1
+            self._changed(job)
 
     def _data_wait(self, job: Job, at: float, total: float, source: str) -> None:
         if job.data_wait is None:
@@ -278,7 +289,7 @@ class JobTracker:
                 return
             when, mono, offset = self._clocks(at, now)
             yield self._ledger(job, mono, offset), when, offset
-            self.generation += 1
+            self._changed(job)
 
     def observe(
         self,
@@ -312,7 +323,7 @@ class JobTracker:
                 job.framework_tflops_per_gpu = framework_tflops_per_gpu
             job.feed_reason = reason
             job.last_arrival = max(job.last_arrival, self._clock())
-            self.generation += 1
+            self._changed(job)
 
     def gpu_count(self, name: str) -> int | None:
         """The job's GPUs on this node as its MFU counts them: its gpus fact, else the GPUs discovery saw it hold,
@@ -381,7 +392,7 @@ class JobTracker:
                 if job is None:
                     job = self._jobs[name] = Job(name, dict(self._configured.get(name, {})), created=now)
                 job.touched = True
-                self.generation += 1
+                self._changed(job)
 
     def set_discovered(self, found: dict[str, DiscoveredJob]) -> None:
         """What discovery finds now: new jobs begin, known ones get its facts, the ones it no longer finds end
@@ -410,15 +421,18 @@ class JobTracker:
                     if job.pods is None or restart:
                         self._ledger(job, mono, offset).start_run(when, offset, "discovery", restart=restart)
                     job.pods = pods
+                job.version += 1
             for name, job in list(self._jobs.items()):
                 if job.pods is not None and name not in found:
                     # Its pod (or Slurm step) went away: the run ended at its last sign of life.
                     ledger = self._ledger(job, mono, offset)
                     ledger.end_run(ledger.last_seen if ledger.last_seen is not None else when, offset, "gone")
                     job.pods = None
+                    job.version += 1
                     changed = True
                 if job.discovered is not None and name not in found:
                     job.discovered = None
+                    job.version += 1
                     changed = True
                     self._expiry_bound = (float("inf"), 0.0)  # it may expire now: the next pass looks at every job
                     if not (job.reported or job.touched):
@@ -439,7 +453,8 @@ class JobTracker:
 
     def views(self) -> list[JobView]:
         """Every job as it stands now; a read that changes nothing (scrapes and the status API call it, from the
-        encoder's threads too). A job past ``job_ttl`` is left out, though the tick or the next report forgets it."""
+        encoder's threads too). A job past ``job_ttl`` is left out, though the tick or the next report forgets it.
+        Each job's view is the one kept since its last change or tick while it is younger than ``VIEW_MAX_AGE``."""
         now = self._clock()
         with self._lock:
             return self._views(now)
@@ -453,6 +468,7 @@ class JobTracker:
             _, mono, offset = self._clocks(None, now)
             for job in self._jobs.values():
                 self._ledger(job, mono, offset).tick(mono, offset)
+                job.version += 1  # its ledger moved on: every view is computed again, once, here
             views = self._views(now)
             for view in views:
                 self._warn(view)
@@ -499,7 +515,12 @@ class JobTracker:
         self._expiry_bound = (now, min([now, *(max(j.last_arrival, j.created) for j in self._jobs.values())]))
 
     def _view(self, job: Job, now: float) -> JobView:
-        return self._builder.view(job, now, self._ledger_view(job, now))
+        kept = job.view
+        if kept is not None and kept[0] == job.version and 0.0 <= now - kept[1] < VIEW_MAX_AGE:
+            return kept[2]
+        view = self._builder.view(job, now, self._ledger_view(job, now))
+        job.view = (job.version, now, view)
+        return view
 
     def _ledger_view(self, job: Job, now: float) -> LedgerView | None:
         if not job.ledger.fed:

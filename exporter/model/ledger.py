@@ -48,6 +48,35 @@ MAX_BANDS = 256  # timeline bands kept per job (consecutive bands of one kind me
 HEARTBEAT_MISSES = 3  # a run whose client sends heartbeats is lost after this many intervals without one
 
 
+class RecentValues:
+    """The last ``size`` values and their upper median. The values are also kept sorted as they come and go (a
+    bisection each), so a median is a lookup: each report and each view of a job reads the medians several times,
+    and sorting 256 values for them was the ledger's largest cost per report."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._recent: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def append(self, value: float) -> None:
+        if len(self._recent) == self._size:
+            del self._sorted[bisect.bisect_left(self._sorted, self._recent.popleft())]
+        self._recent.append(value)
+        bisect.insort(self._sorted, value)
+
+    def median(self) -> float:
+        return self._sorted[len(self._sorted) // 2]
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RecentValues) and self._recent == other._recent
+
+    def __repr__(self) -> str:
+        return f"RecentValues({list(self._recent)!r})"
+
+
 @dataclass
 class Run:
     """One run of the job on this node (a process, a pod, a Slurm step), for the API and the timeline."""
@@ -142,19 +171,14 @@ class Ledger:
     # A run's first step when the step time is still unknown: (its time, the steps it reports) until the next
     # step gives the step time and says how much of the wait before it was start-up.
     first: tuple[float, float, str, float | None] | None = None  # (time, steps, kind before, resumed from)
-    intervals: deque = field(default_factory=lambda: deque(maxlen=STEADY_INTERVALS))  # seconds between reports
-    step_durations: deque = field(default_factory=lambda: deque(maxlen=STEADY_INTERVALS))  # seconds per step
+    intervals: RecentValues = field(default_factory=lambda: RecentValues(STEADY_INTERVALS))  # between reports
+    step_durations: RecentValues = field(default_factory=lambda: RecentValues(STEADY_INTERVALS))  # per step
     step_buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
     step_sum: float = 0.0
     step_count: int = 0
     over_ideal: float = 0.0
     ended: bool = False
     fed: bool = False  # a progress feed said something: steps, or a client's start
-    # The medians of intervals and step_durations by name, with the count of appends they were taken at: each
-    # report and each view of the job reads them several times, and sorting 256 values each time was the ledger's
-    # largest cost per second (``_observe_steps`` is the only writer and counts its appends).
-    _appends: int = field(default=0, repr=False, compare=False)
-    _medians: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False, compare=False)
 
     # -- events -----------------------------------------------------------------------------------------------
     def start_run(self, at: float, offset: float, source: str, run_id: str | None = None, restart: bool = True) -> None:
@@ -351,22 +375,12 @@ class Ledger:
     def ideal_step(self) -> float | None:
         if not self.step_durations:
             return None
-        return self._median("step_durations", self.step_durations)
+        return self.step_durations.median()
 
     def stall_after(self) -> float:
         if not self.intervals:
             return STALL_MIN_SECONDS
-        return max(STALL_MIN_SECONDS, STALL_FACTOR * self._median("intervals", self.intervals))
-
-    def _median(self, name: str, values: deque) -> float:
-        """The upper median of ``values``, sorted again only after an append."""
-        kept = self._medians.get(name)
-        if kept is not None and kept[0] == self._appends:
-            return kept[1]
-        ordered = sorted(values)
-        median = ordered[len(ordered) // 2]
-        self._medians[name] = (self._appends, median)
-        return median
+        return max(STALL_MIN_SECONDS, STALL_FACTOR * self.intervals.median())
 
     def restarts(self) -> int:
         return max(self.run_count - 1, 0)
@@ -535,7 +549,6 @@ class Ledger:
         if not math.isfinite(per_step):
             return
         self.intervals.append(waited)
-        self._appends += 1
         if not steady:
             return
         count = max(int(round(done)), 1)
@@ -547,4 +560,3 @@ class Ledger:
         if ideal is not None and per_step > ideal:
             self.over_ideal += (per_step - ideal) * done
         self.step_durations.append(per_step)
-        self._appends += 1

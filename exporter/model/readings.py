@@ -67,6 +67,9 @@ class RdmaPortFacts(Protocol):
     @property
     def pci_address(self) -> str | None: ...
 
+    @property
+    def active(self) -> bool: ...
+
 
 class PortSignal(Protocol):
     """What the attribution reads of one RDMA port's sample (``exporter.sources.rdma.PortReading``)."""
@@ -92,3 +95,15 @@ class InterfaceSignal(Protocol):
 
     @property
     def storm_event_deltas(self) -> dict[str, int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobCollectives:
+    """What a job's collectives say on this node, for the attribution: the NCCL transport its log shows
+    (``exporter.nccl.debug``) and the slow rank that the job, NCCL Inspector or the node's own GPUs name. The
+    sources fill it; the model never parses NCCL's or a framework's text."""
+
+    transport: str | None = None  # "ib", "roce", "socket", "ofi", "mixed"; None while the log has not said
+    socket_fallback: bool = False  # inter-node traffic went over TCP sockets
+    transport_evidence: str = ""  # the NCCL line(s) that show it
+    straggler: str | None = None  # who holds the job back, with the evidence; None when nobody is named

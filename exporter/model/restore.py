@@ -3,10 +3,12 @@ bytes the mounts holding the job's checkpoints read meanwhile (the storage sourc
 the checkpoint plane, beside the writes the checkpoint tracker counts.
 
 A load counts once its band is closed (a later band of the run follows it). Its bytes are the growth of the
-checkpoint mounts' read counters between the band's start and end, each interpolated between the two storage samples
-around it; a load the samples do not cover (the exporter started during it, no checkpoint mount configured) counts
-with its time and without bytes. The mount's counters count every reader of it: a restore's bytes are the mount's
-reads during the load, which is the restore's own on a node where nothing else reads that mount then.
+checkpoint mounts' read counters from the last storage sample at or before the band's start to the first at or after
+its end: the whole load is inside, whatever the sampling interval, and a mount's reads just before and after it
+(within one interval) count too; interpolating instead would split a short load's bytes with the idle time around
+it. A load the samples do not cover (the exporter started during it, no checkpoint mount configured) counts with its
+time and without bytes. The counters count every reader of the mount: a restore's bytes are the mount's reads
+around the load, which are the restore's own on a node where nothing else reads that mount then.
 
 Pure: no I/O, no clock of its own, no Prometheus types (rendered in ``exporter.render.restore``).
 """
@@ -110,18 +112,18 @@ class RestoreMeter:
                 return _PENDING if samples else None
             if samples[0][0] > start:
                 return None
-            total += _at(samples, end) - _at(samples, start)
+            total += _first_at_or_after(samples, end) - _last_at_or_before(samples, start)
         return max(total, 0.0)
 
 
 _PENDING = object()
 
 
-def _at(samples: deque[tuple[float, float]], when: float) -> float:
-    """The counter at ``when``, linear between the samples around it."""
+def _last_at_or_before(samples: deque[tuple[float, float]], when: float) -> float:
     times = [t for t, _ in samples]
-    index = bisect.bisect_left(times, when)
-    if index < len(times) and times[index] == when:
-        return samples[index][1]
-    (t0, v0), (t1, v1) = samples[index - 1], samples[index]
-    return v0 + (v1 - v0) * (when - t0) / (t1 - t0)
+    return samples[bisect.bisect_right(times, when) - 1][1]
+
+
+def _first_at_or_after(samples: deque[tuple[float, float]], when: float) -> float:
+    times = [t for t, _ in samples]
+    return samples[bisect.bisect_left(times, when)][1]

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import quote
 
-import requests
-
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -117,6 +115,9 @@ class PodLookup:
         self.last_failure: LookupFailed | None = None
         self.requests = 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
+        # requests (with urllib3) is some 6 MB resident: imported where the API server is used, not by every node.
+        import requests
+
         self._session = requests.Session()
 
     def lookup(self, namespace: str, name: str) -> PodMeta | LookupFailed | object:
@@ -164,6 +165,8 @@ class PodLookup:
                     self._blocked_until = self._clock() + self.retry_after
 
     def _get(self, namespace: str, name: str) -> PodMeta | LookupFailed:
+        import requests
+
         try:
             # Read each time: projected service-account tokens are rotated by the kubelet (hourly by default).
             with open(self.token_path, encoding="utf-8") as file:

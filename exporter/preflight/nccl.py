@@ -20,7 +20,7 @@ from typing import Iterable
 
 from exporter.nccl.perf import MARGIN, Judgement, Reading, judge, read_text
 from exporter.node.rdma import RdmaPort
-from exporter.preflight.checks import CheckResult, Status
+from exporter.preflight.facts import CheckResult, Status
 
 #: NCCL's busbw at 1 GiB on a healthy fabric is 80-95 % of the ports' line rate (nccl-tests doc/PERFORMANCE.md; the
 #: NDR and RoCE results in tests/fixtures/nccl/real/perf.txt). The lower end, so a good node never fails.

@@ -21,12 +21,12 @@ from exporter.sources.base import Snapshot
 class ExporterCollector(Collector):
     def __init__(
         self,
-        daemon: Scheduler,
+        scheduler: Scheduler,
         jobs: JobTracker,
         extra: Iterable[Callable[[], Iterable[Metric]]] = (),
         clock: Callable[[], float] = time.time,
     ):
-        self._daemon = daemon
+        self._scheduler = scheduler
         self._jobs = jobs
         self._extra = list(extra)
         self._clock = clock
@@ -47,7 +47,7 @@ class ExporterCollector(Collector):
         """What ``collect`` yields, in order and in parts: the sources' latest snapshots, whose families are the same
         for as long as the snapshot is the latest (so their encoding can be kept), and calls whose families may
         change at any time (jobs, the exporter's own series)."""
-        snapshots = [state.snapshot for state in self._daemon.states.values() if state.snapshot is not None]
+        snapshots = [state.snapshot for state in self._scheduler.states.values() if state.snapshot is not None]
         return [self._self_metrics, *snapshots, self._job_families, *self._extra]
 
     def _job_families(self) -> Iterable[Metric]:
@@ -74,7 +74,7 @@ class ExporterCollector(Collector):
             "Problems met while sampling, by source and reason.",
             labels=["source", "reason"],
         )
-        for state in self._daemon.states.values():
+        for state in self._scheduler.states.values():
             up.add_metric([state.name], 1.0 if state.up else 0.0)
             if state.last_duration is not None:
                 duration.add_metric([state.name], state.last_duration)

@@ -110,6 +110,8 @@ NODE_MEANS = (
         "Mean hardware FLOPs estimate over the node's GPUs.",
         "hardware_flops_utilization",
     ),
+    # The central rules compare it across a job's nodes: a node clocked below its peers holds the job back.
+    ("mfu_node_gpu_sm_clock_hertz", "Mean SM clock over the node's GPUs.", "sm_clock_hz"),
 )
 NODE_TOTALS = (
     ("mfu_node_gpu_nvlink_transmit_bytes", "NVLink bytes sent by the node's GPUs.", "nvlink_transmit_bytes"),

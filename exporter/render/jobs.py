@@ -31,7 +31,7 @@ def job_families(views: list[JobView]) -> Iterable:
     )
     gpus = GaugeMetricFamily("mfu_job_gpus", "GPUs this job uses on this node.", labels=label)
     rate = GaugeMetricFamily("mfu_job_tokens_per_second", "Tokens per second over the MFU window.", labels=label)
-    utilization = GaugeMetricFamily(
+    mfu = GaugeMetricFamily(
         "mfu_model_flops_utilization_ratio", "Model FLOPs utilization over the MFU window (0–1).", labels=label
     )
     step = GaugeMetricFamily("mfu_job_step", "Training step of the newest progress report.", labels=label)
@@ -145,7 +145,7 @@ def job_families(views: list[JobView]) -> Iterable:
         if view.tokens_per_second is not None:
             rate.add_metric(key, view.tokens_per_second)
         if view.mfu is not None:
-            utilization.add_metric(key, view.mfu)
+            mfu.add_metric(key, view.mfu)
         if view.eta_seconds is not None:
             eta.add_metric(key, view.eta_seconds)
         # A framework dividing by a wrong peak prints impossible figures (torchtitan's A100 fallback: 563 %).
@@ -159,7 +159,7 @@ def job_families(views: list[JobView]) -> Iterable:
         peak,
         gpus,
         rate,
-        utilization,
+        mfu,
         step,
         last,
         per_token,

@@ -7,7 +7,7 @@ from typing import Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.preflight.checks import CheckResult, Status
+from exporter.preflight.facts import CheckResult, Status
 from exporter.render.common import levelled
 from exporter.sources.preflight import FAMILY_LEVELS, PreflightSample
 

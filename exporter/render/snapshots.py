@@ -1,7 +1,7 @@
 """A source's snapshot to metric families: its typed readings go to the renderer of their type.
 
 Every source's sample type has one renderer here (readings in, families out); a snapshot without readings (the logs
-source's) exports nothing of its own. A source defined elsewhere (a test's) adds its renderer with ``register``.
+source's before it is attached) exports nothing of its own. A source defined elsewhere (a test's) adds its renderer with ``register``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable
 from prometheus_client.metrics_core import Metric
 
 from exporter.render.checkpoint import checkpoint_sample_families
+from exporter.render.collectives import log_families, nccl_families
 from exporter.render.discovery import discovery_families
 from exporter.render.ethtool import ethtool_families
 from exporter.render.gpu import gpu_families
@@ -22,6 +23,8 @@ from exporter.sources.checkpoint import CheckpointSample
 from exporter.sources.discovery import DiscoverySample
 from exporter.sources.ethtool import EthtoolSample
 from exporter.sources.gpu import GpuSample
+from exporter.sources.logs import LogsSample
+from exporter.sources.nccl import NcclSample
 from exporter.sources.preflight import PreflightSample
 from exporter.sources.rdma import RdmaSample
 from exporter.sources.storage import StorageReading
@@ -36,6 +39,8 @@ RENDERERS: dict[type, Renderer] = {
     PreflightSample: preflight_families,
     DiscoverySample: discovery_families,
     StorageReading: storage_families,
+    LogsSample: log_families,
+    NcclSample: nccl_families,
 }
 
 

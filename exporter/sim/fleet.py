@@ -70,6 +70,7 @@ from exporter.sim.node import (
     train_healthily,
     write_procfs,
 )
+from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
 from exporter.sources import SOURCES, build_sources
 from exporter.sources.base import Paths, Snapshot, Source, SourceContext
 from exporter.sources.checkpoint import CheckpointSource
@@ -202,6 +203,7 @@ class Machine:
         self.nvml = fake_nvml.node(fake_nvml.h100, count=GPUS)
         self.fabric = SimulatedNode(root / "fabric", nics=GPUS)
         self.procfs = write_procfs(root / "proc")
+        self.storage = SimulatedStorage(self.procfs)  # the dataset mount the node's loader reads, and nvidia-fs
         self.state: str | None = None
         self._lost = False
         self.apply(None)
@@ -215,6 +217,7 @@ class Machine:
                     "ethtool": {"interval": every},
                     "checkpoint": {"enabled": False},  # per job, not per machine: Fleet._checkpoints
                     "logs": {"enabled": False},
+                    "storage": {"interval": every, "mounts": [DATASET_MOUNT]},
                 },
                 "discovery": {"kubernetes": {"enabled": False}, "slurm": {"enabled": False}},
             }
@@ -239,6 +242,8 @@ class Machine:
     def tick(self, seconds: float) -> None:
         self.nvml.advance(seconds)
         self.fabric.tick(seconds)
+        # The loader reads while the job trains; a job stopped by a lost GPU reads nothing.
+        self.storage.tick(seconds, 0.0 if self.state == "gpu-lost" else 1.0, restoring=False)
 
     def apply(self, incident: str | None) -> None:
         """The readings of this state while ``incident`` is on somewhere in the fleet (None: all healthy)."""
@@ -555,7 +560,7 @@ async def serve_fleet(
         # Reports start once every node has sampled its GPUs (whose models give the peak), so the job models do
         # not each log that the peak is unknown yet.
         deadline = loop.time() + 30.0
-        while loop.time() < deadline and any(n.service.daemon.states["gpu"].snapshot is None for n in fleet.nodes):
+        while loop.time() < deadline and any(n.service.scheduler.states["gpu"].snapshot is None for n in fleet.nodes):
             await asyncio.sleep(0.1)
         ticker = asyncio.create_task(_tick_forever(fleet, period))
         host = fleet.host if fleet.host not in (None, "", "0.0.0.0", "::") else "localhost"

@@ -24,11 +24,12 @@ from exporter.config import read_yaml, typed_config, validate
 from exporter.model import flops as mfu_math
 from exporter.node.ethtool import EthtoolTextReader
 from exporter.node.nic_qos import GlobalPause
-from exporter.preflight.checks import PreflightSettings
+from exporter.preflight.facts import PreflightSettings
 from exporter.quantities import format_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
+from exporter.sim.nvml import train_healthily  # here too: the demo's callers and tests use it from the node
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
@@ -284,17 +285,6 @@ def healthy_tokens_per_second(gpus: int = len(JOB_GPUS)) -> float:
     """The token rate that gives the steady MFU on ``gpus`` H100s (the reporting job's four), from the formula."""
     per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
     return STEADY_MFU * gpus * mfu_math.peak_flops(GPU_NAME, "bf16") / per_token
-
-
-def train_healthily(gpu: fake_nvml.FakeGpu) -> None:
-    """Readings of an H100 in steady training: busy, ~60% tensor active, full clocks, no throttling."""
-    gpu.utilization, gpu.memory_utilization = 95, 40
-    gpu.memory_used = 71 * 1024**3
-    gpu.sm_clock_mhz, gpu.temperature_c, gpu.power_mw = 1980, 68, 640_000
-    gpu.clocks_event_reasons = 0
-    gpu.set_activity(tensor=60.0, sm=85.0, occupancy=40.0, dram=45.0)
-    gpu.nvlink_tx_rate = gpu.nvlink_rx_rate = 120e9
-    gpu.pcie_tx_rate = gpu.pcie_rx_rate = 6e9
 
 
 class CheckpointWriter:
@@ -668,6 +658,7 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
             "gpu": {"retry_interval": "30s"},
             "checkpoint": {"watch": [watch]},
             "logs": logs,
+            "storage": {"interval": "1s"},  # a restore (15 s of demo time) spans a few storage samples
         },
         # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds
         # rather than the default five minutes, so its cause shows soon after start.
@@ -792,9 +783,9 @@ def build_demo(
         ReadsNow(source, node) if source.name in FABRIC_SOURCES else source for source in build_sources(config, ctx)
     ]
     require_sources(config, sources, args.config)
-    runtime = build_service(
+    service = build_service(
         config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic, speed=args.speed
     )
     # A tick (and the job's progress report) about once a simulated second, as the sources sample and the exporter
     # evaluates: a stop shows one report interval after it. At most 20 a wall second however fast the clock.
-    return runtime, node, Simulation(node, period=min(1.0, max(1.0 / args.speed, 0.05)))
+    return service, node, Simulation(node, period=min(1.0, max(1.0 / args.speed, 0.05)))

@@ -130,6 +130,17 @@ class FakeGpu:
         )
 
 
+def train_healthily(gpu: FakeGpu) -> None:
+    """Readings of an H100 in steady training: busy, ~60% tensor active, full clocks, no throttling."""
+    gpu.utilization, gpu.memory_utilization = 95, 40
+    gpu.memory_used = 71 * 1024**3
+    gpu.sm_clock_mhz, gpu.temperature_c, gpu.power_mw = 1980, 68, 640_000
+    gpu.clocks_event_reasons = 0
+    gpu.set_activity(tensor=60.0, sm=85.0, occupancy=40.0, dram=45.0)
+    gpu.nvlink_tx_rate = gpu.nvlink_rx_rate = 120e9
+    gpu.pcie_tx_rate = gpu.pcie_rx_rate = 6e9
+
+
 def _uuid(model: int, index: int) -> str:
     return f"GPU-{model:08x}-{index:04x}-4{index:03x}-8000-{model * 1000 + index:012x}"
 

@@ -118,7 +118,7 @@ async def _capture_fleet(root: Path, incident: str, nodes: dict[str, int], warmu
     fleet = Fleet(root, CAPTURE_NODES, 1, clock, FleetSchedule(incident), incident_node=16, interval=CAPTURE_STEP)
     watched = {state: fleet.nodes[index] for state, index in nodes.items()}
     for node in watched.values():
-        await node.service.daemon.start()
+        await node.service.scheduler.start()
     first: dict[str, str] = {}
     warmup_steps, steps = int(warmup / CAPTURE_STEP), int((warmup + CAPTURE_SECONDS) / CAPTURE_STEP)
     try:
@@ -127,8 +127,8 @@ async def _capture_fleet(root: Path, incident: str, nodes: dict[str, int], warmu
             await asyncio.to_thread(fleet.tick)
             # Every source of every watched node sees this step's readings before the jobs report and evaluate.
             for node in watched.values():
-                for source in node.service.daemon.sources:
-                    await node.service.daemon.sample_once(source)
+                for source in node.service.scheduler.sources:
+                    await node.service.scheduler.sample_once(source)
             fleet.report()
             for node in watched.values():
                 node.service.evaluate_once()
@@ -143,7 +143,7 @@ async def _capture_fleet(root: Path, incident: str, nodes: dict[str, int], warmu
         }
     finally:
         for node in watched.values():
-            await node.service.daemon.stop()
+            await node.service.scheduler.stop()
         fleet.close()
 
 

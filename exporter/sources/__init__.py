@@ -20,6 +20,7 @@ from exporter.sources.discovery import DiscoverySource
 from exporter.sources.ethtool import ethtool_source
 from exporter.sources.gpu import GpuSource
 from exporter.sources.logs import logs_source
+from exporter.sources.nccl import NcclSource
 from exporter.sources.preflight import PreflightSource
 from exporter.sources.rdma import rdma_source
 from exporter.sources.storage import storage_source
@@ -36,6 +37,7 @@ SOURCES: dict[str, Factory] = {
     "rdma": rdma_source,
     "ethtool": ethtool_source,
     "logs": logs_source,
+    "nccl": NcclSource.from_config,
     "storage": storage_source,
     "discovery": DiscoverySource.from_config,
 }

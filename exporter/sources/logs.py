@@ -30,14 +30,17 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
 
 from exporter.config import MAX_TOKENS, LogsConfig
 from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update, WaitAction
+from exporter.logs.straggler import StragglerFinding, StragglerScanner
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.errors import TooManyJobs, ValidationError
 from exporter.model.jobs import JobTracker
 from exporter.model.progress import MAX_FUTURE_SECONDS, REPORT_RESOLUTION_SECONDS, ProgressReport
+from exporter.nccl.debug import TransportFinding, TransportScanner
 from exporter.node.tail import HEAD, Follower, Lines
 from exporter.sources.base import Snapshot, SourceContext
 from exporter.sources.discovery import DiscoverySample
@@ -54,6 +57,46 @@ NO_PROGRESS = (
 STARTUP_FACTS = {"params": "params", "seq_len": "seq_len", "layers": "layers", "heads": "heads", "head_dim": "head_dim"}
 
 DiscoveredPods = Callable[[], dict[str, list[tuple[str, str]]]]  # {job: [(namespace, pod)]}
+
+
+@dataclass(frozen=True, slots=True)
+class LogCollectives:
+    """What a job's log says of its collectives: the transport its ``NCCL INFO`` lines show
+    (``exporter.nccl.debug``) and the slow rank the job names (``exporter.logs.straggler``). The logs source's
+    snapshot carries one per job (``LogsSample``); render/collectives.py exports it, the attribution reads it."""
+
+    transport: TransportFinding | None = None
+    straggler: StragglerFinding | None = None
+
+
+@dataclass(frozen=True)
+class LogsSample:
+    """The logs source's readings: what each job's log says of its collectives (the rest of what it reads goes
+    to the job model and the checkpoint tracker, not into the snapshot)."""
+
+    collectives: Mapping[str, LogCollectives] = field(default_factory=dict)
+
+
+class _JobScanners:
+    """A job's NCCL and straggler lines, over all its files, scanned as they are read (bounded state)."""
+
+    __slots__ = ("transport", "straggler")
+
+    def __init__(self) -> None:
+        self.transport = TransportScanner()
+        self.straggler = StragglerScanner()
+
+    def feed(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            if "NCCL INFO" in line:  # the scanner's own test, without its regex on every line of the log
+                self.transport.feed(line)
+            elif "Rnk:" in line or "performance:" in line or "Score=" in line or "performing" in line:
+                self.straggler.feed(line)
+            elif self.straggler.in_block:
+                self.straggler.feed(line)  # any other line ends an nvidia-resiliency-ext score block
+
+    def reading(self) -> LogCollectives:
+        return LogCollectives(self.transport.finding(), self.straggler.finding())
 
 
 class _Followed:
@@ -95,6 +138,7 @@ class LogsSource:
         self._wanted: dict[str, tuple[str, str, str | None, str]] = {}  # path -> (job, format, pattern, container)
         self._followed: dict[str, _Followed] = {}
         self._joblogs: dict[str, JobLog] = {}
+        self._scanners: dict[str, _JobScanners] = {}
         self._fed: set[str] = set()
         self._warned: set[str] = set()
         self._counts: Counter = Counter()
@@ -142,7 +186,14 @@ class LogsSource:
                 except TooManyJobs:
                     self._counts["too_many_jobs"] += 1
         follower_errors = self.follower.error_counts()  # the follower's lock first, as its thread takes them
-        return Snapshot(errors=self._new_errors(follower_errors), status=self._status(wanted, follower_errors))
+        with self._lock:
+            self._scanners = {job: s for job, s in self._scanners.items() if job in jobs_seen}
+            collectives = {job: scanners.reading() for job, scanners in sorted(self._scanners.items())}
+        return Snapshot(
+            readings=LogsSample({job: found for job, found in collectives.items() if found != LogCollectives()}),
+            errors=self._new_errors(follower_errors),
+            status=self._status(wanted, follower_errors),
+        )
 
     def close(self) -> None:
         self.follower.stop()
@@ -232,6 +283,8 @@ class LogsSource:
         joblog = self._joblogs.setdefault(job, JobLog(self.takeover_after))
         facts = self._facts(job)
         stream = followed.stream
+        # The head too: NCCL prints its transport at start-up, which a restart of the exporter reads as the head.
+        self._scanners.setdefault(job, _JobScanners()).feed(batch.lines)
         out: list = []
         events = stream.feed_many(batch.lines, batch.read_time)
         if batch.kind == HEAD:  # the file's head, read at a restart: its start-up facts, not old progress

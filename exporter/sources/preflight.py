@@ -2,7 +2,7 @@
 and ``mfu_preflight_check_warning{check}`` (``exporter.render.preflight``).
 
 A fleet dashboard then shows misconfigured nodes before jobs land on them, and ``MfuPreflightFailed`` alerts on
-them. The checks themselves live in ``exporter.preflight.checks`` (shared with ``mfu-exporter check``).
+them. The checks themselves live in ``exporter.preflight`` (shared with ``mfu-exporter check``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ from typing import Any
 from exporter.config import PreflightConfig
 from exporter.node.nic_qos import KernelNicQos, NicQos
 from exporter.node.nvml import NvmlSession
-from exporter.preflight.checks import (
-    CheckResult,
-    PreflightSettings,
-    gather,
-    read_env_file,
-    results_json,
-    run_checks,
-)
+from exporter.preflight.checks import read_env_file, run_checks
+from exporter.preflight.facts import CheckResult, PreflightSettings, gather
+from exporter.preflight.report import results_json
 from exporter.sources.base import Snapshot, SourceContext
 
 # The lowest series level (sources.preflight.series) at which each family is on: a failure is what the central

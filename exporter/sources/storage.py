@@ -97,6 +97,7 @@ class StorageSource:
         self.series = section.series
         self._gds = section.gds
         self._procfs = procfs
+        self._mount_table = section.mount_table
         self._llite_roots = llite_roots(procfs, sysfs)
         self._paths = dict(paths or {})
         self._monotonic = monotonic
@@ -144,7 +145,7 @@ class StorageSource:
     # internals
 
     def _mounts(self) -> list[Mount]:
-        path = os.path.join(self._procfs, "self", "mountstats")
+        path = os.path.join(self._procfs, self._mount_table)
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
                 return parse_mountstats(handle.read())
@@ -156,7 +157,8 @@ class StorageSource:
     ) -> tuple[MountReading, ...]:
         kinds = {_kind(mount) for mount, _ in followed.values()}
         disks: dict[str, DiskStats] = self._read("diskstats", parse_diskstats, errors) if "block" in kinds else {}
-        numbers = self._read(os.path.join("self", "mountinfo"), parse_mountinfo, errors) if "block" in kinds else {}
+        mountinfo = os.path.join(os.path.dirname(self._mount_table), "mountinfo")
+        numbers = self._read(mountinfo, parse_mountinfo, errors) if "block" in kinds else {}
         lustre = read_lustre_clients(self._llite_roots) if "lustre" in kinds else {}
         now = self._monotonic()
         readings = []

@@ -19,7 +19,7 @@ from exporter.web.security import HTTP_LIMITS, WEB_SECURITY, WebSecurity
 
 log = logging.getLogger(__name__)
 
-RUNTIME = web.AppKey("runtime", Service)
+SERVICE = web.AppKey("service", Service)
 DOUBLE_DIGITS = 309  # sys.float_info.max has 309 integer digits
 
 
@@ -78,13 +78,13 @@ async def api_errors(request: web.Request, handler):
     except IngestError as exc:
         return _error(exc.status, exc.message, exc.field)
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[RUNTIME].settings.ingest.max_body_bytes
+        limit = request.app[SERVICE].settings.ingest.max_body_bytes
         return _error(413, f"the body is larger than the limit of {limit} bytes (ingest.max_body_bytes)")
 
 
 async def metrics(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    body, headers = await runtime.metrics(request.headers.get("Accept"), request.headers.get("Accept-Encoding"))
+    service = request.app[SERVICE]
+    body, headers = await service.metrics(request.headers.get("Accept"), request.headers.get("Accept-Encoding"))
     return web.Response(body=body, headers=headers)
 
 
@@ -93,34 +93,34 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[RUNTIME].ready:
+    if request.app[SERVICE].ready:
         return web.Response(text="ready\n")
     return web.Response(text="not ready: no sample cycle has completed yet\n", status=503)
 
 
 async def post_progress(request: web.Request) -> web.Response:
-    return web.json_response(request.app[RUNTIME].ingest_progress(await read_json(request)))
+    return web.json_response(request.app[SERVICE].ingest_progress(await read_json(request)))
 
 
 async def post_checkpoint(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    if not runtime.accepts_checkpoints:
+    service = request.app[SERVICE]
+    if not service.accepts_checkpoints:
         return _error(404, CHECKPOINTS_OFF)
-    return web.json_response(runtime.ingest_checkpoint(await read_json(request)))
+    return web.json_response(service.ingest_checkpoint(await read_json(request)))
 
 
 async def get_jobs(request: web.Request) -> web.Response:
-    return web.json_response({"jobs": request.app[RUNTIME].jobs_json()})
+    return web.json_response({"jobs": request.app[SERVICE].jobs_json()})
 
 
 async def get_ledger(request: web.Request) -> web.Response:
     """``GET /api/v1/jobs/<job>/ledger``: where the job's time on this node went (``kinds``: GPU-seconds by kind),
     its ``goodput`` and its ``runs`` (start, first step, end and why), with the bands of the status page's timeline."""
-    return web.json_response(request.app[RUNTIME].ledger_json(request.match_info["job"]))
+    return web.json_response(request.app[SERVICE].ledger_json(request.match_info["job"]))
 
 
 async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[RUNTIME].status())
+    return web.json_response(request.app[SERVICE].status())
 
 
 STATIC = Path(__file__).parent / "static"
@@ -132,7 +132,7 @@ async def status_page(request: web.Request) -> web.FileResponse:
 
 async def service_lifespan(app: web.Application) -> AsyncIterator[None]:
     """cleanup_ctx: the service samples and ticks from the app's startup to its cleanup."""
-    async with app[RUNTIME].running():
+    async with app[SERVICE].running():
         yield
 
 
@@ -152,18 +152,18 @@ def json_document(read: Callable[[], Any]) -> Callable[[web.Request], Awaitable[
 
 
 def create_app(
-    runtime: Service, security: WebSecurity | None = None, documents: Mapping[str, Callable[[], Any]] | None = None
+    service: Service, security: WebSecurity | None = None, documents: Mapping[str, Callable[[], Any]] | None = None
 ) -> web.Application:
-    """The routes and middlewares over ``runtime``; its resources start and stop with the app through
+    """The routes and middlewares over ``service``; its resources start and stop with the app through
     ``cleanup_ctx`` (aiohttp's lifespan), so nothing runs until the app starts. ``documents``: more read-only JSON
     routes (path -> what to answer) that whoever hosts the service adds, behind the same security, such as the
     demo's truth at ``/api/v1/demo``; the web layer knows nothing of what they say."""
     # From the config unless a test injects one; a bad web config raises ConfigError here, so exit 2 at start.
-    security = security or WebSecurity.from_config(runtime.config)
+    security = security or WebSecurity.from_config(service.config)
     app = web.Application(
-        middlewares=[security.middleware, api_errors], client_max_size=runtime.settings.ingest.max_body_bytes
+        middlewares=[security.middleware, api_errors], client_max_size=service.settings.ingest.max_body_bytes
     )
-    app[RUNTIME] = runtime
+    app[SERVICE] = service
     app[WEB_SECURITY] = security
     app.cleanup_ctx.extend((security_lifespan, service_lifespan))
     app.on_response_prepare.append(security.add_headers)
@@ -189,7 +189,7 @@ def split_listen_address(address: str) -> tuple[str | None, int]:
 
 
 async def serve(
-    runtime: Service,
+    service: Service,
     on_started: Callable[[list[str]], None] | None = None,
     stop: asyncio.Event | None = None,
     documents: Mapping[str, Callable[[], Any]] | None = None,
@@ -199,12 +199,12 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runtime.export_process_metrics()  # the daemon's own CPU and memory, beside what it measures
-    app = create_app(runtime, documents=documents)
+    service.export_process_metrics()  # the daemon's own CPU and memory, beside what it measures
+    app = create_app(service, documents=documents)
     security = app[WEB_SECURITY]
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None, **HTTP_LIMITS)
     await runner.setup()
-    host, port = split_listen_address(runtime.settings.web.listen_address)
+    host, port = split_listen_address(service.settings.web.listen_address)
     ssl_context = security.server_ssl_context()
     site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     try:
@@ -212,12 +212,12 @@ async def serve(
     except OSError as exc:
         await runner.cleanup()
         raise SystemExit(
-            f"mfu-exporter: cannot listen on {runtime.settings.web.listen_address}: {exc.strerror}"
+            f"mfu-exporter: cannot listen on {service.settings.web.listen_address}: {exc.strerror}"
         ) from None
     scheme = "https" if ssl_context else "http"
     urls = [f"{scheme}://{'localhost' if host in (None, '0.0.0.0', '::') else host}:{port}/"]
-    log.info("mfu-exporter %s listening on %s (%s)", __version__, runtime.settings.web.listen_address, scheme)
-    security.warn_if_exposed(runtime.settings.web.listen_address)
+    log.info("mfu-exporter %s listening on %s (%s)", __version__, service.settings.web.listen_address, scheme)
+    security.warn_if_exposed(service.settings.web.listen_address)
     if on_started:
         on_started(urls)
     await stop.wait()

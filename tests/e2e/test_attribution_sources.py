@@ -29,7 +29,7 @@ CLOCK_EVENT_BITS = dict(THROTTLE_REASONS)
 
 
 class Node:
-    """Eight H100s and eight RoCE NICs under the real sources, with a runtime built as the daemon builds it."""
+    """Eight H100s and eight RoCE NICs under the real sources, with a service built as the daemon builds it."""
 
     def __init__(self, root: Path, jobs: dict[str, list[int]]):
         self.now = 1_800_000_000.0
@@ -73,7 +73,7 @@ class Node:
             monotonic=self.clock,
         )
         self.sources = build_sources(config, ctx)
-        self.runtime = build_service(config, self.sources, clock=self.clock, paths=ctx.paths)
+        self.service = build_service(config, self.sources, clock=self.clock, paths=ctx.paths)
         self.jobs = jobs
         self.tokens = dict.fromkeys(jobs, 0.0)
         self.reporting = True
@@ -87,15 +87,15 @@ class Node:
             self.nvml.advance(step)
             self.fabric.tick(step)
             for source in self.sources:
-                self.runtime.daemon.states[source.name].snapshot = source.sample()  # what a successful cycle keeps
+                self.service.scheduler.states[source.name].snapshot = source.sample()  # what a successful cycle keeps
             for name, gpus in self.jobs.items():
                 if self.reporting:
                     self.tokens[name] += speed * demo.healthy_tokens_per_second(len(gpus)) * step
-                    self.runtime.jobs.report(parse_progress({"job": name, "tokens_total": self.tokens[name]}, self.now))
-            self.runtime.attribution.evaluate(self.now, self.runtime.jobs.views(), self.runtime.node_signals())
+                    self.service.jobs.report(parse_progress({"job": name, "tokens_total": self.tokens[name]}, self.now))
+            self.service.attribution.evaluate(self.now, self.service.jobs.views(), self.service.node_signals())
 
     def verdict(self, job: str = "llama"):
-        return self.runtime.attribution.verdict(job)
+        return self.service.attribution.verdict(job)
 
     def place_gpus_beside_their_nics(self) -> None:
         """The PCI side of sysfs the fabric fake leaves out: ``bus/pci/devices`` links, and each GPU on its own root
@@ -173,7 +173,7 @@ def degraded_node(tmp_path, *faults) -> Node:
 def lost_gpu_seconds(node, job="llama"):
     return {
         s.labels["cause"]: s.value
-        for family in attribution_families(node.runtime.attribution.standings())
+        for family in attribution_families(node.service.attribution.standings())
         for s in family.samples
         if s.name == "mfu_job_lost_gpu_seconds_total" and s.labels["training_job"] == job
     }

@@ -15,7 +15,7 @@ import pytest
 from tests.support.tools import require_tool
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-SOURCES = ("gpu", "rdma", "ethtool", "checkpoint", "preflight")
+SOURCES = ("gpu", "rdma", "ethtool", "checkpoint", "preflight", "storage")
 MODES = ("openmetrics_gzip", "openmetrics", "text_gzip", "text")  # every format, with gzip and without
 SCRAPES = [f"{mode}.{kind}" for mode in MODES for kind in ("single", "concurrent", "fresh_single", "fresh_concurrent")]
 FIGURES = [

@@ -73,7 +73,7 @@ class Node:
             self.nvml.advance(1.0)
             self.fabric.tick(1.0)
             for source in self.sources:
-                state = self.service.daemon.states[source.name]
+                state = self.service.scheduler.states[source.name]
                 state.snapshot, state.up = source.sample(), True  # what a successful cycle keeps
             self.tokens += self.llama_speed * demo.healthy_tokens_per_second()
             self.service.jobs.report(parse_progress({"job": "llama", "tokens_total": self.tokens}, self.now))
@@ -164,7 +164,7 @@ def test_a_hung_kubelet_keeps_the_last_answer_and_degrades_only_discovery(node):
     node.kubelet.hang.set()
     source = node.sources[-1]
     source.client.timeout = 0.2
-    state = node.service.daemon.states["discovery"]
+    state = node.service.scheduler.states["discovery"]
     with pytest.raises(Exception) as caught:
         source.sample()
     assert getattr(caught.value, "reason", "") == "kubernetes_timeout"

@@ -231,7 +231,7 @@ async def test_the_known_truth_run_through_a_torchtitan_log(tmp_path: Path):
         "discovered_pods": False,
     }
     async with Daemon(config, clock) as daemon:
-        await until(lambda: daemon.service.daemon.ready, "the first sample cycle", 30)
+        await until(lambda: daemon.service.scheduler.ready, "the first sample cycle", 30)
 
         def view():
             return next((v for v in daemon.service.jobs.views() if v.name == JOB), None)

@@ -176,7 +176,7 @@ class Node:
         for source in self.sources:
             if only is not None and source.name != only:
                 continue
-            state = self.service.daemon.states[source.name]
+            state = self.service.scheduler.states[source.name]
             state.snapshot, state.up = source.sample(), True
         self.service.apply_discovery()
         self.names_seen |= set(self.jobs())
@@ -187,7 +187,7 @@ class Node:
         return {j["job"]: j for j in json.loads(json.dumps([self.service.job_json(v) for v in views]))}
 
     def status(self, source: str) -> dict:
-        return self.service.daemon.states[source].snapshot.status
+        return self.service.scheduler.states[source].snapshot.status
 
     def close(self) -> None:
         for source in self.sources:

@@ -208,9 +208,9 @@ async def test_soak_under_faults(tmp_path, monkeypatch):
     ]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    runtime = build_service(validate({"web": {"listen_address": f"127.0.0.1:{port}"}}), sources)
+    service = build_service(validate({"web": {"listen_address": f"127.0.0.1:{port}"}}), sources)
     stop_server, started = asyncio.Event(), asyncio.Event()
-    server = asyncio.create_task(serve(runtime, on_started=lambda urls: started.set(), stop=stop_server))
+    server = asyncio.create_task(serve(service, on_started=lambda urls: started.set(), stop=stop_server))
     await asyncio.wait_for(started.wait(), 30)
 
     stop = threading.Event()

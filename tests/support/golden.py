@@ -87,7 +87,7 @@ async def sampled_node(root: Path, jobs: tuple[str, ...], interval: float, cycle
     assert service.checkpoints is not None, "the fixture runs the checkpoint source"
     for job in jobs:
         service.checkpoints.record(parse_checkpoint_event({**fixture.checkpoint_event(job), "time": NOW}, NOW))
-    daemon = service.daemon
+    daemon = service.scheduler
     await daemon.start()
     try:
         while not all(state.cycles >= cycles for state in daemon.states.values()):
@@ -128,7 +128,7 @@ async def render_full_node(root: Path) -> tuple[str, Service]:
     service = await full_node(root)
     body, headers = await service.cache.render(None, None)
     assert headers["Content-Type"].startswith("text/plain"), headers
-    timeouts = {source.name: source.timeout for source in service.daemon.sources}
+    timeouts = {source.name: source.timeout for source in service.scheduler.sources}
     return normalise(body.decode(), timeouts), service
 
 
@@ -141,7 +141,7 @@ def names_by_source(service: Service) -> dict[str, set[str]]:
     """The sample names each source's snapshot renders."""
     return {
         name: {sample for sample, _ in snapshot_samples(state.snapshot)}
-        for name, state in service.daemon.states.items()
+        for name, state in service.scheduler.states.items()
         if state.snapshot is not None
     }
 

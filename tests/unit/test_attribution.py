@@ -8,7 +8,7 @@ import pytest
 
 from exporter.model.attribution import CAUSES, Attributor, NodeSignals, Thresholds
 from exporter.model.job_view import JobView
-from exporter.model.readings import GpuReading
+from exporter.model.readings import GpuReading, JobCollectives
 from exporter.node.counters import Changes
 from exporter.node.pci import nearest_devices
 from exporter.node.rdma import RdmaPort, discover_ports
@@ -142,6 +142,22 @@ def verdict(view, signals, limits=Thresholds()):
             "power",
             "GPU 1 throttled: sw_power_cap",
         ),
+        (
+            NodeSignals(
+                gpus=healthy_gpus(),
+                ports={"mlx5_0/1": port("mlx5_0/1")},
+                collectives={"llama": JobCollectives("socket", True, "Channel 00/0 : 0[0] -> 8[0] via NET/Socket/0")},
+            ),
+            "network",
+            "NCCL uses sockets, not RDMA: the job's inter-node traffic is on TCP while mlx5_0/1 is active; Channel 00/0",
+        ),
+        (
+            NodeSignals(
+                gpus=healthy_gpus(), collectives={"llama": JobCollectives(straggler="node-b GPU 3 is slowest")}
+            ),
+            "straggler",
+            "node-b GPU 3 is slowest",
+        ),
         (NodeSignals(gpus={i: gpu(i, utilization=0.2) for i in range(8)}), "input", "GPUs 20% busy"),
         (NodeSignals(gpus=healthy_gpus()), "unknown", "no sampled signal explains it"),
     ],
@@ -170,7 +186,36 @@ def test_overlapping_causes_resolve_by_precedence():
     everything.checkpoint = lambda job: None
     assert verdict(job(), everything)[1].cause == "network"
     everything.interfaces = {}
+    everything.ports = {"mlx5_0/1": port("mlx5_0/1")}
+    everything.collectives = {"llama": JobCollectives("socket", True, straggler="rank 9 is slowest")}
+    assert verdict(job(), everything)[1].cause == "network"  # NCCL on sockets: the fabric is why ranks wait
+    everything.collectives = {"llama": JobCollectives(straggler="rank 9 is slowest")}
     assert verdict(job(mfu=0.0, rate=0.0), everything)[1].cause == "thermal"  # a throttled GPU explains a stall
+    everything.gpus[5] = gpu(5, throttle_reasons=["sw_power_cap"])
+    assert verdict(job(), everything)[1].cause == "power"  # the hardware reason a rank is slow, before its name
+    everything.gpus[5] = gpu(5)
+    assert verdict(job(), everything)[1].cause == "straggler"
+    assert (
+        verdict(job(mfu=0.0, rate=0.0), everything)[1].cause == "straggler"
+    )  # a straggling job still waits on one rank
+    everything.collectives = {}
+    assert verdict(job(mfu=0.0, rate=0.0), everything)[1].cause == "stalled"
+
+
+def test_sockets_on_a_node_without_an_active_rdma_port_are_no_fallback():
+    """A node whose RDMA ports are down or absent has only sockets: NCCL on TCP there is no choice it made."""
+    collectives = {"llama": JobCollectives("socket", True, "via NET/Socket/0")}
+    down = port("mlx5_0/1")
+    down = type(down)(
+        port=type(down.port)(**{**down.port.__dict__, "state": "DOWN"}),
+        counters={},
+        hw_counters={},
+        counter_changes=down.counter_changes,
+        hw_counter_changes=down.hw_counter_changes,
+    )
+    for ports in ({}, {"mlx5_0/1": down}):
+        found = verdict(job(), NodeSignals(gpus=healthy_gpus(), ports=ports, collectives=collectives))[1]
+        assert found.cause == "unknown", ports
 
 
 def test_only_the_jobs_gpus_count():

@@ -43,7 +43,7 @@ def checkpoint_client(make_client, clock):
             section, CheckpointTracker(started_timeout=section.started_timeout, clock=clock), clock=clock
         )
         client = await make_client(config, [source])
-        client.state = client.runtime.daemon.states["checkpoint"]
+        client.state = client.service.scheduler.states["checkpoint"]
         return client
 
     return make
@@ -119,7 +119,7 @@ async def test_finished_without_started_or_duration_is_rejected_clearly(checkpoi
     assert status == 400
     assert answer["field"] == "duration_seconds"
     assert "no started event" in answer["error"] and "step-7" in answer["error"]
-    assert client.runtime.checkpoints.totals() == {}  # rejected: no job created, here or in the job tracker
+    assert client.service.checkpoints.totals() == {}  # rejected: no job created, here or in the job tracker
     assert (await (await client.get("/api/v1/jobs")).json()) == {"jobs": []}
 
 
@@ -131,7 +131,7 @@ async def test_a_started_never_finished_times_out_as_a_failure(checkpoint_client
     values = await metrics_after_a_sample(client)
     assert values[("mfu_checkpoint_in_progress", KEY)] == 0
     assert values[("mfu_checkpoint_write_failures_total", KEY)] == 1
-    assert client.runtime.checkpoints.overlap(JOB, 60)["last_failure"]["reason"] == "timeout"
+    assert client.service.checkpoints.overlap(JOB, 60)["last_failure"]["reason"] == "timeout"
     status, answer = await post(client, job=JOB, checkpoint="step-5", phase="finished")
     assert (status, answer["field"]) == (409, "checkpoint")  # too late: it already counted as failed
     assert "already counted as a failed write (timeout" in answer["error"]
@@ -192,7 +192,7 @@ async def test_unknown_jobs_are_accepted_up_to_the_job_cap(checkpoint_client):
     assert (await post(client, job="b", checkpoint="s", phase="started"))[0] == 200
     status, answer = await post(client, job="c", checkpoint="s", duration_seconds=1)
     assert (status, answer["field"]) == (429, "job")
-    assert client.runtime.checkpoints.overlap("c", 60) is None
+    assert client.service.checkpoints.overlap("c", 60) is None
     assert sorted(j["job"] for j in (await (await client.get("/api/v1/jobs")).json())["jobs"]) == ["a", "b"]
 
 
@@ -231,7 +231,7 @@ async def test_bad_events_get_400_naming_the_field_and_change_nothing(checkpoint
     answer = await response.json()
     assert answer["field"] == field
     assert answer["error"]
-    assert client.runtime.checkpoints.totals() == {}
+    assert client.service.checkpoints.totals() == {}
     assert (await (await client.get("/api/v1/jobs")).json()) == {"jobs": []}
 
 

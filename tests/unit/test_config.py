@@ -7,7 +7,7 @@ import pytest
 from exporter.config import DEFAULTS, Config, ConfigError, Enabled, defaults, load_config, typed_config, validate
 from exporter.model.attribution import Thresholds
 from exporter.model.jobs import JobTracker
-from exporter.preflight.checks import PreflightSettings
+from exporter.preflight.facts import PreflightSettings
 from exporter.quantities import parse_duration, parse_quantity
 
 

@@ -83,7 +83,14 @@ def test_the_demo_builds_the_sources_its_config_enables_and_the_flags_win(tmp_pa
     args = demo_args(config=str(file), mfu_window=20.0, listen_address="127.0.0.1:19999", web_config_file=str(web))
     service, node, _ = build_demo(args, tmp_path / "root", flags=lambda config: demo_flags(config, args))
     try:
-        assert [s.name for s in service.daemon.sources] == ["checkpoint", "rdma", "ethtool", "storage", "discovery"]
+        assert [s.name for s in service.scheduler.sources] == [
+            "checkpoint",
+            "rdma",
+            "ethtool",
+            "nccl",
+            "storage",
+            "discovery",
+        ]
         assert service.config["mfu"]["window"] == 20.0
         assert service.config["web"] == {"listen_address": "127.0.0.1:19999", "config_file": str(web)}
     finally:

@@ -71,8 +71,8 @@ def assert_same_bytes(registry):
         assert encode(registry, encoder, content_type) == encoder(registry), accept
 
 
-def node_runtime(tmp_path):
-    """A runtime whose daemon sampled a two-GPU, two-NIC node once, with jobs and checkpoint writes."""
+def node_service(tmp_path):
+    """A service whose scheduler sampled a two-GPU, two-NIC node once, with jobs and checkpoint writes."""
     fabric = SimulatedNode(tmp_path, nics=2)
     fabric.nics[0].rx_pause_ratio = 0.2
     fabric.tick(1.0)
@@ -83,28 +83,28 @@ def node_runtime(tmp_path):
         RdmaSource(fabric.sysfs_root),
         EthtoolSource(fabric.sysfs_root, reader=EthtoolTextReader.from_directory(str(fabric.ethtool_directory))),
     ]
-    runtime = build_service(config, sources)
+    service = build_service(config, sources)
 
     async def sample_once():
-        await runtime.daemon.start()
-        while not all(state.cycles for state in runtime.daemon.states.values()):
+        await service.scheduler.start()
+        while not all(state.cycles for state in service.scheduler.states.values()):
             await asyncio.sleep(0.01)
-        await runtime.daemon.stop()
+        await service.scheduler.stop()
 
     asyncio.run(sample_once())
     for step in (1, 2):
-        runtime.jobs.report(
+        service.jobs.report(
             parse_progress(
                 {"job": "llama", "tokens_total": step * 1e6, "step": step, "model": {"params": "8B"}, "gpus": 2},
                 time.time(),
             )
         )
-    return runtime
+    return service
 
 
 def test_a_node_is_encoded_as_the_library_encodes_it(tmp_path):
-    runtime = node_runtime(tmp_path)
-    text = choose_encoder("")[0](runtime.registry).decode()
+    service = node_service(tmp_path)
+    text = choose_encoder("")[0](service.registry).decode()
     for family in (
         "mfu_gpu_",
         "mfu_rdma_hw_counters_total",
@@ -113,7 +113,7 @@ def test_a_node_is_encoded_as_the_library_encodes_it(tmp_path):
         "mfu_exporter_source_up",
     ):
         assert family in text  # every kind of family the exporter writes is in the comparison
-    assert_same_bytes(runtime.registry)
+    assert_same_bytes(service.registry)
 
 
 def test_checkpoint_histograms_are_encoded_as_the_library_encodes_them():
@@ -306,19 +306,21 @@ class Clock:
 
 
 async def cached_node(source, clock):
-    """A daemon, jobs and the cache wired as build_service wires them, with a fake monotonic clock and a
+    """A scheduler, jobs and the cache wired as build_service wires them, with a fake monotonic clock and a
     one-thread executor, so awaiting a no-op on it waits for everything queued before."""
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
-    daemon = Scheduler([source])
+    scheduler = Scheduler([source])
     jobs = JobTracker()
-    collector = ExporterCollector(daemon, jobs)
+    collector = ExporterCollector(scheduler, jobs)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    cache = MetricsCache(registry, lambda: daemon.generation + jobs.generation, monotonic=clock, parts=collector.parts)
-    daemon.on_sample(cache.sampled)
-    await daemon.start()
-    await daemon.first_cycle_done.wait()
-    return daemon, jobs, registry, cache
+    cache = MetricsCache(
+        registry, lambda: scheduler.generation + jobs.generation, monotonic=clock, parts=collector.parts
+    )
+    scheduler.on_sample(cache.sampled)
+    await scheduler.start()
+    await scheduler.first_cycle_done.wait()
+    return scheduler, jobs, registry, cache
 
 
 async def executor_drained():
@@ -331,7 +333,7 @@ def report(jobs, step):
 
 async def test_a_snapshot_is_encoded_once_per_format_however_often_the_state_changes():
     source, clock = CountingSource(), Clock()
-    daemon, jobs, registry, cache = await cached_node(source, clock)
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
     try:
         for step in range(1, 6):
             report(jobs, step)  # a new state: a new body, with the same snapshot in it
@@ -343,17 +345,17 @@ async def test_a_snapshot_is_encoded_once_per_format_however_often_the_state_cha
             encoder, content_type = choose_encoder(accept)
             assert await cache.render(accept, None) == (encoder(registry), {"Content-Type": content_type})
     finally:
-        await daemon.stop()
+        await scheduler.stop()
 
 
-async def sample_and_settle(daemon, source):
-    await daemon.sample_once(source)
+async def sample_and_settle(scheduler, source):
+    await scheduler.sample_once(source)
     await executor_drained()
 
 
 async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_scraper():
     source, clock = CountingSource(), Clock()
-    daemon, jobs, registry, cache = await cached_node(source, clock)
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
     try:
         await cache.render(OPENMETRICS_ACCEPT, None)
         clock.now += 15
@@ -361,45 +363,45 @@ async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_sc
         await cache.render("", None)  # text, once: a curl
         assert source.renders == 2
         clock.now += 10
-        await sample_and_settle(daemon, source)
+        await sample_and_settle(scheduler, source)
         assert source.renders == 3  # encoded once more, as OpenMetrics only
         body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
         assert source.renders == 3 and b'mfu_test_events_total{interface="ens1np0"} 2.0' in body
         clock.now += 2 * 10 + MetricsCache.WARM_MARGIN + 1  # the scraper missed two of its intervals
-        await sample_and_settle(daemon, source)
+        await sample_and_settle(scheduler, source)
         assert source.renders == 3
         body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
         assert source.renders == 4 and b'mfu_test_events_total{interface="ens1np0"} 3.0' in body
     finally:
-        await daemon.stop()
+        await scheduler.stop()
 
 
 async def test_a_burst_of_scrapes_does_not_keep_encoding_ahead():
     source, clock = CountingSource(), Clock()
-    daemon, jobs, registry, cache = await cached_node(source, clock)
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
     try:
         for _ in range(100):
             clock.now += 0.001
             await cache.render(OPENMETRICS_ACCEPT, None)
         clock.now += MetricsCache.WARM_MARGIN + 1
-        await sample_and_settle(daemon, source)
+        await sample_and_settle(scheduler, source)
         assert source.renders == 1
     finally:
-        await daemon.stop()
+        await scheduler.stop()
 
 
 async def test_encodings_of_replaced_snapshots_are_let_go():
     source, clock = CountingSource(), Clock()
-    daemon, jobs, registry, cache = await cached_node(source, clock)
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
     try:
         for _ in range(2):
             await cache.render(OPENMETRICS_ACCEPT, None)
             clock.now += 15
-        first = weakref.ref(daemon.states[source.name].snapshot)
+        first = weakref.ref(scheduler.states[source.name].snapshot)
         for _ in range(3):  # sampled and encoded ahead, not scraped
-            await sample_and_settle(daemon, source)
+            await sample_and_settle(scheduler, source)
         assert source.renders == 4
         gc.collect()
         assert first() is None
     finally:
-        await daemon.stop()
+        await scheduler.stop()

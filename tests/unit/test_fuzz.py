@@ -20,7 +20,7 @@ from exporter.config import JOB_NAME_PATTERN, ConfigError, defaults, load_config
 from exporter.service import build_service
 from exporter.sources import Paths, SourceContext, build_sources
 from exporter.web.app import create_app
-from exporter.web.security import load_web_config
+from exporter.web.webconfig import load_web_config
 
 MAX_JOBS = 3
 MAX_BODY = 4096
@@ -147,15 +147,15 @@ class Exporter:
             }
         )
         ctx = SourceContext(config, Paths(str(tmp_path), str(tmp_path)))
-        self.runtime = build_service(config, build_sources(config, ctx))
-        self.app = create_app(self.runtime)
+        self.service = build_service(config, build_sources(config, ctx))
+        self.app = create_app(self.service)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-loop", daemon=True)
         self.thread.start()
         self.client = self.run(self._start())
         self.posts = [r.resource.canonical for r in self.app.router.routes() if r.method == "POST"]
         self.ticks = [0, 0]  # checkpoint ticks begun, ended
-        checkpoints = getattr(self.runtime, "checkpoints", None)
+        checkpoints = getattr(self.service, "checkpoints", None)
         if checkpoints is not None:
             checkpoints.tick = self._counting(checkpoints.tick)
 
@@ -199,10 +199,10 @@ class Exporter:
         return self.run(fetch())
 
     def state(self):
-        checkpoints = getattr(self.runtime, "checkpoints", None)
+        checkpoints = getattr(self.service, "checkpoints", None)
         return (
-            self.runtime.jobs.generation,
-            sorted(self.runtime.jobs.names()),
+            self.service.jobs.generation,
+            sorted(self.service.jobs.names()),
             repr(checkpoints.totals()) if checkpoints is not None else None,
         )
 
@@ -284,7 +284,7 @@ def test_no_sequence_of_reports_creates_unbounded_series(exporter):
     def check(reports):
         for name, tokens in reports:
             exporter.post("/api/v1/progress", encode({"job": name, "tokens_total": tokens}))
-        names = exporter.runtime.jobs.names()
+        names = exporter.service.jobs.names()
         assert len(names) <= MAX_JOBS
         assert all(JOB_NAME_PATTERN.match(name) for name in names)
         families = text_string_to_metric_families(exporter.get("/metrics"))

@@ -618,9 +618,9 @@ async def test_metrics_pass_promtool(aiohttp_client):
     promtool = require_tool("promtool", "prometheus")
     nvml = fake.node(fake.h100(0), fake.a100(1), fake.l40s(2), fake.h100(3, mig_mode=1))
     source = GpuSource(nvml, interval=0.05)
-    runtime = build_service(validate({}), [source])
-    client = await aiohttp_client(create_app(runtime))
-    state = runtime.daemon.states["gpu"]
+    service = build_service(validate({}), [source])
+    client = await aiohttp_client(create_app(service))
+    state = service.scheduler.states["gpu"]
     await wait_for(lambda: state.cycles >= 1, what="the first cycle, which registers the Xid event sets")
     nvml.xid(0, 13)
     await wait_for(lambda: state.cycles >= 4, what="a few cycles more, so GPM has values and the Xid is read")
@@ -634,9 +634,9 @@ async def test_hanging_nvml_call_leaves_metrics_answering_from_the_last_snapshot
     nvml = fake.node(fake.h100, count=2)
     clock = Clock(1_800_000_000.0)
     source = GpuSource(nvml, interval=0.05, timeout=0.2)
-    runtime = build_service(validate({}), [source], clock=clock)
-    client = await aiohttp_client(create_app(runtime))
-    state = runtime.daemon.states["gpu"]
+    service = build_service(validate({}), [source], clock=clock)
+    client = await aiohttp_client(create_app(service))
+    state = service.scheduler.states["gpu"]
 
     async def scrape():
         return expo.samples(await (await client.get("/metrics")).text())
@@ -858,7 +858,7 @@ def test_a_gpu_unbound_from_the_driver_leaves_the_enumeration_and_labels_follow_
 def test_gpu_source_discovery_and_preflight_share_one_nvml_session_so_a_reinit_enumerates_anew():
     from exporter.config import typed_config
     from exporter.node.nvml import NvmlSession
-    from exporter.preflight.checks import read_gpus
+    from exporter.preflight.facts import read_gpus
     from exporter.sources.discovery import DiscoverySource
 
     nvml = fake.node(fake.h100, count=4)

@@ -299,7 +299,7 @@ def test_an_ended_job_is_left_alone_by_the_attribution():
 
 async def test_the_api_frees_the_cap_on_finish_and_shows_why_an_mfu_was_withheld(make_client):
     client = await make_client({"ingest": {"max_jobs": 1}})
-    now = client.runtime.clock()
+    now = client.service.clock()
     facts = {"model": MODEL, "gpus": 8, "peak_tflops": 0.5}
     for at, tokens in ((now - 20, 0), (now - 10, 1_000_000), (now, 2_000_000)):
         answer = await client.post("/api/v1/progress", json={"job": "a", "tokens_total": tokens, "time": at, **facts})

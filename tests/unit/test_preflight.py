@@ -15,8 +15,10 @@ from exporter.cli.check import run_check
 from exporter.config import ConfigError, defaults, validate
 from exporter.node import nic_qos
 from exporter.node.nic_qos import GlobalPause
+from exporter.node.pci import pci_address_from_nvml
 from exporter.preflight import checks as preflight
-from exporter.preflight.checks import PreflightSettings, Status
+from exporter.preflight import facts as facts_module
+from exporter.preflight.facts import PreflightSettings, Status
 from exporter.render.preflight import check_families
 from exporter.render.snapshots import snapshot_families
 from exporter.sim.nvml import FakeNvml, a100, h100
@@ -36,7 +38,7 @@ def healthy_qos(count: int = 8) -> FakeQos:
 
 def run(node: Node, nvml=None, qos=None, settings=None, env=None):
     settings = settings or PreflightSettings()
-    facts = preflight.gather(
+    facts = facts_module.gather(
         settings,
         node.sys,
         node.proc,
@@ -392,7 +394,7 @@ def test_gpus_that_nvml_cannot_count_skip_with_the_reason(tmp_path):
 
 
 def test_nccl_checks_skip_without_a_job_environment(tmp_path):
-    facts = preflight.gather(
+    facts = facts_module.gather(
         PreflightSettings(),
         hgx_node(tmp_path).sys,
         tmp_path / "proc",
@@ -436,8 +438,8 @@ def test_env_file_forms(tmp_path):
 
 
 def test_pci_address_from_nvml_bus_id():
-    assert preflight.pci_address_from_nvml(b"00000000:2A:00.0") == "0000:2a:00.0"
-    assert preflight.pci_address_from_nvml("00000001:DB:00.1") == "0001:db:00.1"
+    assert pci_address_from_nvml(b"00000000:2A:00.0") == "0000:2a:00.0"
+    assert pci_address_from_nvml("00000001:DB:00.1") == "0001:db:00.1"
 
 
 # --- the command: exit codes, JSON, table ---------------------------------------------------------------------------
@@ -656,12 +658,12 @@ async def test_metrics_endpoint_serves_preflight_results(tmp_path, make_client):
         timeout=5.0,
     )
     client = await make_client(sources=[source])
-    await client.runtime.daemon.start()
+    await client.service.scheduler.start()
     try:
-        await client.runtime.daemon.first_cycle_done.wait()
+        await client.service.scheduler.first_cycle_done.wait()
         body = await (await client.get("/metrics")).text()
     finally:
-        await client.runtime.daemon.stop()
+        await client.service.scheduler.stop()
     assert 'mfu_preflight_check_ok{check="roce.pfc"} 1.0' in body
     assert 'mfu_preflight_check_warning{check="roce.pfc"} 0.0' in body
     assert 'mfu_exporter_source_up{source="preflight"} 1.0' in body
@@ -725,5 +727,5 @@ def test_preflight_falls_back_to_the_older_clock_reason_call_on_drivers_before_r
     gpus = [h100(i, clocks_event_reasons=0x1) for i in range(2)]
     for gpu in gpus:
         gpu.fail["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
-    facts = preflight.read_gpus(FakeNvml(gpus))
+    facts = facts_module.read_gpus(FakeNvml(gpus))
     assert [(g.lost, g.clocks_event_reasons) for g in facts.devices] == [(None, 0x1), (None, 0x1)]

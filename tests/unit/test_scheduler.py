@@ -17,7 +17,7 @@ class InstantSource:
 async def test_stop_ends_even_when_a_cancel_lands_as_a_sample_completes():
     # Samples finishing in microseconds make wait_for swallow the cancel now and then; stop() must still return.
     for cycle in range(200):
-        daemon = Scheduler([InstantSource()])
-        await daemon.start()
+        scheduler = Scheduler([InstantSource()])
+        await scheduler.start()
         await asyncio.sleep(0.001 * (cycle % 4))
-        await asyncio.wait_for(daemon.stop(), 5)
+        await asyncio.wait_for(scheduler.stop(), 5)

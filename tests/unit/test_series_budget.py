@@ -34,6 +34,12 @@ ON_AN_EVENT = {
     "mfu_exporter_source_errors_total": "a source's first error",
     "mfu_job_eta_seconds": "a job with target_tokens",
     "mfu_job_baseline_mfu_ratio": "a learnt baseline (30 samples 10 s apart)",
+    # render/collectives.py, always on: a job's log with NCCL INFO lines, NCCL Inspector's dumps, a slow rank named.
+    "mfu_job_nccl_transport_info": "a job's log showing NCCL's transport",
+    "mfu_job_nccl_socket_fallback": "a job's log showing NCCL's transport",
+    "mfu_job_straggler": "a slow rank named by the job or NCCL Inspector",
+    "mfu_job_nccl_collective_duration_seconds": "NCCL Inspector's dumps of a job",
+    "mfu_job_nccl_bus_bandwidth_bytes_per_second": "NCCL Inspector's dumps of a job",
     # storage.FAMILY_LEVELS (render/storage.py): minimal and standard; a default node names no data path or mount.
     "mfu_storage_read_bytes_total": "a job with jobs.<name>.data_paths, a checkpoint watch or sources.storage.mounts",
     "mfu_storage_reads_total": "the same",
@@ -70,7 +76,7 @@ def test_series_per_node_are_within_the_budget(node):
     found, service = node
     by_family = Counter(name for name, _ in found)
     per_source = {}
-    for name, state in service.daemon.states.items():
+    for name, state in service.scheduler.states.items():
         if state.snapshot is not None:
             per_source[name] = len(snapshot_samples(state.snapshot))
     per_source["jobs and the exporter's own"] = len(found) - sum(per_source.values())

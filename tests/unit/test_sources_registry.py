@@ -61,6 +61,7 @@ def test_a_source_is_left_out_only_when_its_config_says_false(tmp_path):
         "preflight",
         "rdma",
         "ethtool",
+        "nccl",
         "storage",
         "discovery",
     ]  # discovery: slurm is still auto

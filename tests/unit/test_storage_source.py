@@ -145,6 +145,16 @@ def test_a_path_on_no_mount_and_a_missing_mount_table(tmp_path):
     assert source(tmp_path / "n", {}).sample().readings.mounts == ()
 
 
+def test_the_mount_table_of_another_process(tmp_path):
+    """In a container with the host's PID namespace, the host's mounts are init's: sources.storage.mount_table."""
+    procfs, sysfs = node(tmp_path)
+    (Path(procfs) / "1").mkdir()
+    shutil.move(str(Path(procfs) / "self" / "mountstats"), str(Path(procfs) / "1" / "mountstats"))
+    section = typed_config(validate({"sources": {"storage": {"mount_table": "1/mountstats"}}})).sources.storage
+    storage = StorageSource(section, procfs, sysfs, {("llama", "data"): ("/mnt/datasets",)})
+    assert storage.sample().readings.mounts[0].counters == "mountstats"
+
+
 def test_config_keys_and_the_registered_factory(tmp_path):
     with pytest.raises(ConfigError, match="jobs.llama.data_paths"):
         validate({"jobs": {"llama": {"data_paths": "/mnt/datasets"}}}, "node.yaml")

@@ -153,8 +153,8 @@ async def rounds_of(source: ScriptedSource, count: int) -> None:
 async def test_hanging_source_never_delays_metrics(make_client, scripted_source):
     witness = ScriptedSource("witness")
     client = await make_client(sources=[scripted_source, witness])
-    runtime = client.runtime
-    state = runtime.daemon.states["fake"]
+    service = client.service
+    state = service.scheduler.states["fake"]
     await wait_for(lambda: state.up)
     scripted_source.value = 2.0
     scripted_source.release.clear()  # the next sample blocks until the test releases it
@@ -179,7 +179,7 @@ async def test_unavailable_source_reports_down_and_others_keep_serving(make_clie
     scripted_source.unavailable = SourceUnavailable("library_not_found", "libnvidia-ml.so.1 not found", retry_after=60)
     witness = ScriptedSource("witness")
     client = await make_client(sources=[scripted_source, witness])
-    state = client.runtime.daemon.states["fake"]
+    state = client.service.scheduler.states["fake"]
     await wait_for(lambda: state.cycles >= 1)
     values = samples(await (await client.get("/metrics")).text())
     assert values[("mfu_exporter_source_up", (("source", "fake"),))] == 0
@@ -209,13 +209,13 @@ async def test_health_and_readiness(make_client, scripted_source):
     assert (await client.get("/healthz")).status == 200
     assert (await client.get("/readyz")).status == 503
     scripted_source.release.set()
-    await wait_for(lambda: client.runtime.daemon.ready)
+    await wait_for(lambda: client.service.scheduler.ready)
     assert (await client.get("/readyz")).status == 200
 
 
 async def test_concurrent_scrapes_render_once_per_state(make_client, monkeypatch):
     client = await make_client(JOB)
-    cache = client.runtime.cache
+    cache = client.service.cache
     renders = []
     original = cache._encode
     monkeypatch.setattr(cache, "_encode", lambda *a: renders.append(1) or original(*a))
@@ -241,9 +241,9 @@ async def test_the_service_starts_with_the_app_and_stops_with_it(aiohttp_client,
     def ticking():
         return [task for task in asyncio.all_tasks() if task.get_name() == "evaluate-jobs" and not task.done()]
 
-    runtime = build_service(validate({}), [scripted_source])
-    app = create_app(runtime)
-    assert (runtime.daemon.first_cycle_done, ticking(), scripted_source.calls) == (None, [], 0)
+    service = build_service(validate({}), [scripted_source])
+    app = create_app(service)
+    assert (service.scheduler.first_cycle_done, ticking(), scripted_source.calls) == (None, [], 0)
     client = await aiohttp_client(app)
     assert len(ticking()) == 1
     await wait_for(lambda: scripted_source.calls >= 1, 5, "a sample once the app started")
@@ -253,13 +253,13 @@ async def test_the_service_starts_with_the_app_and_stops_with_it(aiohttp_client,
 
 async def test_process_metrics_are_the_daemons_only_and_served_once():
     """build_service renders no process_* (the golden rendering stays deterministic); the daemon adds them once."""
-    runtime = build_service(validate({}), [])
-    body, _ = await runtime.cache.render(None, None)
+    service = build_service(validate({}), [])
+    body, _ = await service.cache.render(None, None)
     assert b"process_" not in body
-    runtime.export_process_metrics()
-    runtime.export_process_metrics()  # serve() on the same service again adds nothing twice
-    runtime.jobs.generation += 1  # a new body, not the one cached above
-    body, _ = await runtime.cache.render(None, None)
+    service.export_process_metrics()
+    service.export_process_metrics()  # serve() on the same service again adds nothing twice
+    service.jobs.generation += 1  # a new body, not the one cached above
+    body, _ = await service.cache.render(None, None)
     lines = body.decode().splitlines()
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes"):
         assert sum(line.startswith(name + " ") for line in lines) == 1, name
@@ -267,7 +267,7 @@ async def test_process_metrics_are_the_daemons_only_and_served_once():
 
 async def test_a_failing_evaluation_pass_does_not_end_the_tick(caplog, monkeypatch):
     """Jobs expire only in the 1 s tick: a pass that raises is logged and the next one runs."""
-    runtime = build_service(validate({}), [])
+    service = build_service(validate({}), [])
     passes = []
 
     def evaluate_once():
@@ -275,15 +275,15 @@ async def test_a_failing_evaluation_pass_does_not_end_the_tick(caplog, monkeypat
         if len(passes) == 1:
             raise RuntimeError("a bug in one pass")
 
-    monkeypatch.setattr(runtime, "evaluate_once", evaluate_once)
-    async with runtime.running():
+    monkeypatch.setattr(service, "evaluate_once", evaluate_once)
+    async with service.running():
         await wait_for(lambda: len(passes) >= 2, 5, "a second pass after the failed one")
     assert "the 1 s job evaluation failed" in caplog.text and "a bug in one pass" in caplog.text
 
 
 async def test_the_ledger_endpoint_answers_kinds_goodput_and_runs(make_client):
     client = await make_client(JOB)
-    client.runtime.jobs._born -= 60  # the exporter started a minute ago: the job's start 30 s ago counts
+    client.service.jobs._born -= 60  # the exporter started a minute ago: the job's start 30 s ago counts
     assert (await client.get("/api/v1/jobs/llama3-70b/ledger")).status == 404  # not known yet
     now = time.time()
     started = await client.post(
@@ -324,8 +324,8 @@ async def test_the_ledger_endpoint_answers_kinds_goodput_and_runs(make_client):
     ],
 )
 async def test_a_malformed_request_gets_400_and_one_log_line_not_a_traceback(request_bytes, caplog):
-    runtime = build_service(validate({}), [])
-    runner = web.AppRunner(create_app(runtime), access_log=None, **HTTP_LIMITS)  # as serve() runs it
+    service = build_service(validate({}), [])
+    runner = web.AppRunner(create_app(service), access_log=None, **HTTP_LIMITS)  # as serve() runs it
     await runner.setup()
     site = web.SockSite(runner, bound_socket := socket.create_server(("127.0.0.1", 0)))
     await site.start()

@@ -20,7 +20,8 @@ from exporter.config import ConfigError, validate
 from exporter.service import build_service
 from exporter.web import security as websecurity
 from exporter.web.app import create_app, serve
-from exporter.web.security import WebSecurity, is_loopback, load_web_config
+from exporter.web.security import WebSecurity, is_loopback
+from exporter.web.webconfig import load_web_config
 from tests.support.net import free_port
 from tests.support.wait import wait_for
 
@@ -65,9 +66,9 @@ def secured(aiohttp_client):
     """An aiohttp test client around the real app with an injected WebSecurity."""
 
     async def make(security, config=None):
-        runtime = build_service(validate(config or {}), [])
-        client = await aiohttp_client(create_app(runtime, security))
-        client.runtime = runtime
+        service = build_service(validate(config or {}), [])
+        client = await aiohttp_client(create_app(service, security))
+        client.service = service
         return client
 
     return make
@@ -326,7 +327,7 @@ async def test_web_config_changes_apply_without_restart_and_a_broken_file_fails_
     assert "web config is invalid" in await broken.text()
     assert "basic_auth_users.bob" in caplog.text
     assert (await client.post("/api/v1/progress", json=REPORT)).status == 500
-    assert client.runtime.jobs.names() == []
+    assert client.service.jobs.names() == []
     write(path, f"basic_auth_users: {{bob: '{ALICE_HASH}'}}\n")
     assert (await client.get("/metrics", headers=bob)).status == 200
 
@@ -342,7 +343,7 @@ async def test_ingest_needs_the_bearer_token_when_a_token_file_is_set(secured, t
         assert response.status == 401
         assert response.headers["WWW-Authenticate"].startswith("Bearer")
         assert "ingest.token_file" in (await response.json())["error"]
-    assert client.runtime.jobs.names() == []
+    assert client.service.jobs.names() == []
     response = await client.post("/api/v1/progress", json=REPORT, headers={"Authorization": "Bearer s3cr3t-token"})
     assert response.status == 200
     assert (await client.get("/api/v1/jobs")).status == 200  # reads follow the web config, not the ingest token
@@ -467,9 +468,9 @@ async def test_concurrent_ingest_beyond_the_limit_gets_503_and_the_slot_comes_ba
         assert busy.status == 503
         assert busy.headers["Retry-After"] == "1"
         assert "at once" in (await busy.json())["error"]
-        assert client.runtime.jobs.names() == []
+        assert client.service.jobs.names() == []
         await asyncio.to_thread(slow.sendall, body[10:])
-        await wait_for(lambda: client.runtime.jobs.names() == ["slow"])
+        await wait_for(lambda: client.service.jobs.names() == ["slow"])
         await wait_for(lambda: security.ingest_in_flight == 0)
     finally:
         slow.close()

@@ -18,11 +18,14 @@ import os
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
+if TYPE_CHECKING:
+    # grpc and protobuf are some 15 MB resident: imported by the first call, so a node that does not discover
+    # Kubernetes pods never loads them.
+    import grpc
 
-from exporter.node.podresources import api_pb2, api_pb2_grpc
+    from exporter.node.podresources import api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # gRPC's default receive limit is 4 MiB; busy nodes exceed it (dcgm-exporter #509: "received message larger than
@@ -106,6 +109,10 @@ class PodResourcesClient:
             return False
 
     def _connect(self) -> api_pb2_grpc.PodResourcesListerStub:
+        import grpc
+
+        from exporter.node.podresources import api_pb2_grpc
+
         if self._stub is None:
             if not self.socket_exists():
                 raise PodResourcesError("socket_missing", f"no unix socket at {self.socket}")
@@ -129,6 +136,8 @@ class PodResourcesClient:
         self._stub = None
 
     def _call(self, method: str, request: Any) -> Any:
+        import grpc
+
         with self._lock:
             stub = self._connect()
             try:
@@ -141,6 +150,8 @@ class PodResourcesClient:
                 raise PodResourcesError("malformed", f"{method}: {type(error).__name__}: {error}") from None
 
     def _translate(self, error: grpc.RpcError, method: str) -> PodResourcesError:
+        import grpc
+
         code = _code(error)
         details = (error.details() if callable(getattr(error, "details", None)) else None) or str(error)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -158,6 +169,8 @@ class PodResourcesClient:
 
     def list(self) -> list[Pod]:
         """Every pod the kubelet lists with its containers' devices (pods without device limits never appear)."""
+        from exporter.node.podresources import api_pb2
+
         response = self._call("List", api_pb2.ListPodResourcesRequest())
         pods = []
         for pod in response.pod_resources:
@@ -169,6 +182,8 @@ class PodResourcesClient:
         """The devices the kubelet can allocate on this node, or None where it lacks the call (before 1.21)."""
         if self.allocatable_supported is False:
             return None
+        from exporter.node.podresources import api_pb2
+
         try:
             response = self._call("GetAllocatableResources", api_pb2.AllocatableResourcesRequest())
         except PodResourcesError as error:

@@ -18,7 +18,7 @@ async def test_unread_progress_reaches_the_api_the_status_and_the_metrics_within
     )
     source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False)
     client = await make_client(config, [source])
-    state = client.runtime.daemon.states["logs"]
+    state = client.service.scheduler.states["logs"]
     await wait_for(lambda: state.snapshot, 10, "the logs source's first stored snapshot")
 
     lines = next(p for p in load() if p.name == "hf/trl-3452-grpo-nothing-useful").lines  # real, TRL GRPO

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
 from exporter.model.job_view import GpuInfo
 from exporter.model.jobs import JobTracker
-from exporter.model.ledger import KINDS, Ledger
+from exporter.model.ledger import KINDS, Ledger, RecentValues
 from exporter.model.progress import parse_progress
 from tests.support.known_truth import END, TRUTH, script
 
@@ -348,3 +348,12 @@ def test_no_time_before_the_exporter_started_is_counted():
     clocks.advance(10)
     jobs._jobs["llama"].ledger.finish(clocks.mono, clocks.wall - clocks.mono)
     assert jobs._jobs["llama"].ledger.seconds["startup"] == pytest.approx(10.0)
+
+
+@given(st.integers(1, 8), st.lists(st.floats(0.001, 1e6), max_size=40))
+def test_recent_values_median_is_the_upper_median_of_the_last_values(size, values):
+    recent = RecentValues(size)
+    for count, value in enumerate(values, 1):
+        recent.append(value)
+        last = sorted(values[max(count - size, 0) : count])
+        assert len(recent) == len(last) and recent.median() == last[len(last) // 2]

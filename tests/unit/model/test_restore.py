@@ -10,15 +10,15 @@ from tests.support.known_truth import END, script
 LOAD = [(1, "productive", 0.0, 100.0), (2, "checkpoint_load", 200.0, 215.0), (2, "startup", 215.0, 220.0)]
 
 
-def test_a_loads_bytes_are_the_mounts_reads_between_its_start_and_end():
+def test_a_loads_bytes_are_the_mounts_reads_from_the_sample_before_it_to_the_one_after():
     meter = RestoreMeter()
     for at, value in ((195.0, 1000.0), (205.0, 21000.0), (220.0, 51000.0)):
         meter.observe_mounts(at, {"/ckpt": value})
     meter.observe_job("llama", LOAD, ("/ckpt",), now=221.0)
     total = meter.totals()["llama"]
-    # At 200: 1000 + 20000 × 5/10 = 11000; at 215: 21000 + 30000 × 10/15 = 41000.
-    assert (total.loads, total.seconds, total.read_bytes, total.loads_with_bytes) == (1, 15.0, 30000.0, 1)
-    assert total.last_bandwidth == pytest.approx(2000.0)
+    # From the sample at 195 (1000), the last at or before the start, to the one at 220 (51000), the first after the end.
+    assert (total.loads, total.seconds, total.read_bytes, total.loads_with_bytes) == (1, 15.0, 50000.0, 1)
+    assert total.last_bandwidth == pytest.approx(50000.0 / 15)
     meter.observe_job("llama", LOAD, ("/ckpt",), now=222.0)
     assert meter.totals()["llama"].loads == 1  # counted once
 
@@ -31,7 +31,7 @@ def test_a_load_waits_for_its_end_and_for_the_sample_after_it():
     assert meter.totals() == {}
     meter.observe_mounts(216.0, {"/ckpt": 26000.0})
     meter.observe_job("llama", LOAD, ("/ckpt",), now=217.0)
-    assert meter.totals()["llama"].read_bytes == pytest.approx(15000.0)
+    assert meter.totals()["llama"].read_bytes == pytest.approx(26000.0)
 
 
 def test_loads_the_counters_do_not_cover_count_without_bytes():
