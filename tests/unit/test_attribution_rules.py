@@ -59,9 +59,19 @@ def test_causes_and_their_precedence_are_the_exporters():
     """The classification tries the candidates in the exporter's order, then unknown, and falls back to none."""
     rules = recorded()
     order = re.findall(
-        r'candidates\{cause="([a-z_]+)"\}|"cause", "([a-z_]+)"', rules["training_job:mfu_bottleneck:cause"]
+        r'(?:candidates|seen)\{cause="([a-z_]+)"\}|"cause", "([a-z_]+)"', rules["training_job:mfu_bottleneck:cause"]
     )
     causes = [a or b for a, b in order]
     assert causes == [*attribution.CAUSES[1:], "none"]
     candidates = {b for _, b in re.findall(r'()"cause", "([a-z_]+)"', rules["training_job:mfu_bottleneck:candidates"])}
     assert candidates == set(attribution.CAUSES) - {"none", "unknown"}
+    # The causes with a signal of their own hold while the job recovers, on both sides; the rest are read now only.
+    held = {
+        cause
+        for found in re.findall(r'cause=~"([^"]+)"', rules["training_job:mfu_bottleneck:seen"])
+        for cause in found.split("|")
+    }
+    assert held == attribution.SIGNAL_CAUSES
+    for cause in attribution.CAUSES[1:-1]:
+        kind = "seen" if cause in held else "candidates"
+        assert f'{kind}{{cause="{cause}"}}' in rules["training_job:mfu_bottleneck:cause"], cause
