@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-unit lint golden soak bench bench-fleet fleet system-deps rules clean gpu-check
+.PHONY: demo run test test-unit lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,7 @@ lint: $(STAMP)
 
 # Rewrite tests/fixtures/e2e-output.txt (the golden exposition) after an intended change of the metrics; review its diff.
 golden: $(STAMP)
-	$(PY) -m pytest -q tests/unit/test_golden_exposition.py --update-golden
+	$(PY) -m pytest -q tests/unit/render/test_golden_exposition.py --update-golden
 
 # The fault soak of tests/e2e/test_soak.py for longer: ten minutes unless SOAK_SECONDS says otherwise (make test: 50 s).
 soak: $(STAMP)
@@ -60,10 +60,17 @@ bench: $(STAMP)
 # in its own stack; the node tier of the rules centrally up to 1,024 nodes (a shard's size), above only the central
 # tier; 15 s intervals; ~25 minutes and up to ~4 GiB of memory on 2 cores. FLEET_SIZES=256,1024 for less. Exits 1
 # when a rule group takes over 10 % of its interval, a job's cluster MFU is off the truth by over 2 points, or the
-# incident node is not named at 1,024 nodes or more. bench/results/.
+# incident node is not named at 1,024 nodes or more. bench/results/. FLEET_LAYOUT=one puts one job on every node,
+# FLEET_LAYOUT=mixed one on half of them (issue 36); BENCH_FLEET_ARGS="--partials-out f.json" keeps a shard's partials.
 bench-fleet: $(STAMP) system-deps
 	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-256,1024,2048,4096} --paths-apart --node-tier-up-to 1024 \
-		--json bench/results/fleet-$$(date -u +%Y%m%dT%H%M%SZ).json
+		--layout $${FLEET_LAYOUT:-small} $(BENCH_FLEET_ARGS) --json bench/results/fleet-$$(date -u +%Y%m%dT%H%M%SZ).json
+
+# The global tier of the rules fed S shards' partial aggregates (bench/global_tier.py; README "Rules in three
+# tiers"): PARTIALS from `make bench-fleet FLEET_SIZES=2048 FLEET_LAYOUT=one BENCH_FLEET_ARGS="--partials-out ..."`,
+# replayed as 2, 4 and 8 shards of 2,048 nodes, on VictoriaMetrics and Prometheus; ~10 minutes.
+bench-global: $(STAMP) system-deps
+	$(PY) -m bench.global_tier --partials $(PARTIALS) --json bench/results/global-$$(date -u +%Y%m%dT%H%M%SZ).json
 
 # A simulated fleet (FLEET_NODES, default 64) on both distributed paths, the UIs printed (VictoriaMetrics,
 # vmalert, the Prometheus receiver's alerts), until Ctrl-C: README "A fleet of 10,000 nodes".

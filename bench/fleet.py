@@ -38,11 +38,12 @@ from typing import Any
 import requests
 
 from exporter.quantities import parse_duration
+from exporter.sim.targets import LAYOUTS
 from tests.support.fleet_harness import RULE_FILES, FleetStack
 
 TARGET_SHARE = 0.10  # every rule group under 10 % of its interval
 MFU_TOLERANCE = 0.02  # each job's recorded cluster MFU within 2 points of the truth
-NODE_TIER = "mfu-exporter.node.yaml"  # the rules that read a device's own series (README "Rules in two tiers")
+NODE_TIER = "mfu-exporter.node.yaml"  # the rules that read a device's own series (README "Rules in three tiers")
 SOURCES = (
     ("mfu_gpu_", "gpu"),
     ("mfu_rdma_", "rdma"),
@@ -179,6 +180,19 @@ def _correctness(store: Any, recent: str, expected: dict[str, float], job: str, 
     }
 
 
+def partial_series(stack: FleetStack, out: Path | None) -> dict[str, int]:
+    """How many per-job partial aggregates each store holds now (what a shard would send the global tier: README
+    "Rules in three tiers"); with ``out``, the first store's written there for bench.global_tier to replay."""
+    counts = {}
+    for path, store in stack.stores.items():
+        found = store.query('{__name__=~"training_job[a-z_]*_shard:.+"}')
+        counts[path] = len(found)
+        if out is not None and not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps([{"metric": s["metric"], "value": s["value"]} for s in found], indent=1))
+    return counts
+
+
 def label(key: str, name: str) -> str | None:
     match = re.search(rf'{name}="([^"]*)"', key)
     return match.group(1) if match else None
@@ -193,6 +207,8 @@ def measure(
     source: str,
     paths: tuple[str, ...],
     node_tier: bool = True,
+    layout: str = "small",
+    partials_out: Path | None = None,
 ) -> dict[str, Any]:
     started = time.monotonic()
     load0 = loadavg()
@@ -204,6 +220,7 @@ def measure(
         source=source,
         paths=paths,
         rule_files=[f for f in RULE_FILES if node_tier or f.name != NODE_TIER],
+        fleet_args=("--layout", layout) if source == "targets" else (),
     )
     stack.start()
     prometheus, vm = "prometheus" in paths, "victoria-metrics" in paths
@@ -278,6 +295,7 @@ def measure(
         result = {
             "nodes": nodes,
             "fleet": source,
+            "layout": layout,
             "paths": list(paths),
             "rule_files": [f.name for f in stack.rule_files],
             "interval_seconds": parse_duration(interval),
@@ -330,6 +348,7 @@ def measure(
                 ),
             },
             "correctness": correctness(stack),
+            "partial_series": partial_series(stack, partials_out),
             "loadavg": {"before": load0, "after": loadavg()},
             "rule_group_seconds": {"prometheus": dict(prom_groups), "vmalert": vmalert_groups},
             "targets_up": {path: (found[0]["value"] if found else 0) for path, found in up.items()},
@@ -448,6 +467,17 @@ def main(argv: list[str] | None = None) -> int:
         help="run each path in its own stack (on 2 cores, two paths at once share the CPU: at 2,048 nodes neither "
         "keeps up)",
     )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="small",
+        help="the target server's jobs: many small ones, one on every node, or half and half (exporter/sim/targets.py)",
+    )
+    parser.add_argument(
+        "--partials-out",
+        type=Path,
+        help="write the shard's per-job partial aggregates here at the end (bench.global_tier replays them)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     results = []
@@ -459,7 +489,18 @@ def main(argv: list[str] | None = None) -> int:
             for run in [(path,) for path in paths] if args.paths_apart else [paths]:
                 print(f"bench-fleet: {nodes} nodes ({source}; {', '.join(run)}) ...", file=sys.stderr, flush=True)
                 node_tier = nodes <= args.node_tier_up_to
-                result = measure(nodes, args.interval, args.warmup, args.seconds, Path(tmp), source, run, node_tier)
+                result = measure(
+                    nodes,
+                    args.interval,
+                    args.warmup,
+                    args.seconds,
+                    Path(tmp),
+                    source,
+                    run,
+                    node_tier,
+                    args.layout,
+                    args.partials_out,
+                )
                 results.append(result)
                 print(json.dumps(result, indent=1), file=sys.stderr, flush=True)
                 if args.json:

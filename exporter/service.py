@@ -173,11 +173,13 @@ class Service:
         gpu = self.readings("gpu", GpuSample)
         ethtool = self.readings("ethtool", EthtoolSample)
         rdma = self.readings("rdma", RdmaSample)
+        storage = self.readings("storage", StorageReading)
         return NodeSignals(
             gpus=gpu.gpus if gpu else {},  # GpuReadings, with the PCI bus ID that places each GPU near its NICs
             interfaces=dict(ethtool.interfaces) if ethtool else {},
             ports=dict(rdma.ports) if rdma else {},
             checkpoint=self.checkpoint_overlap,
+            mounts=storage.mounts if storage else (),
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
             collectives=job_collectives(*self._collectives()),
         )

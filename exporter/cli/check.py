@@ -10,7 +10,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.cli.flags import add_flag, add_path_flags, positive
+from exporter.cli.flags import add_flag, add_path_flags, positive, require_path_flags
 from exporter.config import ConfigError, load_config, typed_config
 from exporter.node.nic_qos import NicQos
 from exporter.preflight import nccl
@@ -42,6 +42,7 @@ def add_check_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_check(args: argparse.Namespace, nvml: Any = pynvml, qos: NicQos | None = None, out=sys.stdout) -> int:
+    require_path_flags(args)
     settings = PreflightSettings.from_config(typed_config(load_config(args.config)).sources.preflight)
     try:
         env = read_env_file(args.env_file) if args.env_file else dict(os.environ)

@@ -17,20 +17,18 @@ class UsageError(Exception):
     """A flag combination a command refuses; ``main`` prints it after the command's name and exits 2."""
 
 
-class Expected(argparse.ArgumentTypeError):
-    """A flag value refused, with the form it takes: argparse prints the whole sentence after the flag, and an env
-    var's error (``BadEnv``) uses the form alone, as config errors do."""
-
-    def __init__(self, expected: str, value: str, why: str = ""):
-        super().__init__(f"expected {expected}, got {value!r}" + (f" ({why})" if why else ""))
-        self.expected = expected
+PATH_FLAGS = (("--path.sysfs", "sysfs"), ("--path.procfs", "procfs"))
 
 
-def existing_directory(value: str) -> str:
-    """A directory that exists: a mount-point flag naming nothing would read nothing and pass every check."""
-    if not os.path.isdir(value):
-        raise Expected("an existing directory", value, "not a directory" if os.path.exists(value) else "no such path")
-    return value
+def require_path_flags(args: argparse.Namespace) -> None:
+    """``--path.sysfs`` and ``--path.procfs`` must name directories: a root naming nothing would read nothing and
+    pass every check. Checked when a command starts, not when the flags are parsed, so a DaemonSet's arguments
+    (``--path.sysfs=/host/sys``) parse anywhere and are refused only where the command would run on them."""
+    for flag, dest in PATH_FLAGS:
+        value = getattr(args, dest)
+        if not os.path.isdir(value):
+            why = "not a directory" if os.path.exists(value) else "no such path"
+            raise UsageError(f"{flag} (or {env_name(flag)}): expected an existing directory, got {value!r} ({why})")
 
 
 def positive(convert: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -90,7 +88,7 @@ def _env_default(
         try:
             parsed = convert(value)
         except argparse.ArgumentTypeError as exc:  # the flag's own wording of what it takes
-            return BadEnv(env, getattr(exc, "expected", str(exc)), value)
+            return BadEnv(env, str(exc), value)
         except (TypeError, ValueError):
             return BadEnv(env, f"a {getattr(convert, '__name__', 'valid')} value, as {flag} takes", value)
     if choices is not None and parsed not in choices:
@@ -105,7 +103,6 @@ def add_path_flags(parser: argparse.ArgumentParser) -> None:
         "sysfs mount point; must exist",
         dest="sysfs",
         default="/sys",
-        type=existing_directory,
         metavar="DIR",
         metavar_default="/sys",
     )
@@ -115,7 +112,6 @@ def add_path_flags(parser: argparse.ArgumentParser) -> None:
         "procfs mount point; must exist",
         dest="procfs",
         default="/proc",
-        type=existing_directory,
         metavar="DIR",
         metavar_default="/proc",
     )

@@ -48,6 +48,10 @@ def expectation(args: argparse.Namespace) -> Expectation:
     return fabric_expectation(discover_ports(args.sysfs))
 
 
+def _gbps(value: float | None) -> str:
+    return "not a number" if value is None else f"{value:g} GB/s"
+
+
 def summary(reading: Reading, judgement: Judgement) -> str:
     lines = [f"verdict: {judgement.verdict.upper()}"]
     perf = reading.perf
@@ -55,9 +59,10 @@ def summary(reading: Reading, judgement: Judgement) -> str:
         ranks = f"{perf.n_ranks} ranks" if perf.n_ranks else "ranks not shown"
         lines.append(f"test: {perf.collective or 'collective not shown'}, {ranks}, {len(perf.rows)} rows")
         if perf.rows:
+            average = "not printed" if perf.avg_busbw_gbps is None else f"{perf.avg_busbw_gbps:g} GB/s"
             lines.append(
-                f"busbw at the largest size ({perf.largest_size_bytes} B): {judgement.measured_busbw_gbps} GB/s; "
-                f"max {perf.max_busbw_gbps} GB/s; average as printed: {perf.avg_busbw_gbps} GB/s"
+                f"busbw at the largest size ({perf.largest_size_bytes} B): {_gbps(judgement.measured_busbw_gbps)}; "
+                f"max {_gbps(perf.max_busbw_gbps)}; average as printed: {average}"
             )
     transport = reading.transport
     if transport is not None:

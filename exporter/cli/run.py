@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from exporter.cli.flags import add_daemon_flags, load_daemon_config
+from exporter.cli.flags import add_daemon_flags, load_daemon_config, require_path_flags
 from exporter.service import build_service
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
 from exporter.web.app import serve
@@ -19,6 +19,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_daemon(args: argparse.Namespace, nvml: Any = None) -> int:
     """The daemon; ``nvml`` replaces the pynvml module only where a test runs it over the fake (exporter/sim/nvml)."""
+    require_path_flags(args)
     config = load_daemon_config(args)
     ctx = SourceContext(config, Paths(args.sysfs, args.procfs))  # the real NVML, ethtool ioctl and clocks
     if nvml is not None:

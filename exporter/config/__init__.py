@@ -42,6 +42,7 @@ from exporter.config.validators import (  # the vocabulary, importable from expo
     MapOf,
     Section,
     Validator,
+    absolute_globs,
     boolean,
     bounded_int,
     bounded_quantity,
@@ -220,10 +221,16 @@ class PreflightConfig(SourceConfig):
 class NcclConfig(SourceConfig):
     """NCCL's own reports of a job's collectives (issue 32): ``inspector_paths`` are globs of NCCL Inspector's dump
     directories (``NCCL_INSPECTOR_DUMP_DIR``: its ``<host>-pid<pid>.log`` JSON lines and its
-    ``nccl_inspector_metrics_<GPU UUID>.prom`` textfiles), or of the files themselves."""
+    ``nccl_inspector_metrics_<GPU UUID>.prom`` textfiles), or of the files themselves.
+
+    And the node's last NCCL verification: the newest file matching ``tests_paths`` (an all_reduce_perf output a
+    Slurm prolog or a Kubernetes init container wrote), judged like ``mfu-exporter nccl``; ``expect_busbw`` (GB/s)
+    overrides the figure read from the ACTIVE RDMA ports."""
 
     interval: float = setting(duration, 5.0)
     inspector_paths: tuple[str, ...] = setting(string_list, [])
+    tests_paths: tuple[str, ...] = setting(absolute_globs, [])
+    expect_busbw: float | None = setting(optional(positive_quantity), None)
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,8 @@ class AttributionConfig:
     # A fixed level, not a rise: above what the job's ports see when healthy.
     cnp_per_second: float = setting(positive_quantity, 1000.0)
     idle_utilization: float = setting(ratio, 0.5)  # mean GPU utilization under which GPUs count as mostly idle
+    # Share of wall time the job's loop waited for its next batch (client or log) over which the gap is "input".
+    input_wait_ratio: float = setting(ratio, 0.10)
     baseline_window: float = setting(duration, 3600.0)
     baseline_percentile: float = setting(ratio, 0.9)
     baseline_min_samples: int = setting(positive_int, 30)

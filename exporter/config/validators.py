@@ -277,6 +277,12 @@ def string_list(value: Any) -> list[str]:
     return value
 
 
+def absolute_globs(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item.startswith("/") for item in value):
+        raise Invalid('a list of absolute paths or globs, like ["/var/lib/mfu-exporter/nccl/*.txt"]')
+    return value
+
+
 def command(value: Any) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
         raise Invalid('a command as a list of arguments, like ["squeue", "-h", "-o", "%j", "-j", "{job}"], or []')

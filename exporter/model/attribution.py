@@ -18,8 +18,12 @@ on every node and in the cluster rules):
                    straggling job still makes progress. The cluster rules add the hardware comparison (a node whose
                    SM clock, throttle time or tensor activity lies beyond the median ± 3 MAD of the job's nodes)
 7. ``stalled``     no progress at all
-8. ``input``       the job's GPUs are mostly idle with none of the above: data loading or host side
-9. ``unknown``     a gap and no signal that explains it
+8. ``input``       the job says it waits for its input: its data-wait share of wall time (client or log,
+                   ``exporter.model.datawait``) at or over ``input_wait_ratio``; the evidence names the wait and the
+                   read throughput of the node's dataset mounts where the storage source reads them
+9. ``idle``        the job's GPUs are mostly idle and no sampled signal explains it (no data-wait figure says why:
+                   data loading, host side, or a fault no source sees); before issue 34 this was called ``input``
+10. ``unknown``    a gap and no signal that explains it
 
 A job's NICs are the RDMA devices nearest each of its GPUs by PCIe topology (same switch, else same host bridge or
 NUMA node: the path its GPUDirect traffic takes), so on a node shared by jobs one job's paused NIC does not blame
@@ -55,9 +59,21 @@ from typing import Any, Callable, Iterable
 from exporter.config import AttributionConfig
 from exporter.model.job_view import JobView
 from exporter.model.progress import REPORT_RESOLUTION_SECONDS
-from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, PortSignal
+from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, MountSignal, PortSignal
 
-CAUSES = ("none", "gpu_lost", "checkpoint", "network", "thermal", "power", "straggler", "stalled", "input", "unknown")
+CAUSES = (
+    "none",
+    "gpu_lost",
+    "checkpoint",
+    "network",
+    "thermal",
+    "power",
+    "straggler",
+    "stalled",
+    "input",
+    "idle",
+    "unknown",
+)
 SOCKET_FALLBACK = "NCCL uses sockets, not RDMA"
 # Causes that stand on a signal of their own (a reading, an event): seen now, or within the window, they explain
 # the gap. The rest (no progress, idle GPUs, nothing) are what is left when none does.
@@ -123,6 +139,9 @@ class NodeSignals:
     interfaces: dict[str, InterfaceSignal] = field(default_factory=dict)  # ethtool source: name -> InterfaceReading
     ports: dict[str, PortSignal] = field(default_factory=dict)  # rdma source: "mlx5_0/1" -> PortReading
     checkpoint: Callable[[str], dict | None] = lambda job: None  # the tracker's view of a job's writes
+    # The mounts the storage source reads (MountReading), for the evidence of "input": the job's dataset mounts'
+    # read throughput. Empty where no storage source runs.
+    mounts: tuple[MountSignal, ...] = ()
     # (GPU's NVML bus ID, ((RDMA device, PCI address), ...)) -> the devices on the shortest PCIe path from the GPU.
     # The service binds it to the node's sysfs (``exporter.node.pci.nearest_devices``); the default places nothing.
     nearest_nics: Callable[[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = lambda bus_id, nics: ()
@@ -254,15 +273,46 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: b
         return "straggler", collectives.straggler
     if view.tokens_per_second == 0:
         return "stalled", "no token progress over the MFU window"
+    wait = view.data_wait
+    if wait is not None and wait.ratio is not None and wait.ratio >= limits.input_wait_ratio:
+        reads = dataset_reads(view.name, signals.mounts)
+        return "input", (
+            f"waiting for its next batch {100 * wait.ratio:.0f}% of wall time ({_wait_source(wait.source)}), over the "
+            f"{100 * limits.input_wait_ratio:.0f}% line" + (f"; {reads}" if reads else "")
+        )
     if stopped:
         return "stalled", "no progress report since one was due"
     utilizations = [g.utilization for g in gpus if g.utilization is not None]
     if utilizations and sum(utilizations) / len(utilizations) < limits.idle_utilization:
         return (
-            "input",
-            f"GPUs {100 * sum(utilizations) / len(utilizations):.0f}% busy on average with no fault seen: data loading or host side",
+            "idle",
+            f"GPUs {100 * sum(utilizations) / len(utilizations):.0f}% busy on average, no sampled signal explains it"
+            + (
+                " (the job gives no data-wait figure: report data_wait_seconds to tell input from the rest)"
+                if wait is None
+                else ""
+            ),
         )
     return "unknown", "MFU is below its baseline and no sampled signal explains it"
+
+
+def dataset_reads(job: str, mounts: Iterable[MountSignal]) -> str | None:
+    """The job's dataset mounts and their read throughput now, for the evidence of "input"; None when the storage
+    source knows none of its data paths (``jobs.<name>.data_paths``)."""
+    parts = []
+    for mount in mounts:
+        if (job, "data") not in mount.jobs:
+            continue
+        rate = mount.read_bytes_per_second
+        read = f"reads {rate / 1e6:,.1f} MB/s" if rate is not None else "reads not measured yet"
+        parts.append(f"dataset mount {mount.mount_point} ({mount.fstype} {mount.device}) {read}")
+    return "; ".join(parts) or None
+
+
+def _wait_source(source: str) -> str:
+    if source.startswith("log:"):
+        return f"its {source[4:]} log's data-loading timer"
+    return "its client's data_wait_seconds"
 
 
 @dataclass

@@ -97,6 +97,26 @@ class InterfaceSignal(Protocol):
     def storm_event_deltas(self) -> dict[str, int]: ...
 
 
+class MountSignal(Protocol):
+    """What the attribution reads of one mount's storage sample (``exporter.sources.storage.MountReading``): the
+    evidence of the cause ``input`` names the read throughput of the job's dataset mounts."""
+
+    @property
+    def mount_point(self) -> str: ...
+
+    @property
+    def fstype(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def read_bytes_per_second(self) -> float | None: ...
+
+    @property
+    def jobs(self) -> tuple[tuple[str, str], ...]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class JobCollectives:
     """What a job's collectives say on this node, for the attribution: the NCCL transport its log shows

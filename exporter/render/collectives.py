@@ -15,6 +15,7 @@ from typing import Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.render.nccl import nccl_test_families
 from exporter.sources.inspector import InspectorReading
 from exporter.sources.logs import LogCollectives, LogsSample
 from exporter.sources.nccl import NcclSample
@@ -24,8 +25,10 @@ COLLECTIVE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,31}$")
 
 
 def nccl_families(sample: NcclSample) -> Iterator[Metric]:
-    """The nccl source's snapshot: NCCL Inspector's summaries of each job."""
-    return inspector_families(sample.inspector)
+    """The nccl source's snapshot: NCCL Inspector's summaries of each job, and the node's last verification."""
+    yield from inspector_families(sample.inspector)
+    if sample.test is not None:
+        yield from nccl_test_families(sample.test)
 
 
 def log_families(sample: LogsSample) -> Iterator[Metric]:

@@ -12,9 +12,11 @@ The pattern of Prometheus' own load tools (avalanche, prombench's fake targets),
 - **Counters advance.** Each state is rendered twice, ``CAPTURE_SECONDS`` of simulated time apart: a counter's
   served value grows at its captured rate from the server's start, so ``rate()`` over the served fleet sees the
   captured node's rates. ``*_timestamp_seconds`` gauges follow the wall clock; other gauges keep their captured value.
-- **Per node, per job.** Every served node is in a job of ``layout_jobs`` (jobs of 16, 8 and 32 nodes in turn) and
-  its series carry its job's name; a GPU's ``uuid`` carries the node's index. The scraper tells nodes apart by the
-  ``instance`` label of its target list (``file_sd``): ``instance(i)``.
+- **Per node, per job.** Every served node is in a job of the layout (``--layout``): ``small``, jobs of 16, 8 and 32
+  nodes in turn (``layout_jobs``); ``one``, one job on every node (a pre-training run over the whole fleet);
+  ``mixed``, one job on the first half of the nodes and small jobs on the rest. Its series carry its job's name; a
+  GPU's ``uuid`` carries the node's index. The scraper tells nodes apart by the ``instance`` label of its target list
+  (``file_sd``): ``instance(i)``.
 - **Cheap to serve.** One port, one path per node (``/node/<i>/metrics``). Values are formatted once per interval
   per state, each job's body is made from its state's text once per interval, and a request only joins its node's
   ``uuid`` token into the job's body: no per-request formatting.
@@ -44,7 +46,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from exporter.quantities import parse_duration
-from exporter.sim.fleet import Fleet, FleetSchedule, layout_jobs, require_node
+from exporter.sim.fleet import JOB_SIZES, Fleet, FleetJob, FleetSchedule, layout_jobs, require_node
 from exporter.sim.node import INCIDENT_BY_NAME, SimClock
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,20 @@ UUID = re.compile(r'(uuid="GPU-)[0-9a-fA-F]{8}(-)')
 MONOTONIC_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 TIMESTAMP_SUFFIX = "_timestamp_seconds"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LAYOUTS = ("small", "one", "mixed")  # --layout: many small jobs, one job on every node, half and half
+
+
+def served_jobs(nodes: int, layout: str = "small") -> list[FleetJob]:
+    """The jobs of a ``layout`` over nodes 0..N-1 (see the module's docstring)."""
+    if layout == "small":
+        return layout_jobs(nodes)
+    if layout == "one":
+        return layout_jobs(nodes, sizes=(nodes,))
+    if layout == "mixed":
+        big = max(nodes // 2, 1)
+        rest = -(-(nodes - big) // sum(JOB_SIZES))  # rounds of the small sizes that cover the other half
+        return layout_jobs(nodes, sizes=(big, *JOB_SIZES * max(rest, 1)))
+    raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
 
 
 class StepClock(SimClock):
@@ -255,6 +271,7 @@ class TargetFleet:
         incident_node: int | None = DEFAULT_INCIDENT_NODE,
         lost_node: int | None = DEFAULT_LOST_NODE,
         clock: Callable[[], float] = time.time,
+        layout: str = "small",
     ):
         require_node("--incident-node", incident_node, nodes)
         require_node("--lost-node", lost_node, nodes)
@@ -268,7 +285,8 @@ class TargetFleet:
         self.incident_node, self.lost_node = incident_node, lost_node
         self.node_job: list[int] = []
         self.node_state: list[str] = []
-        for index, job in enumerate(layout_jobs(nodes)):
+        self.layout = layout
+        for index, job in enumerate(served_jobs(nodes, layout)):
             if lost_node in job.nodes and incident_node in job.nodes:
                 raise ValueError("--incident-node and --lost-node must be in different jobs")
             states = [
@@ -339,6 +357,7 @@ class TargetFleet:
 
         return {
             "nodes": self.nodes,
+            "layout": self.layout,
             "address": self.address,
             "interval_seconds": self.interval,
             "incident": node("pfc-storm", self.incident_node),
@@ -397,7 +416,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", default="127.0.0.1:9400", help="host:port to serve on (loopback by default)")
     parser.add_argument("--interval", default="15s", help="how often counters move: the scrape interval")
     parser.add_argument("--incident-node", default=str(DEFAULT_INCIDENT_NODE), help="the pfc-storm's node, or none")
-    parser.add_argument("--lost-node", default=str(DEFAULT_LOST_NODE), help="the lost GPU's node, or none")
+    parser.add_argument(
+        "--lost-node",
+        default=str(DEFAULT_LOST_NODE),
+        help="the lost GPU's node, or none (by default none where the layout puts it in the incident's job)",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="small",
+        help="the jobs: many small ones (16, 8, 32 nodes in turn), one on every node, or one on half and small ones",
+    )
     parser.add_argument("--file-sd", type=Path, help="write a file_sd target list of every node here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -417,8 +446,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.nodes < 1:
         parser.error(f"--nodes: at least 1, not {args.nodes}")
     incident, lost = node("--incident-node", args.incident_node), node("--lost-node", args.lost_node)
-    if args.lost_node == str(DEFAULT_LOST_NODE) and lost is not None and lost >= args.nodes:
-        lost = None  # a fleet too small for the default lost GPU's node has none; a node asked for must exist
+    if args.lost_node == str(DEFAULT_LOST_NODE) and lost is not None:
+        # A fleet too small for the default lost GPU's node has none, and so has a layout that puts it in the
+        # incident's job (one job on every node); a node asked for must exist.
+        jobs = served_jobs(args.nodes, args.layout)
+        if lost >= args.nodes or any(lost in job.nodes and incident in job.nodes for job in jobs):
+            lost = None
     try:
         require_node("--incident-node", incident, args.nodes)
         require_node("--lost-node", lost, args.nodes)
@@ -432,7 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         templates = asyncio.run(capture(Path(tmp)))
     logging.getLogger("exporter").setLevel(logging.WARNING)
     try:
-        fleet = TargetFleet(templates, args.nodes, args.listen, parse_duration(args.interval), incident, lost)
+        fleet = TargetFleet(
+            templates, args.nodes, args.listen, parse_duration(args.interval), incident, lost, layout=args.layout
+        )
     except ValueError as exc:
         print(f"mfu-exporter targets: {exc}", file=sys.stderr)
         return 2
@@ -440,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.file_sd:
         args.file_sd.write_text(json.dumps(file_sd(args.nodes, args.listen)))
     print(
-        f"targets: {args.nodes} nodes on http://{args.listen}/node/<i>/metrics, captured in "
+        f"targets: {args.nodes} nodes ({args.layout} jobs) on http://{args.listen}/node/<i>/metrics, captured in "
         f"{time.monotonic() - started:.1f} s",
         flush=True,
     )

@@ -25,7 +25,7 @@ from exporter.node.nvml_gpus import GpuReads, NvmlGpus
 from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable, exports
 
 # The lowest series level (sources.gpu.series) at which a cycle makes each optional call: the level of the per-GPU
-# family it feeds (exporter.render.gpu's tables; tests/unit/test_gpu_reads.py holds the two to each other). Every
+# family it feeds (exporter.render.gpu's tables; tests/unit/sources/test_gpu_reads.py holds the two to each other). Every
 # other call feeds a node summary, the attribution or the job model, and is made at every level.
 READ_LEVELS = {
     "memory": "standard",  # mfu_gpu_memory_used_bytes

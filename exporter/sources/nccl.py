@@ -1,7 +1,9 @@
 """The nccl source (``sources.nccl``): NCCL's own reports of the node's jobs, NCCL Inspector's dump files
-(``inspector_paths``, followed by ``exporter.sources.inspector``).
+(``inspector_paths``, followed by ``exporter.sources.inspector``), and the node's last NCCL verification
+(``tests_paths``, judged by ``exporter.sources.nccl_tests``).
 
-It returns typed readings (``NcclSample``); ``exporter.render.collectives`` turns them into families.
+It returns typed readings (``NcclSample``); ``exporter.render.collectives`` and ``exporter.render.nccl`` turn them
+into families.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from typing import Callable, Mapping
 
 from exporter.config import NcclConfig
 from exporter.node.nvml import NvmlSession
+from exporter.node.rdma import RdmaPort
 from exporter.sources.base import Snapshot, SourceContext
 from exporter.sources.inspector import GpuIndexByUuid, InspectorFiles, InspectorReading, JobsByGpu
+from exporter.sources.nccl_tests import NcclTestReading, NcclTests, fabric_ports
 
 
 @dataclass(frozen=True)
 class NcclSample:
     inspector: Mapping[str, InspectorReading] = field(default_factory=dict)  # job -> its collectives here
+    test: NcclTestReading | None = None  # the node's last verification (None: no tests_paths configured)
 
 
 class NcclSource:
@@ -30,16 +35,19 @@ class NcclSource:
         section: NcclConfig,
         nvml_session: NvmlSession | None = None,
         clock: Callable[[], float] = time.monotonic,
+        ports: Callable[[], list[RdmaPort]] = list,
     ):
+        """``ports``: the node's RDMA ports, read on each new verification file for its expected figure."""
         self.interval = section.interval
         self.timeout = section.timeout
         self.inspector = InspectorFiles(section.inspector_paths, nvml_session, clock)
+        self.tests = NcclTests(section, ports)
 
     @classmethod
     def from_config(cls, section: NcclConfig, ctx: SourceContext) -> NcclSource:
         """The ``exporter.sources.SOURCES`` factory: ``sources.nccl``, with ``ctx``'s NVML session for the GPUs of
-        the processes that wrote Inspector's files."""
-        return cls(section, nvml_session=ctx.nvml_session, clock=ctx.monotonic)
+        the processes that wrote Inspector's files, and its sysfs's RDMA ports for the verification's expected figure."""
+        return cls(section, nvml_session=ctx.nvml_session, clock=ctx.monotonic, ports=fabric_ports(ctx))
 
     def attach(self, jobs_by_gpu: JobsByGpu, gpu_by_uuid: GpuIndexByUuid) -> None:
         """Where a GPU's job (the job model) and a UUID's GPU index (the GPU source) come from."""
@@ -48,7 +56,10 @@ class NcclSource:
     def sample(self) -> Snapshot:
         errors: Counter = Counter()
         readings, status = self.inspector.sample(errors)
-        return Snapshot(readings=NcclSample(readings), errors=errors, status={"inspector": status})
+        test, test_status = self.tests.sample(errors)
+        return Snapshot(
+            readings=NcclSample(readings, test), errors=errors, status={"inspector": status, "test": test_status}
+        )
 
     def close(self) -> None:
         self.inspector.close()

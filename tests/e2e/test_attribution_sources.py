@@ -77,6 +77,8 @@ class Node:
         self.jobs = jobs
         self.tokens = dict.fromkeys(jobs, 0.0)
         self.reporting = True
+        self.data_wait_share = None  # the share of wall time the job's loader makes it wait, once starved
+        self.data_wait = 0.0
 
     def clock(self) -> float:
         return self.now
@@ -91,7 +93,11 @@ class Node:
             for name, gpus in self.jobs.items():
                 if self.reporting:
                     self.tokens[name] += speed * demo.healthy_tokens_per_second(len(gpus)) * step
-                    self.service.jobs.report(parse_progress({"job": name, "tokens_total": self.tokens[name]}, self.now))
+                    body = {"job": name, "tokens_total": self.tokens[name]}
+                    if self.data_wait_share is not None:
+                        self.data_wait += self.data_wait_share * step
+                        body["data_wait_seconds"] = self.data_wait
+                    self.service.jobs.report(parse_progress(body, self.now))
             self.service.attribution.evaluate(self.now, self.service.jobs.views(), self.service.node_signals())
 
     def verdict(self, job: str = "llama"):
@@ -142,6 +148,11 @@ def stop_reporting(node):
     node.reporting = False
 
 
+def starve_the_loader(node):
+    """The job's client times its loader: 30% of each second waiting for the next batch, GPUs busy otherwise."""
+    node.data_wait_share = 0.3
+
+
 def idle_the_gpus(node):
     for gpu in node.nvml.gpus:
         gpu.utilization = 20
@@ -154,7 +165,8 @@ FAULTS = {  # in the order of precedence
     "thermal": (heat_gpu_5, "GPU 5 throttled: hw_thermal_slowdown at 91 °C"),
     "power": (power_cap_gpu_1, "GPU 1 throttled: sw_power_cap"),
     "stalled": (stop_reporting, "no token progress"),
-    "input": (idle_the_gpus, "GPUs 20% busy on average"),
+    "input": (starve_the_loader, "waiting for its next batch 30% of wall time (its client's data_wait_seconds)"),
+    "idle": (idle_the_gpus, "GPUs 20% busy on average, no sampled signal explains it"),
 }
 
 

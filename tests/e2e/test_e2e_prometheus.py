@@ -49,6 +49,7 @@ INCIDENT_CAUSES = {
     "checkpoint-stall": "checkpoint",
 }
 WINDOWS = {"1m": "30s", "5m": "10s"}
+STEPS = {"1m": "1s", "5m": "5s"}  # the hour-long windows' subqueries: a point a second, not a minute
 FOR_SECONDS = 3
 FOR = f"{FOR_SECONDS}s"
 DEADLINE = 90.0  # seconds after the demos are up: the first healthy checkpoint ends at 60 s of demo time
@@ -135,7 +136,7 @@ def promql_regex(value: str) -> str:
 def cluster(tmp_path_factory):
     binary = require_tool("prometheus", "prometheus")
     workdir = tmp_path_factory.mktemp("e2e")
-    rules = [derived_rules(path, workdir / path.name, ranges=WINDOWS, for_=FOR) for path in RULE_FILES]
+    rules = [derived_rules(path, workdir / path.name, ranges=WINDOWS, for_=FOR, steps=STEPS) for path in RULE_FILES]
     demos = {None: ["--mfu.window", WINDOWS["1m"]]}
     demos |= {incident: ["--incident", incident, "--mfu.window", WINDOWS["5m"]] for incident in INCIDENT_CAUSES}
     with ExitStack() as stack:

@@ -151,7 +151,9 @@ def exporter_as_rendered(daemon: Daemon, host_root: Path, port: int):
     config = host_root / "etc"
     config.mkdir(mode=0o755)
     (config / "config.yaml").write_text(daemon.config_text)
-    args = [a for a in daemon.container["args"] if not a.startswith("--config=")]
+    # /sys is the host's own here (no bind at the DaemonSet's /host/sys): the exporter refuses a root that is absent.
+    args = [a for a in daemon.container["args"] if not a.startswith(("--config=", "--path.sysfs="))]
+    args += ["--path.sysfs=/sys"]
     args += [f"--config={config / 'config.yaml'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"]
     security = daemon.security
     assert security["capabilities"] == {"drop": ["ALL"]}  # what the setpriv flags below reproduce

@@ -44,8 +44,9 @@ from exporter.sim.targets import file_sd
 from exporter.sim.targets import instance as target_instance
 from tests.support.net import free_port
 from tests.support.prom_harness import (
-    CENTRAL_RULE_FILES,
-    NODE_RULE_FILE,
+    GLOBAL_RULE_FILES,
+    RULE_FILES,
+    SHARD_RULE_FILES,
     ProcessFailed,
     log_tail,
     stop_process,
@@ -55,7 +56,6 @@ from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "fleet"
-RULE_FILES = (*CENTRAL_RULE_FILES, NODE_RULE_FILE)  # the fleet's central engines run both tiers (README)
 SCRAPE_JOB = "mfu-exporter"
 START_ATTEMPTS = 3
 
@@ -220,9 +220,15 @@ class FleetStack:
     paths: Sequence[str] = ("victoria-metrics", "prometheus")
     fleet_args: Sequence[str] = ()
     source: str = "demo"  # or "targets": exporter/sim/targets.py serves the nodes
-    rule_files: Sequence[Path] = RULE_FILES  # what vmalert and the receiver evaluate
+    rule_files: Sequence[Path] = RULE_FILES  # what vmalert and the receiver evaluate (one evaluator)
+    # 0: one evaluator holds the fleet (every tier at once). N: three tiers, N shards each evaluating the node and
+    # shard tiers over its share of the nodes, a global evaluator the global tier over their partial aggregates.
+    shards: int = 0
+    shard_rule_files: Sequence[Path] = SHARD_RULE_FILES
+    global_rule_files: Sequence[Path] = GLOBAL_RULE_FILES
     servers: dict[str, Server] = field(default_factory=dict)
-    stores: dict[str, Store] = field(default_factory=dict)
+    stores: dict[str, Store] = field(default_factory=dict)  # per path: the global store (or the one store)
+    shard_stores: dict[str, list[Store]] = field(default_factory=dict)  # per path, in tiers: each shard's
     base_port: int = 0
     started: float = 0.0
     sink: AlertSink | None = None
@@ -274,9 +280,9 @@ class FleetStack:
             self._start_fleet()
         (self.workdir / "nodes.json").write_text(json.dumps(self._target_list()))
         if "victoria-metrics" in self.paths:
-            self._start_victoria_metrics()
+            self._start_victoria_metrics_tiers() if self.shards else self._start_victoria_metrics()
         if "prometheus" in self.paths:
-            self._start_prometheus()
+            self._start_prometheus_tiers() if self.shards else self._start_prometheus()
 
     def _start_fleet(self) -> None:
         incident = ["--incident", self.incident, "--incident-node", str(self.incident_node)] if self.incident else []
@@ -348,31 +354,11 @@ class FleetStack:
         self.started = time.time()
 
     def _start_victoria_metrics(self) -> None:
-        vm_binary = require_tool("victoria-metrics", "victoria-metrics")
         vmagent = require_tool("vmagent", "victoria-metrics")
         vmalert = require_tool("vmalert", "victoria-metrics")
         work = self.workdir / "vm"
         work.mkdir(parents=True, exist_ok=True)
-        vm = self._add(
-            Server(
-                "victoria-metrics",
-                work,
-                lambda port: [
-                    vm_binary,
-                    f"-storageDataPath={work / 'data'}",
-                    f"-httpListenAddr=127.0.0.1:{port}",
-                    "-retentionPeriod=1d",
-                    # Queries see samples at once (the default hides the last 30 s, for late-arriving data) and
-                    # are not cached: the test asks about the last few seconds.
-                    "-search.latencyOffset=0s",
-                    "-search.disableCache",
-                    # 300,000 by default: 256 nodes of ~1,200 series already exceed it in one query.
-                    "-search.maxUniqueTimeseries=20000000",
-                    "-loggerLevel=WARN",
-                ],
-                "/health",
-            )
-        )
+        vm = self._victoria_metrics("victoria-metrics", work, data="data")
 
         def interval(config: dict) -> None:
             config["global"]["scrape_interval"] = self.interval
@@ -401,6 +387,8 @@ class FleetStack:
             )
         flags = [line for line in (DEPLOY / "vmalert.flags").read_text().splitlines() if line.startswith("-")]
         assert [f.split("=")[0] for f in flags] == [
+            "-rule",
+            "-rule",
             "-rule",
             "-rule",
             "-datasource.url",
@@ -434,35 +422,42 @@ class FleetStack:
         )
         self.stores["victoria-metrics"] = Store("victoria-metrics", vm.url, alert.url)
 
-    def _start_prometheus(self) -> None:
+    def _prometheus_receiver(self, name: str, work: Path, deploy_file: str, rule_files: Sequence[Path]) -> Server:
+        """A Prometheus taking remote writes and evaluating ``rule_files``, from deploy/fleet/``deploy_file`` with the
+        test's interval, rule paths and alert sink; its data in ``<name without prometheus->-data``."""
         prometheus = require_tool("prometheus", "prometheus")
-        work = self.workdir / "prom"
-        work.mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
         assert self.sink is not None
         sink_port = self.sink.port
 
         def receiver_config(config: dict) -> None:
             config["global"]["evaluation_interval"] = self.interval
-            config["rule_files"] = [str(path) for path in self.rule_files]
+            config["rule_files"] = [str(path) for path in rule_files]
             config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
 
-        receiver_file = _copy_config(DEPLOY / "prometheus-receiver.yaml", work / "receiver.yml", receiver_config)
-        receiver = self._add(
+        short = name.removeprefix("prometheus-")
+        config_file = _copy_config(DEPLOY / deploy_file, work / f"{short}.yml", receiver_config)
+        return self._add(
             Server(
-                "prometheus-receiver",
+                name,
                 work,
                 lambda port: [
                     prometheus,
-                    f"--config.file={receiver_file}",
+                    f"--config.file={config_file}",
                     "--web.enable-remote-write-receiver",
-                    f"--storage.tsdb.path={work / 'receiver-data'}",
+                    f"--storage.tsdb.path={work / f'{short}-data'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=warn",
                 ],
                 "/-/ready",
             )
         )
+
+    def _start_prometheus(self) -> None:
+        prometheus = require_tool("prometheus", "prometheus")
+        work = self.workdir / "prom"
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+        receiver = self._prometheus_receiver("prometheus-receiver", work, "prometheus-receiver.yaml", self.rule_files)
 
         def agent_config(config: dict) -> None:
             config["global"]["scrape_interval"] = self.interval
@@ -488,8 +483,228 @@ class FleetStack:
         )
         self.stores["prometheus"] = Store("prometheus", receiver.url, receiver.url)
 
+    def _victoria_metrics(self, name: str, work: Path, data: str | None = None) -> Server:
+        """A VictoriaMetrics whose queries see samples at once (the default hides the last 30 s, for late-arriving
+        data) and are not cached: the tests ask about the last few seconds. -search.maxUniqueTimeseries is 300,000
+        by default: 256 nodes of ~1,200 series already exceed it in one query."""
+        vm_binary = require_tool("victoria-metrics", "victoria-metrics")
+        return self._add(
+            Server(
+                name,
+                work,
+                lambda port: [
+                    vm_binary,
+                    f"-storageDataPath={work / (data or name + '-data')}",
+                    f"-httpListenAddr=127.0.0.1:{port}",
+                    "-retentionPeriod=1d",
+                    "-search.latencyOffset=0s",
+                    "-search.disableCache",
+                    "-search.maxUniqueTimeseries=20000000",
+                    "-loggerLevel=WARN",
+                ],
+                "/health",
+            )
+        )
+
+    def _vmalert(self, name: str, work: Path, flags_file: str, values: dict[str, str], rules: Sequence[Path]) -> Server:
+        """vmalert with the flags of deploy/fleet/``flags_file``, each address and interval set to the test's."""
+        vmalert = require_tool("vmalert", "victoria-metrics")
+        flags = [line for line in (DEPLOY / flags_file).read_text().splitlines() if line.startswith("-")]
+        names = [flag.split("=")[0] for flag in flags]
+        assert set(names) - {"-rule"} == set(values), f"deploy/fleet/{flags_file} changed: update the harness"
+        return self._add(
+            Server(
+                name,
+                work,
+                lambda port: [
+                    vmalert,
+                    *(f"-rule={path}" for path in rules),
+                    *(f"{flag}={value}" for flag, value in values.items()),
+                    "-remoteWrite.flushInterval=1s",
+                    f"-httpListenAddr=127.0.0.1:{port}",
+                    "-loggerLevel=WARN",
+                ],
+                "/health",
+            )
+        )
+
+    def _start_victoria_metrics_tiers(self) -> None:
+        """Per shard a VictoriaMetrics, a vmagent scraping its share (cluster membership) and writing everything
+        there and the partials to the global VictoriaMetrics, and a vmalert (node and shard tiers) writing through
+        that vmagent; a global vmalert (global tier). deploy/fleet/vmalert-shard.flags and vmalert-global.flags."""
+        vmagent = require_tool("vmagent", "victoria-metrics")
+        work = self.workdir / "vm"
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+        assert self.sink is not None
+        sink = f"http://127.0.0.1:{self.sink.port}"
+        step = f"{2.5 * parse_duration(self.interval):g}s"
+        vm_global = self._victoria_metrics("vm-global", work)
+
+        def interval(config: dict) -> None:
+            config["global"]["scrape_interval"] = self.interval
+            config["global"]["scrape_timeout"] = self.interval
+
+        scrape = _copy_config(DEPLOY / "vmagent-static.yaml", work / "vmagent.yaml", interval)
+        partials = DEPLOY / "vmagent-shard-partials.yaml"
+        self.shard_stores["victoria-metrics"] = []
+        for shard in range(self.shards):
+            vm = self._victoria_metrics(f"vm-shard-{shard}", work)
+            agent = self._add(
+                Server(
+                    f"vmagent-{shard}",
+                    work,
+                    lambda port, shard=shard, vm=vm: [
+                        vmagent,
+                        f"-promscrape.config={scrape}",
+                        f"-promscrape.cluster.membersCount={self.shards}",
+                        f"-promscrape.cluster.memberNum={shard}",
+                        # The global store first: a relabel config applies to the -remoteWrite.url of its rank, and
+                        # an empty one for the shard's own store would be dropped from the list.
+                        f"-remoteWrite.url={vm_global.url}/api/v1/write",
+                        f"-remoteWrite.urlRelabelConfig={partials}",
+                        f"-remoteWrite.url={vm.url}/api/v1/write",
+                        f"-remoteWrite.tmpDataPath={work / f'vmagent-{shard}'}",
+                        "-remoteWrite.flushInterval=1s",
+                        f"-httpListenAddr=127.0.0.1:{port}",
+                        "-loggerLevel=WARN",
+                    ],
+                    "/health",
+                )
+            )
+            values = {
+                "-datasource.url": vm.url,
+                "-remoteWrite.url": agent.url,
+                "-remoteRead.url": vm.url,
+                "-notifier.url": sink,
+                "-external.label": f"shard=shard-{shard}",
+                "-evaluationInterval": self.interval,
+                "-datasource.queryStep": step,
+            }
+            alert = self._vmalert(f"vmalert-shard-{shard}", work, "vmalert-shard.flags", values, self.shard_rule_files)
+            self.shard_stores["victoria-metrics"].append(Store(f"victoria-metrics shard {shard}", vm.url, alert.url))
+        values = {
+            "-datasource.url": vm_global.url,
+            "-remoteWrite.url": vm_global.url,
+            "-remoteRead.url": vm_global.url,
+            "-notifier.url": sink,
+            "-evaluationInterval": self.interval,
+            "-datasource.queryStep": step,
+        }
+        alert = self._vmalert("vmalert", work, "vmalert-global.flags", values, self.global_rule_files)
+        self.stores["victoria-metrics"] = Store("victoria-metrics", vm_global.url, alert.url)
+
+    def _start_prometheus_tiers(self) -> None:
+        """A Prometheus per shard (its share of the nodes by hashmod, node and shard tiers, the partials
+        remote-written) and a global receiver (global tier): deploy/fleet/prometheus-shard.yaml and
+        prometheus-global.yaml."""
+        prometheus = require_tool("prometheus", "prometheus")
+        work = self.workdir / "prom"
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+        assert self.sink is not None
+        sink_port = self.sink.port
+
+        receiver = self._prometheus_receiver(
+            "prometheus-global", work, "prometheus-global.yaml", self.global_rule_files
+        )
+        self.shard_stores["prometheus"] = []
+        for shard in range(self.shards):
+
+            def shard_config(config: dict, shard: int = shard) -> None:
+                config["global"].update(
+                    scrape_interval=self.interval, scrape_timeout=self.interval, evaluation_interval=self.interval
+                )
+                config["global"]["external_labels"]["shard"] = f"shard-{shard}"
+                config["rule_files"] = [str(path) for path in self.shard_rule_files]
+                relabel = config["scrape_configs"][0]["relabel_configs"]
+                relabel[0]["modulus"], relabel[1]["regex"] = self.shards, str(shard)
+                config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
+                config["remote_write"][0]["url"] = f"{receiver.url}/api/v1/write"
+                config["remote_write"][0]["queue_config"] = {"batch_send_deadline": "250ms"}
+
+            shard_file = _copy_config(DEPLOY / "prometheus-shard.yaml", work / f"shard-{shard}.yml", shard_config)
+            server = self._add(
+                Server(
+                    f"prometheus-shard-{shard}",
+                    work,
+                    lambda port, shard=shard, shard_file=shard_file: [
+                        prometheus,
+                        f"--config.file={shard_file}",
+                        f"--storage.tsdb.path={work / f'shard-{shard}-data'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                        "--log.level=warn",
+                    ],
+                    "/-/ready",
+                )
+            )
+            self.shard_stores["prometheus"].append(Store(f"prometheus shard {shard}", server.url, server.url))
+        self.stores["prometheus"] = Store("prometheus", receiver.url, receiver.url)
+
     def stop(self) -> None:
         self._stack.close()
+
+
+# The checks the fleet's end-to-end tests share (tests/e2e/test_fleet.py, one evaluator; test_tiers.py, three tiers).
+DEADLINE = 120.0  # seconds after the fleet is up; on an idle machine everything shows within ~60 s
+RECENT = "5s"  # a little over two 2 s evaluations
+COMPARE_SECONDS = 20.0  # the stretch over which recorded and simulated MFU are averaged
+
+
+def wait(
+    stack: FleetStack, predicate: Callable[[], Any], what: str, interval: float = 1.0, deadline: float = DEADLINE
+) -> Any:
+    """Until ``predicate`` answers something, up to ``deadline`` seconds after the fleet came up."""
+    last = None
+    while True:
+        try:
+            last = predicate()
+        except requests.RequestException as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        if time.time() > stack.started + deadline:
+            raise AssertionError(f"timed out waiting for {what}; last answer: {last!r}")
+        time.sleep(interval)
+
+
+def recent(store: Store, selector: str) -> list[dict]:
+    return store.query(f"last_over_time({selector}[{RECENT}])")
+
+
+def wait_for_network_on_the_incident_node(stack: FleetStack, store: Store, path: str, incident_node: int) -> None:
+    """Until the incident job's recorded cause is network on the incident node, and MfuLow (pending) says so."""
+    job = incident_job(stack)
+    node = stack.instance(incident_node)
+    seen: list = []
+
+    def cause() -> bool:
+        found = recent(store, f'training_job:mfu_bottleneck:cause{{training_job="{job}"}}')
+        seen[:] = [(s["metric"].get("cause"), s["metric"].get("instance")) for s in found]
+        return seen == [("network", node)]
+
+    wait(stack, cause, f"{path}: cause network on {node} for {job} (last seen: {seen})")
+
+    def described() -> str | None:
+        for alert in store.alerts():
+            if alert["labels"].get("alertname") == "MfuLow" and alert["labels"].get("training_job") == job:
+                text = alert["annotations"]["description"]
+                if f"likely cause: network (worst node {node})" in text:
+                    return text
+        return None
+
+    wait(stack, described, f"{path}: MfuLow for {job} naming the network and {node}")
+
+
+def incident_job(stack: FleetStack) -> str:
+    return stack.fleet_json()["incident"]["job"]
+
+
+def true_mfu(job: dict, start: float, end: float) -> float:
+    """The simulator's MFU of ``job`` over [start, end], from its tokens (node-local, every node alike)."""
+    points = [(t, tokens) for t, tokens in job["tokens"] if start <= t <= end]
+    (t0, k0), (t1, k1) = points[0], points[-1]
+    return job["flops_per_token"] * (k1 - k0) / (t1 - t0) / (job["gpus_per_node"] * job["peak_flops_per_gpu"])
 
 
 def _serves(url: str) -> bool:

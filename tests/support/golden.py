@@ -16,7 +16,7 @@ What makes it the same on every run and machine:
   checked (finite, 0 ≤ d ≤ the source's timeout) and then written as 0.0; its series and labels are kept.
 There is no randomness in the fixture to seed (the demo's ``random.Random(seed)`` is not part of it).
 
-Rewrite the file after an intended change with ``pytest --update-golden tests/unit/test_golden_exposition.py``
+Rewrite the file after an intended change with ``pytest --update-golden tests/unit/render/test_golden_exposition.py``
 (or ``make golden``) and review its diff.
 """
 

@@ -31,11 +31,13 @@ from tests.support.net import free_port
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-# The central tier (cross-node rules on job and node-summary series) and the node tier (rules on a port's, an
-# interface's or a GPU's own series, README "Rules in two tiers"); one Prometheus loads all three.
-CENTRAL_RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
+# The rules in three tiers (README "Rules in three tiers"): the global files read only the shard file's partial
+# aggregates; the shard file reads the nodes' summaries and job series; the node file a device's own series.
+GLOBAL_RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
+SHARD_RULE_FILE = ROOT / "alerts" / "mfu-exporter.shard.yaml"
 NODE_RULE_FILE = ROOT / "alerts" / "mfu-exporter.node.yaml"
-RULE_FILES = (*CENTRAL_RULE_FILES, NODE_RULE_FILE)
+SHARD_RULE_FILES = (SHARD_RULE_FILE, NODE_RULE_FILE)  # what a shard's evaluator loads
+RULE_FILES = (*GLOBAL_RULE_FILES, SHARD_RULE_FILE, NODE_RULE_FILE)  # one evaluator for the whole fleet: all four
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 SCRAPE_JOB = "mfu-exporter"  # the name the alerts select on (MfuExporterDown)
 START_ATTEMPTS = 3  # a free port can be taken between finding it and binding it
@@ -284,19 +286,35 @@ def no_sources_config(**sections: Any) -> dict:
 
 
 RANGE = re.compile(r"\[(\d+[smhdwy])\]")
+SUBQUERY = re.compile(r"\[(\d+[smhdwy]):(\d+[smhdwy])\]")
 
 
-def derived_rules(source: Path, dest: Path, *, ranges: dict[str, str] | None = None, for_: str | None = None) -> Path:
+def derived_rules(
+    source: Path,
+    dest: Path,
+    *,
+    ranges: dict[str, str] | None = None,
+    for_: str | None = None,
+    steps: dict[str, str] | None = None,
+) -> Path:
     """A copy of the rule file ``source`` with range selectors (``{"5m": "15s"}``) and every ``for:`` replaced.
 
     End-to-end tests cannot wait five minutes for a rate window or fifteen for an alert; they run the real rules
-    with shorter windows, derived here from the real file rather than written a second time by hand.
+    with shorter windows, derived here from the real file rather than written a second time by hand. With ``steps``,
+    the subqueries' resolutions (``[1h:1m]``) are replaced too, and every group runs at the evaluator's interval
+    (the hour-long windows' groups run once a minute otherwise: a test of a minute or two may see none of them).
     """
     ranges = ranges or {}
     document = yaml.safe_load(source.read_text())
     for group in document["groups"]:
+        if steps is not None:
+            group.pop("interval", None)
         for rule in group["rules"]:
             rule["expr"] = RANGE.sub(lambda m: f"[{ranges.get(m.group(1), m.group(1))}]", rule["expr"])
+            if steps is not None:
+                rule["expr"] = SUBQUERY.sub(
+                    lambda m: f"[{m.group(1)}:{steps.get(m.group(2), m.group(2))}]", rule["expr"]
+                )
             if for_ is not None and "for" in rule:
                 rule["for"] = for_
     dest.write_text(yaml.safe_dump(document, sort_keys=False))

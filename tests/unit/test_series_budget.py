@@ -34,6 +34,7 @@ ON_AN_EVENT = {
     "mfu_exporter_source_errors_total": "a source's first error",
     "mfu_job_eta_seconds": "a job with target_tokens",
     "mfu_job_baseline_mfu_ratio": "a learnt baseline (30 samples 10 s apart)",
+    "mfu_job_data_wait_seconds_total": "a job that gives its data wait (client data_wait_seconds or a log's timer)",
     # render/collectives.py, always on: a job's log with NCCL INFO lines, NCCL Inspector's dumps, a slow rank named.
     "mfu_job_nccl_transport_info": "a job's log showing NCCL's transport",
     "mfu_job_nccl_socket_fallback": "a job's log showing NCCL's transport",
@@ -50,6 +51,11 @@ ON_AN_EVENT = {
     "mfu_gds_read_errors_total": "the nvidia-fs module loaded",
     "mfu_checkpoint_last_load_duration_seconds": "a job's first checkpoint load (render/restore.py, always on)",
     "mfu_checkpoint_last_load_read_bandwidth_bytes_per_second": "a load of a job with a checkpoint watch",
+    # nccl.FAMILY_LEVELS (render/nccl.py): minimal and standard; a default node has no sources.nccl.tests_paths file.
+    "mfu_nccl_test_passed": "a verification file under sources.nccl.tests_paths",
+    "mfu_nccl_test_busbw_bytes_per_second": "the same",
+    "mfu_nccl_test_expected_busbw_bytes_per_second": "the same, and an ACTIVE RDMA port or expect_busbw",
+    "mfu_nccl_test_wrong_values": "the same, from a test that checked its values",
 }
 
 

@@ -99,6 +99,7 @@ function jobCard(job, history) {
     ["hardware FLOPs", "hardware.hardware_flops_utilization", hw.hardware_flops_utilization, job.hardware ? pct(hw.hardware_flops_utilization) : "—"],
     ["tensor active", "hardware.tensor_active", hw.tensor_active, job.hardware ? pct(hw.tensor_active) : "—"],
   ];
+  if (job.data_wait) facts.push(["data wait", "data_wait.ratio", job.data_wait.ratio, job.data_wait.ratio != null ? `${pct(job.data_wait.ratio)} of wall time (${esc(job.data_wait.source)})` : esc(`${duration(job.data_wait.rank_seconds_total)} so far (${job.data_wait.source})`)]);
   if (job.checkpoint) facts.push(["checkpoint", "checkpoint", job.checkpoint, esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
   const cause = job.bottleneck && job.bottleneck.cause && job.bottleneck.cause !== "none"
     ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why ${job.bottleneck.signal && job.bottleneck.signal !== "mfu" ? "utilization" : "MFU"} is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";

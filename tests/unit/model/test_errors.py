@@ -1,5 +1,5 @@
-"""The job model's refusals share one base, so the HTTP layer maps them with one ``except`` (tests/unit/test_web.py
-and tests/unit/test_checkpoint_api.py pin the answers' bodies)."""
+"""The job model's refusals share one base, so the HTTP layer maps them with one ``except`` (tests/unit/web/test_app.py
+and tests/unit/web/test_checkpoint_api.py pin the answers' bodies)."""
 
 import pytest
 

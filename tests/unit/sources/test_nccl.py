@@ -17,7 +17,7 @@ from exporter.render.snapshots import snapshot_families
 from exporter.sim.nvml import FakeNvml, h100
 from exporter.sources.nccl import NcclSource
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "nccl" / "inspector"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "nccl" / "inspector"
 LARGE = 256 << 20
 
 

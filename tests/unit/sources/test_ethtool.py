@@ -22,7 +22,7 @@ from tests.support.nodes import representors
 from tests.support.sources import Clock
 from tests.support.tools import require_tool
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "ethtool"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "ethtool"
 PFC3 = (FIXTURES / "connectx7-pfc3.txt").read_text()
 PFC3_4 = (FIXTURES / "connectx7-pfc3-4.txt").read_text()
 

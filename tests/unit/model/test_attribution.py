@@ -7,6 +7,7 @@ import functools
 import pytest
 
 from exporter.model.attribution import CAUSES, Attributor, NodeSignals, Thresholds
+from exporter.model.datawait import DataWaitView
 from exporter.model.job_view import JobView
 from exporter.model.readings import GpuReading, JobCollectives
 from exporter.node.counters import Changes
@@ -16,6 +17,7 @@ from exporter.render.attribution import attribution_families
 from exporter.sim.nvml import h100
 from exporter.sources.ethtool import InterfaceReading
 from exporter.sources.rdma import PortReading
+from exporter.sources.storage import MountReading
 from tests.support.nodes import hgx_node
 
 
@@ -158,7 +160,7 @@ def verdict(view, signals, limits=Thresholds()):
             "straggler",
             "node-b GPU 3 is slowest",
         ),
-        (NodeSignals(gpus={i: gpu(i, utilization=0.2) for i in range(8)}), "input", "GPUs 20% busy"),
+        (NodeSignals(gpus={i: gpu(i, utilization=0.2) for i in range(8)}), "idle", "GPUs 20% busy"),
         (NodeSignals(gpus=healthy_gpus()), "unknown", "no sampled signal explains it"),
     ],
 )
@@ -167,6 +169,51 @@ def test_each_cause_with_its_evidence(signals, cause, evidence):
     assert found.cause == cause
     assert evidence in found.evidence
     assert found.lost_fraction == pytest.approx((0.45 - 0.2) / 0.45)
+
+
+def waiting(ratio, source="client", **kw):
+    view = job(**kw)
+    view.data_wait = DataWaitView(gpu_seconds=100.0, rank_seconds=12.5, ratio=ratio, source=source)
+    return view
+
+
+def test_input_when_the_job_says_it_waits_for_its_batches_with_the_wait_and_the_mounts_as_evidence():
+    """GPUs busy between waits (utilization 95 %): the old leftover could never say input; the wait does."""
+    mounts = (
+        MountReading("/data", "nfs4", "srv:/datasets", "mountstats", 10, 1, 0.1, 2.1e6, (("llama", "data"),)),
+        MountReading("/ckpt", "nfs4", "srv:/ckpt", "mountstats", 10, 1, 0.1, 9e9, (("llama", "checkpoint"),)),
+        MountReading("/other", "ext4", "/dev/nvme1n1", "diskstats", 10, 1, 0.1, 5e8, (("bert", "data"),)),
+    )
+    signals = NodeSignals(gpus=healthy_gpus(), mounts=mounts)
+    _, found = verdict(waiting(0.3, "log:megatron"), signals)
+    assert found.cause == "input"
+    assert found.evidence == (
+        "waiting for its next batch 30% of wall time (its megatron log's data-loading timer), over the 10% line; "
+        "dataset mount /data (nfs4 srv:/datasets) reads 2.1 MB/s"
+    )
+    _, found = verdict(waiting(0.3), NodeSignals(gpus=healthy_gpus()))
+    assert (
+        found.evidence
+        == "waiting for its next batch 30% of wall time (its client's data_wait_seconds), over the 10% line"
+    )
+
+
+def test_a_wait_under_the_line_is_not_input_and_idle_gpus_without_a_figure_are_idle_not_input():
+    idle = NodeSignals(gpus={i: gpu(i, utilization=0.2) for i in range(8)})
+    assert verdict(waiting(0.05), NodeSignals(gpus=healthy_gpus()))[1].cause == "unknown"
+    assert verdict(waiting(0.05), idle)[1].evidence == "GPUs 20% busy on average, no sampled signal explains it"
+    _, found = verdict(job(), idle)
+    assert found.cause == "idle" and "report data_wait_seconds" in found.evidence
+    # The threshold is the config's attribution.input_wait_ratio.
+    assert (
+        verdict(waiting(0.05), NodeSignals(gpus=healthy_gpus()), Thresholds(input_wait_ratio=0.04))[1].cause == "input"
+    )
+
+
+def test_input_comes_after_stalled_and_the_hardware_causes():
+    throttled = NodeSignals(gpus=healthy_gpus(**{"1": {"throttle_reasons": ["sw_power_cap"]}}))
+    assert verdict(waiting(0.5), throttled)[1].cause == "power"
+    assert verdict(waiting(0.5, mfu=0.0, rate=0.0), NodeSignals(gpus=healthy_gpus()))[1].cause == "stalled"
 
 
 def test_stalled_when_no_progress_and_nothing_else():

@@ -18,7 +18,7 @@ from exporter.sources.storage import StorageReading, StorageSource
 from tests.support.expo import snapshot_samples
 from tests.support.sources import Clock
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "storage"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "storage"
 LLITE = "scratch-ffff8c2e4a0b1000"
 
 

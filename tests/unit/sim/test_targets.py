@@ -10,7 +10,7 @@ import re
 import pytest
 
 from exporter.sim.node import STEADY_MFU
-from exporter.sim.targets import STATES, TargetFleet, capture, create_app, file_sd, instance
+from exporter.sim.targets import STATES, TargetFleet, capture, create_app, file_sd, instance, served_jobs
 
 NODES = 64
 ADDRESS = "127.0.0.1:9400"
@@ -146,3 +146,29 @@ async def test_served_over_http_one_path_per_node(fleet, aiohttp_client):
         assert response.status == 404 and "node must be" in await response.text()
     truth = await (await client.get("/api/v1/fleet")).json()
     assert truth["nodes"] == NODES
+
+
+@pytest.mark.parametrize(
+    "layout, sizes",
+    [
+        ("small", [16, 8, 32, 8]),
+        ("one", [64]),
+        ("mixed", [32, 16, 8, 8]),
+    ],
+)
+def test_a_layout_places_the_jobs(layout, sizes):
+    """Many small jobs (16, 8, 32 in turn), one job on every node, or one on half the nodes and small ones after."""
+    jobs = served_jobs(64, layout)
+    assert [len(job.nodes) for job in jobs] == sizes
+    assert [node for job in jobs for node in job.nodes] == list(range(64))
+
+
+def test_a_layout_is_served_and_said_in_the_truth(templates):
+    fleet = TargetFleet(templates, 64, ADDRESS, incident_node=17, lost_node=None, layout="one")
+    truth = fleet.truth()
+    assert truth["layout"] == "one"
+    (job,) = truth["jobs"]
+    assert job["nodes"] == list(range(64)) and truth["incident"]["job"] == job["name"]
+    assert job["states"].count("incident") == 1 and job["states"].count("waiting") == 63
+    with pytest.raises(ValueError, match="--layout must be one of small, one, mixed"):
+        served_jobs(8, "giant")

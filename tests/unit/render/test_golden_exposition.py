@@ -1,7 +1,7 @@
 """The golden exposition (tests/fixtures/e2e-output.txt, see tests/support/golden.py): the full node renders byte
 for byte as recorded, and every family it exports is documented in docs/metrics.md with the labels it carries.
 
-An intended change of the metrics rewrites the file: ``pytest --update-golden tests/unit/test_golden_exposition.py``
+An intended change of the metrics rewrites the file: ``pytest --update-golden tests/unit/render/test_golden_exposition.py``
 (``make golden``); the diff of the file is then part of the change, for review."""
 
 import asyncio
