@@ -251,6 +251,7 @@ def check_gpu_source(report: Report, nvml: Any, samples: int, pause: float) -> l
 
     from exporter.config import validate
     from exporter.render.encode import encode_families
+    from exporter.render.snapshots import snapshot_families
     from exporter.sources import SourceContext, build_sources
     from exporter.sources.base import SourceUnavailable
 
@@ -284,7 +285,7 @@ def check_gpu_source(report: Report, nvml: Any, samples: int, pause: float) -> l
     finally:
         source.close()
     encoder, _ = choose_encoder("")
-    values = parse_metrics(encode_families(snapshot.render(), encoder, openmetrics=False))
+    values = parse_metrics(encode_families(snapshot_families(snapshot), encoder, openmetrics=False))
     gpus = snapshot.status["gpus"]
     problems, gpm_missing, hopper = [], [], []
     for gpu in gpus:

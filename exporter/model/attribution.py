@@ -233,7 +233,8 @@ def _socket_fallback(collectives: JobCollectives, signals: NodeSignals) -> str |
         return None  # no RDMA port up here: sockets are all the node has, not a fallback NCCL chose
     shown = ", ".join(active[:4]) + (f" and {len(active) - 4} more" if len(active) > 4 else "")
     evidence = f"; {collectives.transport_evidence}" if collectives.transport_evidence else ""
-    return f"{SOCKET_FALLBACK}: the job's inter-node traffic is on TCP while {shown} is active{evidence}"
+    verb = "is" if len(active) == 1 else "are"
+    return f"{SOCKET_FALLBACK}: the job's inter-node traffic is on TCP while {shown} {verb} active{evidence}"
 
 
 def _job_gpus(view: JobView, signals: NodeSignals) -> list[GpuReading]:

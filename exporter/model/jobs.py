@@ -169,6 +169,7 @@ class JobTracker:
             job.last_report_time = at
             job.last_arrival = job.progress_arrival = now
             job.reported = True
+            job.feed_reason = None  # a total arrived: a log's word on why it had none (another feed's) is over
             self._count_flops(job)
             self._ledger_report(job, report, at, now, before)
             if report.state != job.state:

@@ -66,6 +66,9 @@ class RestoreMeter:
         self, job: str, bands: Iterable[tuple[int, str, float, float]], mounts: tuple[str, ...], now: float
     ) -> None:
         """The job's ledger bands (run, kind, start, end); ``mounts``: the mount points holding its checkpoints."""
+        bands = tuple(bands)
+        if not any(band[1] == LOAD for band in bands):
+            return  # most ticks of most jobs: nothing to pair
         ordered = sorted(bands, key=lambda band: (band[2], band[3]))
         counted = self._counted.setdefault(job, set())
         for index, (run, kind, start, end) in enumerate(ordered):

@@ -46,6 +46,9 @@ PROM_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 SIZE_RANGE = re.compile(r"^(\d+)-\d+(B|KB|MB|GB|TB)$")
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 GBS = 1e9  # Inspector's GB/s are decimal: bytes ÷ µs ÷ 1000
+# A rank's last medium and large collectives whose median is compared with its peers': recent, so a rank that turns
+# slow (or recovers) shows within a few dumps, yet a median of enough that one odd collective does not.
+RANK_WINDOW = 16
 
 
 def size_class(size_bytes: float) -> str:
@@ -240,7 +243,7 @@ class CollectiveTally:
         if size_class(item.size_bytes) != "small":  # the small ones measure latency, not who is late
             if who not in self._ranks and len(self._ranks) >= self.MAX_RANKS:
                 return
-            self._ranks.setdefault(who, deque(maxlen=64)).append(item.exec_time_seconds)
+            self._ranks.setdefault(who, deque(maxlen=RANK_WINDOW)).append(item.exec_time_seconds)
 
     def add_bucket(self, bucket: PromBucket, who: str) -> None:
         """A textfile bucket: its means stand for one collective each time the file is rewritten."""
@@ -248,7 +251,7 @@ class CollectiveTally:
         entry.recent.append((bucket.busbw_bytes_per_second, bucket.exec_time_seconds))
         if bucket.exec_time_seconds is not None and size_class(bucket.size_bytes) != "small":
             if who in self._ranks or len(self._ranks) < self.MAX_RANKS:
-                self._ranks.setdefault(who, deque(maxlen=64)).append(bucket.exec_time_seconds)
+                self._ranks.setdefault(who, deque(maxlen=RANK_WINDOW)).append(bucket.exec_time_seconds)
 
     def summaries(self) -> list[CollectiveSummary]:
         result = []
@@ -270,7 +273,7 @@ class CollectiveTally:
         return result
 
     def rank_times(self) -> dict[str, float]:
-        """Each process's median execution time of its recent medium and large collectives."""
+        """Each process's median execution time of its last ``RANK_WINDOW`` medium and large collectives."""
         return {who: median(times) for who, times in self._ranks.items() if times}
 
 

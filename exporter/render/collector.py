@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import time
 from typing import Callable, Iterable
 
@@ -30,6 +31,9 @@ class ExporterCollector(Collector):
         self._jobs = jobs
         self._extra = list(extra)
         self._clock = clock
+        # The jobs' families with the views they were built from: the job model keeps a view until its job changes
+        # or a tick passes, so while the views are the same objects their families are too.
+        self._job_parts: tuple[list, list[Metric]] | None = None
 
     def add(self, part: Callable[[], Iterable[Metric]]) -> None:
         """Families to yield after the others, from a call that may give new ones each time."""
@@ -52,8 +56,12 @@ class ExporterCollector(Collector):
 
     def _job_families(self) -> Iterable[Metric]:
         views = self._jobs.views()
-        yield from job_families(views)
-        yield from ledger_families(views)
+        kept = self._job_parts
+        if kept is not None and len(kept[0]) == len(views) and all(map(operator.is_, kept[0], views)):
+            return kept[1]
+        families = [*job_families(views), *ledger_families(views)]
+        self._job_parts = (views, families)
+        return families
 
     def _self_metrics(self) -> Iterable[Metric]:
         build = InfoMetricFamily("mfu_exporter_build", "Version of mfu-exporter.")

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from exporter.config import load_config, read_yaml, validate
+from exporter.config import load_config, read_yaml, typed_config, validate
 from exporter.model import flops as mfu_math
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.errors import ValidationError
@@ -51,7 +51,9 @@ from exporter.quantities import parse_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
+from exporter.sim.nccl import InspectorDump
 from exporter.sim.node import (
+    ALLREDUCE_US,
     GPU_NAME,
     GPUS,
     HOT_GPU,
@@ -59,6 +61,7 @@ from exporter.sim.node import (
     LOST_GPU,
     MODEL,
     RATE_FACTOR,
+    SLOW_CLOCK_MHZ,
     STEADY_MFU,
     STORM_NICS,
     TOKENS_PER_STEP,
@@ -74,12 +77,15 @@ from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
 from exporter.sources import SOURCES, build_sources
 from exporter.sources.base import Paths, Snapshot, Source, SourceContext
 from exporter.sources.checkpoint import CheckpointSource
+from exporter.sources.nccl import NcclSource
 from exporter.web.app import create_app
 from exporter.web.security import HTTP_LIMITS
 
 log = logging.getLogger(__name__)
 
-FLEET_INCIDENTS = ("pfc-storm", "thermal", "gpu-lost")  # a checkpoint stall is one node's storage: not a fleet state
+# A checkpoint stall is one node's storage, not a fleet state. straggler: the incident node's GPUs clocked low with no
+# throttle reason; the central rules find it against its job's other nodes (median ± 3 MAD).
+FLEET_INCIDENTS = ("pfc-storm", "thermal", "gpu-lost", "straggler")
 JOB_SIZES = (16, 8, 32)  # nodes per job, in turn: jobs of 8-32 nodes, the remainder a smaller last job
 JOB_PREFIX = "llama3-70b"
 HEALTHY, WAITING, INCIDENT = "healthy", "waiting", "incident"
@@ -89,13 +95,15 @@ FIRST_CHECKPOINT = 1.0
 FIRST_CHECKPOINT_SECONDS = 6.0
 CHECKPOINT_SECONDS = 40.0
 CHECKPOINT_EVERY = 600.0
+RANK_PIDS_FLEET = {gpu: 4100 + gpu for gpu in range(GPUS)}  # a node's ranks, as its Inspector files name them
+FLEET_INSPECTOR_EVERY = 10.0  # seconds between a job's Inspector dumps: a fleet's files grow slowly
 HISTORY_SECONDS = 900.0  # how far back /api/v1/fleet gives each job's tokens
 XID_AT_START = 13
 THREAD_STACK = 512 * 1024  # 5 source threads per node: 1,024 nodes would reserve 40 GiB of 8 MiB stacks
 
 
 class FleetSchedule(Schedule):
-    """The demo's schedule over the incidents a fleet simulates (pfc-storm, thermal, gpu-lost)."""
+    """The demo's schedule over the incidents a fleet simulates (pfc-storm, thermal, gpu-lost, straggler)."""
 
     incidents = FLEET_INCIDENTS
 
@@ -112,7 +120,10 @@ class FleetJob:
     source: CheckpointSource | None = None
     tracker: CheckpointTracker | None = None
     shared: SharedSample | None = None  # the checkpoint source as the job's nodes read it
+    inspector: InspectorDump | None = None  # NCCL Inspector's dumps of the job's ranks (one node's, alike on all)
+    nccl: SharedSample | None = None  # the nccl source reading them, as the job's nodes read it
     next_checkpoint: float = FIRST_CHECKPOINT
+    next_dump: float = 0.0
     history: deque = field(default_factory=deque)  # (unix time, node-local tokens) per tick
 
     @property
@@ -287,6 +298,10 @@ class Machine:
             hot = self.nvml.gpus[HOT_GPU]
             hot.temperature_c, hot.sm_clock_mhz, hot.power_mw = 91, 1155, 520_000
             hot.clocks_event_reasons = 0x40 | 0x20  # HW and SW thermal slowdown
+        elif state == "straggler":
+            for gpu in self.nvml.gpus:  # the slow node computes all the time, at a low clock; its peers wait for it
+                gpu.sm_clock_mhz = SLOW_CLOCK_MHZ
+                gpu.set_activity(tensor=60.0, sm=85.0)
 
     def close(self) -> None:
         for shared in self.shared:
@@ -345,6 +360,7 @@ class Fleet:
         self.nodes: list[FleetNode] = []
         for job in self.jobs:
             self._checkpoints(job, root, base)
+            self._inspector(job, root)
         # The incident's job writes its first checkpoint only after CHECKPOINT_EVERY: checkpoint outranks network
         # and thermal in the attribution, so a first checkpoint would hide a forced incident's cause while it runs.
         incident_job.next_checkpoint = CHECKPOINT_EVERY
@@ -388,6 +404,15 @@ class Fleet:
         job.source, job.tracker = source, source.tracker
         job.shared = SharedSample(job.source, self.clock.monotonic)
 
+    def _inspector(self, job: FleetJob, root: Path) -> None:
+        """The job's NCCL Inspector dumps and the nccl source reading them, shared by its nodes as the checkpoint
+        source is: every node of a job holds all 8 GPUs for it, so every file is the job's."""
+        job.inspector = InspectorDump(root / "nccl-inspector" / job.name, f"{job.name}-node", RANK_PIDS_FLEET)
+        section = typed_config(validate({"sources": {"nccl": {"inspector_paths": [str(job.inspector.directory)]}}}))
+        source = NcclSource(section.sources.nccl, clock=self.clock.monotonic)
+        source.attach(lambda name=job.name: dict.fromkeys(range(GPUS), name), dict)
+        job.nccl = SharedSample(source, self.clock.monotonic)
+
     def _node(self, index: int, job: FleetJob, machine: Machine, base: dict, facts: dict) -> FleetNode:
         config = copy.deepcopy(base)
         config["jobs"] = {job.name: facts}
@@ -397,6 +422,8 @@ class Fleet:
         sources: list[Source] = [NodeSource(shared) for shared in machine.shared]
         assert job.shared is not None
         sources.insert(1, NodeSource(job.shared))  # where the registry puts the checkpoint source
+        assert job.nccl is not None
+        sources.append(NodeSource(job.nccl))
         service = build_service(
             config, sources, clock=self.clock.time, paths=machine.paths, monotonic=self.clock.monotonic
         )
@@ -453,6 +480,11 @@ class Fleet:
             # One noise draw per job: its nodes run in lockstep.
             job.tokens += node_tokens_per_second() * factor * (1 + job.random.uniform(-0.02, 0.02)) * dt
             job.history.append((stamp, job.tokens))
+            if factor > 0 and now >= job.next_dump:
+                job.next_dump = now + FLEET_INSPECTOR_EVERY
+                slow = min(1 / factor, 10.0)
+                assert job.inspector is not None
+                job.inspector.dump(stamp, {gpu: ALLREDUCE_US * slow for gpu in range(GPUS)})
             while job.history and job.history[0][0] < stamp - HISTORY_SECONDS:
                 job.history.popleft()
 
@@ -520,6 +552,9 @@ class Fleet:
     def close(self) -> None:
         for machine in self.machines.values():
             machine.close()
+        for job in self.jobs:
+            if job.nccl is not None:
+                job.nccl.close()
 
 
 async def _tick_forever(fleet: Fleet, period: float) -> None:

@@ -29,6 +29,7 @@ from exporter.quantities import format_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
+from exporter.sim.nccl import InspectorDump, NcclDebugFile
 from exporter.sim.nvml import train_healthily  # here too: the demo's callers and tests use it from the node
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
@@ -64,6 +65,12 @@ FABRIC_SOURCES = frozenset({"rdma", "ethtool"})  # the sources that read the sim
 STORM_NICS = (2, 5)  # NIC i is the nearest of GPU i: NIC 2 is the reporting job's, NIC 5 the discovered job's
 HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3  # one of the reporting job's GPUs
+SLOW_GPU = 2  # the straggler: a GPU of the reporting job clocked low with no throttle reason (a degraded part)
+SLOW_CLOCK_MHZ = 1200
+HOST = "demo-node-0"  # the hostname the job's NCCL prints and names its Inspector files with
+RANK_PIDS = {gpu: 4100 + gpu for gpu in JOB_GPUS}  # the job's processes, one per GPU (NVML's compute processes)
+INSPECTOR_EVERY = 2.0  # seconds between NCCL Inspector's dumps (NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS)
+ALLREDUCE_US = 2400.0  # a healthy rank's 256 MiB all-reduce
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,22 @@ def _crash_restart(node: DemoNode) -> None:
     stop_training(node.nvml, node.fabric, JOB_GPUS)  # its process is gone; the other job's GPUs carry on
 
 
+def _straggler(node: DemoNode) -> None:
+    for index in JOB_GPUS:  # the other ranks idle in each collective, waiting for the slow one
+        node.nvml.gpus[index].set_activity(tensor=35.0, sm=50.0)
+    slow = node.nvml.gpus[SLOW_GPU]
+    slow.sm_clock_mhz = SLOW_CLOCK_MHZ  # no clock-event reason: not heat or power, a slow part
+    slow.set_activity(tensor=60.0, sm=85.0)
+
+
+def _nccl_socket_fallback(node: DemoNode) -> None:
+    for index in JOB_GPUS:  # NCCL kernels spin on TCP transfers; the job's RDMA ports carry almost nothing
+        gpu = node.nvml.gpus[index]
+        gpu.set_activity(tensor=18.0, sm=30.0)
+        gpu.utilization = 90
+        node.fabric.nics[index].utilization = 0.02
+
+
 # The demo's incidents, in the order the rotation brings them: one row each, the truth included (Incident).
 INCIDENT_TABLE: tuple[Incident, ...] = (
     Incident(
@@ -181,6 +204,24 @@ INCIDENT_TABLE: tuple[Incident, ...] = (
         _crash_restart,
         progress=False,
         summary=f"{JOB}'s process dies, is gone a minute, then restarts from its last checkpoint",
+    ),
+    Incident(
+        "straggler",
+        120.0,
+        0.6,  # every rank waits for the slow GPU in each collective
+        "straggler",
+        (JOB,),
+        _straggler,
+        summary=f"GPU {SLOW_GPU} runs at {SLOW_CLOCK_MHZ} MHz with no throttle reason: NCCL Inspector names its rank",
+    ),
+    Incident(
+        "nccl-socket-fallback",
+        120.0,
+        0.3,  # collectives over TCP: a fraction of the fabric's bandwidth
+        "network",
+        (JOB,),
+        _nccl_socket_fallback,
+        summary=f"{JOB} restarts into NCCL over sockets (its container lost /dev/infiniband), and out once fixed",
     ),
 )
 INCIDENT_BY_NAME = {incident.name: incident for incident in INCIDENT_TABLE}
@@ -445,6 +486,13 @@ class DemoNode:
         self._checkpointed = (0.0, None)  # (tokens, tokens of the write under way): a restart resumes at the first
         self._restoring: tuple[float, Any] | None = None  # (when the load ends, the reporter's open load)
         self.training_log = TrainingLog(root / "train.log") if progress == "logs" else None
+        # The job's NCCL_DEBUG_FILE and NCCL Inspector's dumps, from its processes on GPUs 0-3.
+        for gpu, pid in RANK_PIDS.items():
+            self.nvml.gpus[gpu].processes = [pid]
+        self.nccl_log = NcclDebugFile(root / "nccl" / f"{JOB}.nccl.log", HOST, RANK_PIDS[JOB_GPUS[0]], JOB_GPUS)
+        self.nccl_log.run_starts(sockets=False)
+        self.inspector = InspectorDump(root / "nccl-inspector", HOST, RANK_PIDS)
+        self._next_dump = 0.0
         self.kubelet: PodResourcesServer | None = None  # the demo's pod-resources server, when discovery uses it
         self._origin: float | None = None
         self._last = 0.0
@@ -492,6 +540,9 @@ class DemoNode:
                 self._crash()
             elif self.incident == "crash-restart":
                 self._restart(now, stamp)
+            if "nccl-socket-fallback" in (incident, self.incident):
+                # The job restarts into the fallback (its container lost /dev/infiniband) and out of it once fixed.
+                self.nccl_log.run_starts(sockets=incident == "nccl-socket-fallback")
             self.incident = incident
             self._stall_pending = incident == "checkpoint-stall"
             with self._fabric_lock:
@@ -515,6 +566,16 @@ class DemoNode:
             self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
         if self.progressing and self.training_log is not None:
             self.training_log.progress(stamp, self.tokens)
+        if now >= self._next_dump and self.progressing:
+            self._next_dump = now + INSPECTOR_EVERY
+            self.inspector.dump(stamp, self._allreduce_times())
+
+    def _allreduce_times(self) -> dict[int, float]:
+        """Each rank's all-reduce time: the straggler's is the shortest, since its peers wait in it for it."""
+        if self.incident == "straggler":
+            return {gpu: ALLREDUCE_US * (0.25 if gpu == SLOW_GPU else 1.7) for gpu in JOB_GPUS}
+        slow = 1 / RATE_FACTOR[self.incident]
+        return {gpu: ALLREDUCE_US * min(slow, 10.0) * (1 + self.random.uniform(-0.03, 0.03)) for gpu in JOB_GPUS}
 
     def sync_fabric(self) -> None:
         """Advance the NICs' counters to the simulated now: a source about to read them calls this (``ReadsNow``)."""
@@ -648,16 +709,19 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
     # From a log, the model is what the log prints (parameters, sequence length): nothing configured about it.
     model = MODEL if node.training_log is None else {"target_tokens": NODE_TARGET_TOKENS}
     watch = {"path": str(node.checkpoints.root), "job": JOB, "done_marker": ".metadata"}
-    logs: dict = {"enabled": False}  # the job reports through its ProgressReporter; no pod logs to follow
+    # The job's NCCL_DEBUG_FILE: the transport NCCL chose. It reports progress through its ProgressReporter, or
+    # (--progress logs) through its training log too.
+    files = [{"path": str(node.nccl_log.path), "job": JOB}]
     if node.training_log is not None:
-        files = [{"path": str(node.training_log.path), "job": JOB, "format": "torchtitan"}]
-        logs = {"files": files, "discovered_pods": False}
+        files.append({"path": str(node.training_log.path), "job": JOB, "format": "torchtitan"})
+    logs = {"files": files, "discovered_pods": False}
     defaults: dict = {
         "mfu": {"window": "15s"},
         "sources": {
             "gpu": {"retry_interval": "30s"},
             "checkpoint": {"watch": [watch]},
             "logs": logs,
+            "nccl": {"inspector_paths": [str(node.inspector.directory)], "interval": "2s"},
             "storage": {"interval": "1s"},  # a restore (15 s of demo time) spans a few storage samples
         },
         # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds

@@ -63,6 +63,7 @@ CAPTURE_STEP = 5.0  # simulated seconds per step: the sources' interval and the 
 # checkpoint (1 s to 7 s) is long over and the next is at 600 s, so no captured node is writing one.
 CAPTURE_WARMUP = 240.0
 CAPTURE_SECONDS = 60.0  # between the two renderings: long enough that one step's token noise (±2 %) averages out
+TARGET_INCIDENTS = ("pfc-storm", "straggler")  # what the incident node and its job's waiting nodes can show
 DEFAULT_INCIDENT_NODE = 17  # in job 01 (nodes 16-23), as in the fleet e2e test
 DEFAULT_LOST_NODE = 25  # in job 02 (nodes 24-55)
 NODE_TOKEN = "\x00NODE\x00"  # where a node's own label value goes in a job's body
@@ -163,11 +164,12 @@ async def _capture_fleet(root: Path, incident: str, nodes: dict[str, int], warmu
         fleet.close()
 
 
-async def capture(root: Path, warmup: float = CAPTURE_WARMUP) -> dict[str, StateTemplate]:
-    """The five states' templates, from two capture fleets (a pfc-storm and a lost GPU) run at once. A shorter
-    ``warmup`` (at least 60 s: the incident, the jobs' windows and the first checkpoint over) is for tests."""
+async def capture(root: Path, warmup: float = CAPTURE_WARMUP, incident: str = "pfc-storm") -> dict[str, StateTemplate]:
+    """The five states' templates, from two capture fleets (``incident``, a pfc-storm or a straggler, and a lost
+    GPU) run at once. A shorter ``warmup`` (at least 60 s: the incident, the jobs' windows and the first checkpoint
+    over) is for tests."""
     storm, lost = await asyncio.gather(
-        _capture_fleet(root / "storm", "pfc-storm", CAPTURED, warmup),
+        _capture_fleet(root / "storm", incident, CAPTURED, warmup),
         _capture_fleet(root / "lost", "gpu-lost", CAPTURED_LOST, warmup),
     )
     return {state: StateTemplate.parse(state, rendering) for state, rendering in {**storm, **lost}.items()}
@@ -272,6 +274,7 @@ class TargetFleet:
         lost_node: int | None = DEFAULT_LOST_NODE,
         clock: Callable[[], float] = time.time,
         layout: str = "small",
+        incident: str = "pfc-storm",  # the incident the templates were captured with
     ):
         require_node("--incident-node", incident_node, nodes)
         require_node("--lost-node", lost_node, nodes)
@@ -283,6 +286,7 @@ class TargetFleet:
         self.started = clock()
         self.jobs: list[ServedJob] = []
         self.incident_node, self.lost_node = incident_node, lost_node
+        self.incident = incident
         self.node_job: list[int] = []
         self.node_state: list[str] = []
         self.layout = layout
@@ -360,7 +364,7 @@ class TargetFleet:
             "layout": self.layout,
             "address": self.address,
             "interval_seconds": self.interval,
-            "incident": node("pfc-storm", self.incident_node),
+            "incident": node(self.incident, self.incident_node),
             "lost": node("gpu-lost", self.lost_node),
             "jobs": [
                 {
@@ -415,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--listen", default="127.0.0.1:9400", help="host:port to serve on (loopback by default)")
     parser.add_argument("--interval", default="15s", help="how often counters move: the scrape interval")
-    parser.add_argument("--incident-node", default=str(DEFAULT_INCIDENT_NODE), help="the pfc-storm's node, or none")
+    parser.add_argument(
+        "--incident", choices=TARGET_INCIDENTS, default="pfc-storm", help="the incident node's incident"
+    )
+    parser.add_argument("--incident-node", default=str(DEFAULT_INCIDENT_NODE), help="the incident's node, or none")
     parser.add_argument(
         "--lost-node",
         default=str(DEFAULT_LOST_NODE),
@@ -462,11 +469,18 @@ def main(argv: list[str] | None = None) -> int:
     # news here.
     logging.getLogger("exporter").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="mfu-targets-") as tmp:
-        templates = asyncio.run(capture(Path(tmp)))
+        templates = asyncio.run(capture(Path(tmp), incident=args.incident))
     logging.getLogger("exporter").setLevel(logging.WARNING)
     try:
         fleet = TargetFleet(
-            templates, args.nodes, args.listen, parse_duration(args.interval), incident, lost, layout=args.layout
+            templates,
+            args.nodes,
+            args.listen,
+            parse_duration(args.interval),
+            incident,
+            lost,
+            layout=args.layout,
+            incident=args.incident,
         )
     except ValueError as exc:
         print(f"mfu-exporter targets: {exc}", file=sys.stderr)

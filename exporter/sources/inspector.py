@@ -100,7 +100,8 @@ class InspectorFiles:
         for path, kind, key in found.values():
             if kind == "json":
                 gpus = self._gpus_of_pid(int(key), errors)
-                label = f"GPU {', '.join(map(str, gpus))} (pid {key})" if gpus else f"pid {key}"
+                host = JSON_FILE.match(os.path.basename(path)).group("host")  # type: ignore[union-attr]
+                label = f"GPU {', '.join(map(str, gpus))} of {host} (pid {key})" if gpus else f"pid {key} on {host}"
             else:
                 index = self._gpu_by_uuid().get(key)
                 gpus = (index,) if index is not None else ()

@@ -89,6 +89,8 @@ class _JobScanners:
     def feed(self, lines: Iterable[str]) -> None:
         for line in lines:
             if "NCCL INFO" in line:  # the scanner's own test, without its regex on every line of the log
+                if "NCCL INFO NCCL version" in line:  # a new run's NCCL starts: what the last one chose is over
+                    self.transport = TransportScanner()
                 self.transport.feed(line)
             elif "Rnk:" in line or "performance:" in line or "Score=" in line or "performing" in line:
                 self.straggler.feed(line)

@@ -76,8 +76,11 @@ class StorageReading:
     gds_status: str  # "loaded", "not loaded", "disabled" (sources.storage.gds: false), or a read problem
     series: str  # the source's series level, for the renderer
 
-    def job_mounts(self, job: str) -> tuple[MountReading, ...]:
-        return tuple(mount for mount in self.mounts if any(name == job for name, _ in mount.jobs))
+    def job_mounts(self, job: str, role: str | None = None) -> tuple[MountReading, ...]:
+        """The mounts holding the job's paths (of ``role`` only, when given: ``data`` or ``checkpoint``)."""
+        return tuple(
+            mount for mount in self.mounts if any(name == job and role in (None, kind) for name, kind in mount.jobs)
+        )
 
 
 class StorageSource:

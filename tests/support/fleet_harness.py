@@ -40,7 +40,7 @@ import requests
 import yaml
 
 from exporter.quantities import parse_duration
-from exporter.sim.targets import file_sd
+from exporter.sim.targets import TARGET_INCIDENTS, file_sd
 from exporter.sim.targets import instance as target_instance
 from tests.support.net import free_port
 from tests.support.prom_harness import (
@@ -328,9 +328,10 @@ class FleetStack:
 
     def _start_targets(self) -> None:
         """The target server: it captures its nodes' expositions first (seconds), then listens."""
-        if self.incident not in (None, "pfc-storm"):
-            raise ValueError(f"the target server serves a pfc-storm incident only, not {self.incident}")
+        if self.incident not in (None, *TARGET_INCIDENTS):
+            raise ValueError(f"the target server serves {', '.join(TARGET_INCIDENTS)} only, not {self.incident}")
         incident = str(self.incident_node) if self.incident else "none"
+        which = ["--incident", self.incident] if self.incident else []
 
         def command(port: int) -> list[str]:
             return [
@@ -345,6 +346,7 @@ class FleetStack:
                 self.interval,
                 "--incident-node",
                 incident,
+                *which,
                 *self.fleet_args,
             ]
 

@@ -4,6 +4,8 @@ checkpoint load, steps 101–130 redone, then on to step 200."""
 
 from __future__ import annotations
 
+from typing import Any
+
 # Seconds of each kind in the script: what a ledger of it must show.
 TRUTH = {
     "startup": 25.0,
@@ -35,3 +37,18 @@ def script() -> list[tuple[float, str, object]]:
     events += [(220.0, "start", "run-b"), (225.0, "load_started", None), (240.0, "load_finished", 100)]
     events += [(step_time(step, 2), "step", step) for step in range(101, 201)]
     return events
+
+
+def play(ledger: Any, offset: float) -> None:
+    """Feed ``script()`` to a ``Ledger`` alone (a tick after each event) and finish it at ``END``."""
+    for at, event, arg in script():
+        if event == "start":
+            ledger.start_run(at, offset, "client", arg)
+        elif event == "step":
+            ledger.progress(at, offset, arg, "client")
+        elif event.startswith("save"):
+            ledger.save(event.split("_")[1], at, offset)
+        else:
+            ledger.load(event.split("_")[1], at, offset, resume=arg)
+        ledger.tick(at, offset)
+    ledger.finish(END, offset)

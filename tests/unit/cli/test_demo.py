@@ -87,6 +87,7 @@ def test_the_demo_builds_the_sources_its_config_enables_and_the_flags_win(tmp_pa
             "checkpoint",
             "rdma",
             "ethtool",
+            "logs",  # the job's NCCL_DEBUG_FILE
             "nccl",
             "storage",
             "discovery",

@@ -12,7 +12,7 @@ from exporter.model.job_view import GpuInfo
 from exporter.model.jobs import JobTracker
 from exporter.model.ledger import KINDS, Ledger, RecentValues
 from exporter.model.progress import parse_progress
-from tests.support.known_truth import END, TRUTH, script
+from tests.support.known_truth import END, TRUTH, play, script
 
 OFFSET = 1_800_000_000.0
 GPUS = 4
@@ -20,17 +20,7 @@ GPUS = 4
 
 def test_the_known_truth_run_on_the_ledger_alone():
     ledger = Ledger(gpus=GPUS)
-    for at, event, arg in script():
-        if event == "start":
-            ledger.start_run(at, OFFSET, "client", arg)
-        elif event == "step":
-            ledger.progress(at, OFFSET, arg, "client")
-        elif event.startswith("save"):
-            ledger.save(event.split("_")[1], at, OFFSET)
-        else:
-            ledger.load(event.split("_")[1], at, OFFSET, resume=arg)
-        ledger.tick(at, OFFSET)
-    ledger.finish(END, OFFSET)
+    play(ledger, OFFSET)
     view = ledger.view(END, OFFSET)
     assert view.seconds == pytest.approx(TRUTH)
     assert view.gpu_seconds == pytest.approx({k: v * GPUS for k, v in TRUTH.items()})

@@ -5,7 +5,7 @@ import pytest
 
 from exporter.model.ledger import Ledger
 from exporter.model.restore import RestoreMeter
-from tests.support.known_truth import END, script
+from tests.support.known_truth import END, play
 
 LOAD = [(1, "productive", 0.0, 100.0), (2, "checkpoint_load", 200.0, 215.0), (2, "startup", 215.0, 220.0)]
 
@@ -62,17 +62,7 @@ def test_loads_the_counters_do_not_cover_count_without_bytes():
 def test_the_known_truth_runs_load_from_a_real_ledger():
     ledger = Ledger(gpus=4)
     offset = 1_800_000_000.0
-    for at, event, arg in script():
-        if event == "start":
-            ledger.start_run(at, offset, "client", arg)
-        elif event == "step":
-            ledger.progress(at, offset, arg, "client")
-        elif event.startswith("save"):
-            ledger.save(event.split("_")[1], at, offset)
-        else:
-            ledger.load(event.split("_")[1], at, offset, resume=arg)
-        ledger.tick(at, offset)
-    ledger.finish(END, offset)
+    play(ledger, offset)
     bands = ledger.view(END, offset).bands
     (load,) = [band for band in bands if band[1] == "checkpoint_load"]
     meter = RestoreMeter()

@@ -43,3 +43,34 @@ def test_the_demo_loader_reads_the_dataset_mount_and_gds_as_it_trains(tmp_path):
     flat, _, _ = step(10.0)
     again, _, _ = step(10.0)
     assert again.read_bytes == flat.read_bytes and again.read_bytes_per_second == 0.0
+
+
+def test_the_attribution_sees_the_jobs_data_mounts_through_the_service(tmp_path):
+    """NodeSignals.mounts: the storage source's mounts with their jobs and read rate, for the input evidence."""
+    import asyncio
+
+    from exporter.service import build_service
+
+    monotonic = [0.0]
+    clock = SimClock(1.0, wall=lambda: 1_800_000_000.0, monotonic=lambda: monotonic[0])
+    node = DemoNode(tmp_path, clock, Schedule())
+    config = demo_config(None, node)
+    storage = SOURCES["storage"](typed_config(config).sources.storage, node.context(config))
+    service = build_service(config, [storage], clock=clock.time, monotonic=clock.monotonic)
+
+    async def sample_twice():
+        await service.scheduler.start()
+        try:
+            for _ in range(2):
+                cycles = service.scheduler.states["storage"].cycles
+                monotonic[0] += 5.0
+                node.tick()
+                while service.scheduler.states["storage"].cycles == cycles:
+                    await asyncio.sleep(0.01)
+        finally:
+            await service.scheduler.stop()
+
+    storage.interval = 0.05
+    asyncio.run(sample_twice())
+    (mount,) = [m for m in service.node_signals().mounts if (JOB, "data") in m.jobs]
+    assert (mount.mount_point, mount.fstype) == (DATASET_MOUNT, "nfs4")

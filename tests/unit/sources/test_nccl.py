@@ -94,7 +94,9 @@ def test_the_rank_with_the_shortest_collectives_is_the_straggler(tmp_path):
         )
     snapshot = source_on(tmp_path, gpus, dict.fromkeys(range(4), "llm")).sample()
     evidence = snapshot.readings.inspector["llm"].straggler
-    assert evidence.startswith("NCCL Inspector: GPU 2 (pid 5002) spends 0.3 ms") and "median 1.2 ms" in evidence
+    assert (
+        evidence.startswith("NCCL Inspector: GPU 2 of node-a (pid 5002) spends 0.3 ms") and "median 1.2 ms" in evidence
+    )
     assert series(snapshot)["mfu_job_straggler"] == {("llm", "inspector"): 1.0}
 
 

@@ -74,6 +74,8 @@ def test_each_mount_of_the_jobs_is_read_from_its_own_counters(tmp_path):
     shm = by_point["/dev/shm"]
     assert shm.counters == "" and shm.read_bytes is None and "tmpfs" in shm.detail and shm.jobs == ()
     assert [m.mount_point for m in reading.job_mounts("bert")] == ["/mnt/datasets"]
+    assert [m.mount_point for m in reading.job_mounts("llama", role="data")] == ["/lustre/scratch", "/mnt/datasets"]
+    assert [m.mount_point for m in reading.job_mounts("llama", role="checkpoint")] == ["/raid"]
 
     found = snapshot_samples(snapshot)
     labels = (("device", "nfs-data.example.com:/datasets"), ("fstype", "nfs4"), ("mountpoint", "/mnt/datasets"))
