@@ -72,7 +72,7 @@ def test_the_truth_records_each_incident_on_the_demo_clock(tmp_path):
     assert (
         truth["schedule"]["rotation_seconds"]
         == schedule.rotation_seconds
-        == 5 * 30.0 + sum(demo.INCIDENT_SECONDS.values())
+        == len(demo.INCIDENTS) * 30.0 + sum(demo.INCIDENT_SECONDS.values())
     )
     assert truth["jobs"][demo.DISCOVERED_JOB]["gpus"] == list(demo.DISCOVERED_GPUS)
 
