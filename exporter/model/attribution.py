@@ -336,6 +336,10 @@ class _JobAttribution:
     signal: str | None = None
     # The job's distinct reports as evaluations saw them: (its report time, tokens processed, our clock when seen).
     reports: deque = field(default_factory=lambda: deque(maxlen=16))
+    # GPU-seconds of a gap no cause explained yet, and since when: they go to a cause seen within the window, or
+    # to unknown once the window holds none of them (a counter only grows, so nothing is taken back from unknown).
+    unexplained: float = 0.0
+    unexplained_since: float | None = None
     held: dict[str, _Held] = field(default_factory=dict)  # cause -> when its signal was last seen
 
 
@@ -419,6 +423,8 @@ class Attributor:
             # No MFU and no hardware figure to explain (the job JSON says why), or the job ended: nothing to blame.
             state.verdict = None
             state.held.clear()
+            state.lost_seconds["unknown"] += state.unexplained
+            state.unexplained, state.unexplained_since = 0.0, None
             return
         if signal != state.signal:
             # A job found by discovery that starts reporting: its MFU gets a baseline of its own, never one learnt
@@ -465,8 +471,19 @@ class Attributor:
                 )
             else:
                 found = None
-        if booked is not None:
-            state.lost_seconds[booked] += (view.gpus or 0) * min(lost, 1.0) * elapsed
+        amount = (view.gpus or 0) * min(lost, 1.0) * elapsed
+        if booked == "unknown":
+            state.unexplained += amount
+            state.unexplained_since = now if state.unexplained_since is None else state.unexplained_since
+        elif booked is not None:
+            state.lost_seconds[booked] += amount
+            if booked in SIGNAL_CAUSES and state.unexplained:
+                # A signal seen within the window of an unexplained gap: its seconds were this cause's.
+                state.lost_seconds[booked] += state.unexplained
+                state.unexplained, state.unexplained_since = 0.0, None
+        if state.unexplained_since is not None and now - state.unexplained_since > hold:
+            state.lost_seconds["unknown"] += state.unexplained
+            state.unexplained, state.unexplained_since = 0.0, None
         if found is None:
             self._judge(
                 state,

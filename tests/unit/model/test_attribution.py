@@ -448,3 +448,16 @@ def test_a_cause_held_over_still_yields_to_a_signal_of_higher_precedence():
     verdicts = run(attributor, lambda t: HOT if t < 15 else checkpoint, rates, lambda t: 0.30, start=0)
     assert verdicts[14].cause == "thermal"
     assert verdicts[16].cause == "checkpoint"  # a checkpoint outranks heat, held or seen
+
+
+def test_a_gap_explained_within_the_window_is_the_causes_not_unknown():
+    """A job slows at second 10 and its cause (a straggler named by NCCL Inspector, here heat) is seen only at
+    second 14: the seconds booked meanwhile go to it. A gap no cause explains within the window is unknown."""
+    attributor = Attributor(Thresholds(), window=15.0)
+    rates = [1.0] * 10 + [0.5] * 10
+    run(attributor, lambda t: HOT if t >= 14 else COOL, rates, lambda t: 0.45 if t < 10 else 0.30)
+    lost = lost_by_cause(attributor)
+    assert lost["unknown"] == 0 and lost["thermal"] == pytest.approx(8 * (0.45 - 0.30) / 0.45 * 10)
+    never = Attributor(Thresholds(), window=15.0)
+    run(never, lambda t: COOL, [1.0] * 10 + [0.5] * 30, lambda t: 0.45 if t < 10 else 0.30)
+    assert lost_by_cause(never)["unknown"] > 0
