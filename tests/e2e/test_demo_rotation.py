@@ -4,8 +4,8 @@ it leaves alone, and its cause shows within seconds (demo time) of its start, no
 
 The rotation's healthy time between incidents is 40 s here (``--incident-gap 40s``) rather than the default 3 min:
 the incidents, their lengths (the checkpoint stall's fifteen minutes included) and everything the exporter does are
-the demo's own; only the healthy stretches between them are shorter, so the rotation takes ~2.5 minutes of wall time,
-not ~4. 40 s still leaves the 15 s MFU window and its hold behind each incident before the next begins.
+the demo's own; only the healthy stretches between them are shorter, so the rotation of seven incidents takes ~3
+minutes of wall time, not ~5. 40 s still leaves the 15 s MFU window and its hold behind each incident before the next begins.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ SETTLE = 30.0  # after an incident ends: the window, its hold and a poll, before
 # 10 (up to 5 s seen under make test). The bound is half the 15 s MFU window, which the cause of a stop (gpu-lost,
 # crash-restart) waited for whole, and more, before it went by the job's recent progress.
 ONSET = 7.5
+# The straggler's own signal takes longer: NCCL Inspector names the slow rank by the median of each rank's last 16
+# collectives (exporter/nccl/inspector.py), which moves after ~8 of the demo's 2 s dumps. Its seconds meanwhile wait
+# for it (a gap no cause explains is unknown only after a window), so they still go to straggler.
+ONSET_OF = {"straggler": 20.0}
 
 
 @dataclass
@@ -73,7 +77,7 @@ def test_a_whole_rotation_attributes_each_incident_to_its_cause_on_time():
                 and polls[-1].before > (done[len(incidents) - 1]["end"] + SETTLE)
             )
 
-        # The rotation takes ~1,520 demo seconds: ~150 s of wall time at speed 10, and the start-up.
+        # The rotation takes ~1,840 demo seconds: ~185 s of wall time at speed 10, and the start-up.
         wait_until(rotation_done, 400, "a whole rotation", interval=0.3)
         truth = get_json(base + "api/v1/demo")
 
@@ -109,8 +113,9 @@ def test_a_whole_rotation_attributes_each_incident_to_its_cause_on_time():
     print("onsets", {k: round(v, 2) for k, v in onsets.items()})
     print("lost", {job: {c: round(v, 1) for c, v in lost.items() if v} for job, lost in everything.items()})
     print("outside the incidents", {job: round(sum(everything[job].values()) - seen[job], 3) for job in jobs})
-    for key, onset in onsets.items():
-        assert onset <= ONSET, f"{key}: the cause showed {onset:.1f} demo seconds after the incident began"
+    for (name, job), onset in onsets.items():
+        limit = ONSET_OF.get(name, ONSET)
+        assert onset <= limit, f"{name}, {job}: the cause showed {onset:.1f} demo seconds after the incident began"
     total = sum(sum(lost.values()) for lost in everything.values())
     unknown = sum(lost.get("unknown", 0.0) for lost in everything.values())
     assert unknown <= 0.02 * total, f"unknown {unknown:.0f} of {total:.0f} GPU-seconds"
