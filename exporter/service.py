@@ -140,7 +140,7 @@ class Service:
                 f"job {name!r} has no ledger yet: it starts with the job's first progress (a report, a log's step "
                 "line) or its client's start event",
             )
-        return {"job": name, **view.ledger.as_json()}
+        return {"job": name, **view.ledger.as_json(), "data_wait": data_wait_beside_kinds(view)}
 
     def export_process_metrics(self) -> None:
         """Add client_python's ProcessCollector to /metrics: the daemon's own CPU seconds, resident and virtual
@@ -301,6 +301,22 @@ def gpu_readings_from(scheduler: Scheduler, source_name: str = "gpu") -> Callabl
         return sample.gpus if sample is not None else None
 
     return readings
+
+
+def data_wait_beside_kinds(view: JobView) -> dict[str, Any] | None:
+    """The job's wait for input beside its ledger's kinds, as the goodput library shows data-loading badput: inside
+    ``productive`` (a step still advances while its loader is waited for), so not a kind of its own."""
+    wait, ledger = view.data_wait, view.ledger
+    if wait is None or ledger is None:
+        return None
+    productive = ledger.gpu_seconds.get("productive", 0.0)
+    return {
+        "gpu_seconds": wait.gpu_seconds,
+        "within": "productive",
+        "share_of_productive": min(wait.gpu_seconds / productive, 1.0) if productive > 0 else None,
+        "ratio": wait.ratio,
+        "source": wait.source,
+    }
 
 
 def build_service(

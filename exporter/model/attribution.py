@@ -42,7 +42,7 @@ after the fault; the signals move at once. So:
   report when one was due) is below the baseline by the tolerance, without waiting for the window's MFU;
 - after its signal clears, a cause *holds* for one MFU window (plus the job's report interval): the window still
   holds the slow seconds, and its gap, booked each second, goes to the cause that made it, not to ``unknown``;
-- of the causes seen now or held, the first by precedence wins; ``stalled``, ``input`` and ``unknown``, which have no
+- of the causes seen now or held, the first by precedence wins; ``stalled``, ``idle`` and ``unknown``, which have no
   signal of their own, are given only when no cause was seen within the window.
 
 Booking the window's gap with the hold books each slow second once: a window passes the lost area through whole,
@@ -77,7 +77,7 @@ CAUSES = (
 SOCKET_FALLBACK = "NCCL uses sockets, not RDMA"
 # Causes that stand on a signal of their own (a reading, an event): seen now, or within the window, they explain
 # the gap. The rest (no progress, idle GPUs, nothing) are what is left when none does.
-SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "power", "straggler"})
+SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "power", "straggler", "input"})
 PRECEDENCE = {cause: rank for rank, cause in enumerate(CAUSES)}
 # A job's report counts as overdue (its progress stopped) this many of its own report intervals after the last.
 OVERDUE_INTERVALS = 1.5

@@ -54,6 +54,7 @@ from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.nccl import InspectorDump
 from exporter.sim.node import (
     ALLREDUCE_US,
+    DATA_WAIT_SHARE,
     GPU_NAME,
     GPUS,
     HOT_GPU,
@@ -116,6 +117,7 @@ class FleetJob:
     nodes: list[int]
     random: random.Random
     tokens: float = 0.0  # node-local tokens (each node's share: the job is data-parallel over its nodes)
+    data_wait: float = 0.0  # seconds its loop waited for the next batch (DATA_WAIT_SHARE of its training time)
     checkpoints: CheckpointWriter | None = None
     source: CheckpointSource | None = None
     tracker: CheckpointTracker | None = None
@@ -479,6 +481,7 @@ class Fleet:
             writer.advance(stamp)
             # One noise draw per job: its nodes run in lockstep.
             job.tokens += node_tokens_per_second() * factor * (1 + job.random.uniform(-0.02, 0.02)) * dt
+            job.data_wait += DATA_WAIT_SHARE * dt if factor > 0 else 0.0
             job.history.append((stamp, job.tokens))
             if factor > 0 and now >= job.next_dump:
                 job.next_dump = now + FLEET_INSPECTOR_EVERY
@@ -497,7 +500,12 @@ class Fleet:
             if lost and node.job is self.incident_job():
                 continue
             tokens = node.job.tokens
-            body = {"job": node.job.name, "tokens_total": int(tokens), "step": int(tokens // TOKENS_PER_STEP)}
+            body = {
+                "job": node.job.name,
+                "tokens_total": int(tokens),
+                "step": int(tokens // TOKENS_PER_STEP),
+                "data_wait_seconds": node.job.data_wait,
+            }
             try:
                 node.service.jobs.report(parse_progress(body, now), view=False)
             except ValidationError as exc:  # never expected: the body is ours

@@ -32,7 +32,7 @@ from exporter.sim.mlx5 import SimulatedNode
 from exporter.sim.nccl import InspectorDump, NcclDebugFile
 from exporter.sim.nvml import train_healthily  # here too: the demo's callers and tests use it from the node
 from exporter.sim.podresources import PodResourcesServer, SimPod
-from exporter.sim.storage import DATASET_MOUNT, SimulatedStorage
+from exporter.sim.storage import DATASET_MOUNT, DATASET_READ_RATE, SimulatedStorage
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
 from exporter.sources.base import Snapshot, Source
 
@@ -61,6 +61,13 @@ STALLED_CHECKPOINT_SECONDS = 900.0  # the guide's slow storage: fifteen minutes
 RESTORE_SECONDS = 15.0
 CHECKPOINT_EVERY = 600.0
 FIRST_CHECKPOINT = 20.0
+# The job's loader, as its client times it (ProgressReporter's data_wait_seconds): healthy, it keeps the GPUs fed
+# and the step waits 1% of wall time for its next batch.
+DATA_WAIT_SHARE = 0.01
+# input-stall: the dataset mount slows (its reads flatten at SLOW_MOUNT_READ_FACTOR of what the loader wants), the
+# loader cannot keep up and each step waits 40% of wall time for its batch; the GPUs are busy between waits.
+INPUT_STALL_WAIT_SHARE = 0.4
+SLOW_MOUNT_READ_FACTOR = 0.5
 FABRIC_SOURCES = frozenset({"rdma", "ethtool"})  # the sources that read the simulated NICs' counters (ReadsNow)
 STORM_NICS = (2, 5)  # NIC i is the nearest of GPU i: NIC 2 is the reporting job's, NIC 5 the discovered job's
 HOT_GPU = 1  # one of the reporting job's GPUs
@@ -156,6 +163,17 @@ def _nccl_socket_fallback(node: DemoNode) -> None:
         node.fabric.nics[index].utilization = 0.02
 
 
+def _input_stall(node: DemoNode) -> None:
+    # The dataset mount (NFS, i34a's knob) reads slower; the job's client times 40% of each second in the wait for
+    # its next batch. Between waits the GPUs compute as before: busy, tensor cores less so overall.
+    node.storage.dataset_read_rate = DATASET_READ_RATE * SLOW_MOUNT_READ_FACTOR
+    node.data_wait_share = INPUT_STALL_WAIT_SHARE
+    for index in JOB_GPUS:
+        gpu = node.nvml.gpus[index]
+        gpu.set_activity(tensor=36.0, sm=51.0)
+        gpu.utilization = 62  # idle while waiting, busy between: over the idle line, so not "idle"
+
+
 # The demo's incidents, in the order the rotation brings them: one row each, the truth included (Incident).
 INCIDENT_TABLE: tuple[Incident, ...] = (
     Incident(
@@ -222,6 +240,15 @@ INCIDENT_TABLE: tuple[Incident, ...] = (
         (JOB,),
         _nccl_socket_fallback,
         summary=f"{JOB} restarts into NCCL over sockets (its container lost /dev/infiniband), and out once fixed",
+    ),
+    Incident(
+        "input-stall",
+        120.0,
+        1 - INPUT_STALL_WAIT_SHARE,  # each step waits for its batch, then computes at full speed
+        "input",
+        (JOB,),
+        _input_stall,
+        summary=f"the dataset mount slows: {JOB}'s loader waits {100 * INPUT_STALL_WAIT_SHARE:.0f}% of each second",
     ),
 )
 INCIDENT_BY_NAME = {incident.name: incident for incident in INCIDENT_TABLE}
@@ -482,6 +509,8 @@ class DemoNode:
         self.tokens = 0.0
         self.incident: str | None = None
         self.reporter: ProgressReporter | None = None
+        self.data_wait = 0.0  # seconds the job's loop waited for its next batch, as its client sums them
+        self.data_wait_share = DATA_WAIT_SHARE  # of wall time, while it trains; an input incident raises it
         self.new_reporter: Callable[[], ProgressReporter] | None = None  # a new process's reporter (a new run)
         self._checkpointed = (0.0, None)  # (tokens, tokens of the write under way): a restart resumes at the first
         self._restoring: tuple[float, Any] | None = None  # (when the load ends, the reporter's open load)
@@ -562,8 +591,13 @@ class DemoNode:
         self.tokens += rate * dt
         self.nvml.advance(dt)
         self.storage.tick(dt, rate / healthy_tokens_per_second(), restoring=False)  # the loader reads as it trains
+        self.data_wait += self.data_wait_share * dt
         if self.progressing and self.reporter is not None:
-            self.reporter.update(tokens_total=int(self.tokens), step=int(self.tokens // TOKENS_PER_STEP))
+            self.reporter.update(
+                tokens_total=int(self.tokens),
+                step=int(self.tokens // TOKENS_PER_STEP),
+                data_wait_seconds=self.data_wait,
+            )
         if self.progressing and self.training_log is not None:
             self.training_log.progress(stamp, self.tokens)
         if now >= self._next_dump and self.progressing:
@@ -696,6 +730,8 @@ class DemoNode:
             self.nvml.gpus[index].set_activity(tensor=DISCOVERED_TENSOR_ACTIVE, sm=80.0, occupancy=35.0, dram=40.0)
         for nic in self.fabric.nics:
             nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
+        self.data_wait_share = DATA_WAIT_SHARE
+        self.storage.dataset_read_rate = DATASET_READ_RATE
         if incident is not None:
             INCIDENT_BY_NAME[incident].apply(self)
         if self.lost and incident != "gpu-lost":

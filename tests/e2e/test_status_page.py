@@ -175,6 +175,8 @@ def printed_right(field, value, text):
         return text in ("–", "—")
     if field in ("gpus", "discovered.gpus"):
         return text == str(len(value) if isinstance(value, list) else value)
+    if field == "data_wait.source":
+        return text == value
     if field in ("found_by", "gpu_indices"):
         return text == (", ".join(str(v) for v in value) or "—")
     if field == "eta_seconds":

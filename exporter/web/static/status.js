@@ -60,7 +60,7 @@ const gpuCount = (g) => Array.isArray(g) ? g.length : g;
 // The job's run timeline from its time ledger: one row per run, each band coloured by where its time went.
 const KINDS = ["productive", "wasted", "startup", "checkpoint_save", "checkpoint_load", "down", "stalled"];
 
-function timeline(ledger) {
+function timeline(ledger, dataWait) {
   if (!ledger || !ledger.bands || !ledger.bands.length) return "";
   const bands = ledger.bands, runs = [...new Set(bands.map((b) => b.run))];
   const w = 600, row = 14, gap = 4, label = 46, h = runs.length * (row + gap);
@@ -74,8 +74,12 @@ function timeline(ledger) {
   const labels = runs.map((r, i) => `<text x="0" y="${i * (row + gap) + row - 3}">run ${r}</text>`).join("");
   const totals = KINDS.filter((k) => ledger.seconds && ledger.seconds[k] > 0)
     .map((k) => `<span class="key ${k}">${k.replace("_", " ")} ${duration(ledger.seconds[k])}</span>`).join(" ");
+  // Data wait is inside productive (steps still advance), shown beside the kinds.
+  const productive = ledger.kinds && ledger.kinds.productive;
+  const share = dataWait && productive > 0 ? Math.min(dataWait.gpu_seconds_total / productive, 1) : null;
+  const wait = share != null ? ` · <span class="key data-wait" data-share="${share}">data wait ${pct(share)} of productive</span>` : "";
   return `<div class="timeline" data-goodput="${ledger.goodput ?? ""}" data-runs="${runs.length}">
-    <div class="muted">goodput ${pct(ledger.goodput)} · ${runs.length} run${runs.length === 1 ? "" : "s"} · ${totals}</div>
+    <div class="muted">goodput ${pct(ledger.goodput)} · ${runs.length} run${runs.length === 1 ? "" : "s"} · ${totals}${wait}</div>
     <svg class="runs" viewBox="0 0 ${w} ${h}" role="img" aria-label="runs of the job over ${duration(span)}">${labels}${rects}</svg>
   </div>`;
 }
@@ -99,7 +103,11 @@ function jobCard(job, history) {
     ["hardware FLOPs", "hardware.hardware_flops_utilization", hw.hardware_flops_utilization, job.hardware ? pct(hw.hardware_flops_utilization) : "—"],
     ["tensor active", "hardware.tensor_active", hw.tensor_active, job.hardware ? pct(hw.tensor_active) : "—"],
   ];
-  if (job.data_wait) facts.push(["data wait", "data_wait.ratio", job.data_wait.ratio, job.data_wait.ratio != null ? `${pct(job.data_wait.ratio)} of wall time (${esc(job.data_wait.source)})` : esc(`${duration(job.data_wait.rank_seconds_total)} so far (${job.data_wait.source})`)]);
+  // The share of wall time the job's loop waited for its next batch, and whose figure it is (client, log:<framework>).
+  if (job.data_wait) facts.push(
+    ["data wait", "data_wait.ratio", job.data_wait.ratio, job.data_wait.ratio != null ? pct(job.data_wait.ratio) : "—"],
+    ["data wait from", "data_wait.source", job.data_wait.source, esc(job.data_wait.source)],
+  );
   if (job.checkpoint) facts.push(["checkpoint", "checkpoint", job.checkpoint, esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
   const cause = job.bottleneck && job.bottleneck.cause && job.bottleneck.cause !== "none"
     ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why ${job.bottleneck.signal && job.bottleneck.signal !== "mfu" ? "utilization" : "MFU"} is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";
@@ -110,7 +118,7 @@ function jobCard(job, history) {
     ${cause}
     <dl class="facts">${facts.map(([k, field, value, text]) => `<dt>${k}</dt><dd data-field="${field}" data-value="${esc(JSON.stringify(value ?? null))}">${text}</dd>`).join("")}</dl>
     ${chart(history || [], head.kind, job.bottleneck ? job.bottleneck.baseline_mfu : null)}
-    ${timeline(job.ledger)}
+    ${timeline(job.ledger, job.data_wait)}
   </div>`;
 }
 

@@ -281,6 +281,35 @@ async def test_a_failing_evaluation_pass_does_not_end_the_tick(caplog, monkeypat
     assert "the 1 s job evaluation failed" in caplog.text and "a bug in one pass" in caplog.text
 
 
+async def test_the_ledger_shows_the_data_wait_beside_the_kinds_inside_productive(make_client):
+    """The goodput library counts synchronous data loading as badput; here a step that waited for its batch still
+    advanced the job, so the wait stays inside productive and is shown beside the kinds."""
+    client = await make_client(JOB)
+    client.service.jobs._born -= 60
+    now = time.time()
+    assert (
+        await client.post(
+            "/api/v1/progress", json={"job": "llama3-70b", "run": "a1", "event": "start", "time": now - 30}
+        )
+    ).status == 200
+    for step in range(1, 11):
+        body = {
+            "job": "llama3-70b",
+            "run": "a1",
+            "tokens_total": step * 1000,
+            "step": step,
+            "time": now - 20 + 2 * step,
+            "data_wait_seconds": 0.5 * step,  # a quarter of each 2 s step
+        }
+        assert (await client.post("/api/v1/progress", json=body)).status == 200
+    ledger = await (await client.get("/api/v1/jobs/llama3-70b/ledger")).json()
+    wait = ledger["data_wait"]
+    assert "data_wait" not in ledger["kinds"] and wait["within"] == "productive" and wait["source"] == "client"
+    assert wait["gpu_seconds"] == pytest.approx(8 * 5.0)
+    assert wait["share_of_productive"] == pytest.approx(8 * 5.0 / ledger["kinds"]["productive"])
+    assert 0 < wait["share_of_productive"] <= 1 and wait["ratio"] == pytest.approx(0.25)
+
+
 async def test_the_ledger_endpoint_answers_kinds_goodput_and_runs(make_client):
     client = await make_client(JOB)
     client.service.jobs._born -= 60  # the exporter started a minute ago: the job's start 30 s ago counts
@@ -307,6 +336,7 @@ async def test_the_ledger_endpoint_answers_kinds_goodput_and_runs(make_client):
     [run] = ledger["runs"]
     assert set(run) >= {"start", "first_step_time", "end", "end_reason"} and run["end"] is None
     assert run["start"] == pytest.approx(now - 30, abs=1e-3)
+    assert ledger["data_wait"] is None  # the job gave no data-wait figure
     missing = await client.get("/api/v1/jobs/nope/ledger")
     assert missing.status == 404 and (await missing.json())["field"] == "job"
     values = samples(await (await client.get("/metrics")).text())
