@@ -98,8 +98,12 @@ class Scheduler:
         sources: list[Source],
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        speed: float = 1.0,
     ):
         self.sources = sources
+        # Clock seconds per wall second: the demo's simulated clock runs ``--speed`` times faster, and its sources
+        # sample once per interval of that clock, as a real node's do of the real one.
+        self.speed = speed
         self.states = {s.name: SourceState(s.name, s.interval) for s in sources}
         self._clock = clock
         self._monotonic = monotonic
@@ -199,4 +203,4 @@ class Scheduler:
         while True:
             started = self._monotonic()
             delay = await self.sample_once(source)
-            await asyncio.sleep(max(delay - (self._monotonic() - started), 0.05))
+            await asyncio.sleep(max(delay / self.speed - (self._monotonic() - started), 0.05))

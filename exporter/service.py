@@ -66,6 +66,7 @@ class Service:
     collector: ExporterCollector | None = None  # the registry's one collector, for parts added later
     settings: Config = field(default_factory=Config)  # ``config`` typed (exporter.config.typed_config)
     restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
+    speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
 
@@ -223,7 +224,7 @@ class Service:
             except Exception:
                 # Jobs expire here only: one bad pass (a bug in a figure) must not end expiry for good.
                 log.exception("the 1 s job evaluation failed; trying again in a second")
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(max(1.0 / self.speed, 0.05))
 
     def evaluate_once(self) -> None:
         """One tick of ``evaluate_jobs``."""
@@ -324,9 +325,12 @@ def build_service(
     clock: Callable[[], float] = time.time,
     paths: Paths | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    speed: float = 1.0,
 ) -> Service:
+    """The service over ``sources``. ``clock`` and ``monotonic`` are the node's clocks; ``speed`` says how many of
+    their seconds pass per wall second (the demo's ``--speed``), so sampling and the 1 s tick keep to them."""
     typed = typed_config(config)
-    scheduler = Scheduler(sources, clock=clock)
+    scheduler = Scheduler(sources, clock=clock, speed=speed)
     jobs = JobTracker(
         # The facts stay dicts (the progress API's reports merge into them), without the node's keys (data_paths).
         configured={
@@ -341,7 +345,7 @@ def build_service(
         gpu_readings=gpu_readings_from(scheduler),
         monotonic=monotonic,
     )
-    attribution = Attributor(typed.attribution)
+    attribution = Attributor(typed.attribution, window=typed.mfu.window)
     registry = CollectorRegistry(auto_describe=False)
     collector = ExporterCollector(
         scheduler, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
@@ -372,6 +376,7 @@ def build_service(
         collector=collector,
         settings=typed,
         restores=restores,
+        speed=speed,
     )
     collector.add(service.collective_families)
     return service

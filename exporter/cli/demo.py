@@ -52,6 +52,14 @@ def mfu_window(value: str) -> float:
         raise argparse.ArgumentTypeError(exc.expected) from None
 
 
+def incident_gap(value: str) -> float:
+    seconds = mfu_window(value)
+    if seconds < 30.0:
+        # The MFU window (15 s) and one more must pass between incidents, or one's last seconds fall in the next.
+        raise argparse.ArgumentTypeError("must be at least 30s")
+    return seconds
+
+
 def add_demo_flags(parser: argparse.ArgumentParser) -> None:
     add_daemon_flags(parser, paths=False)
     for flag in ("--path.sysfs", "--path.procfs"):
@@ -66,6 +74,13 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
         type=mfu_window,
         metavar="DURATION",
         help="MFU window; overrides mfu.window of --config (default 15s, so changes show fast)",
+    )
+    parser.add_argument(
+        "--incident-gap",
+        dest="incident_gap",
+        type=incident_gap,
+        metavar="DURATION",
+        help="the rotation's healthy time before each incident (default 3m; shorter makes a quicker rotation)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the simulation's noise")
     parser.add_argument(
@@ -132,13 +147,18 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"  status page  {url}", flush=True)
             print(f"  metrics      {url}metrics", flush=True)
             print(f"  jobs         {url}api/v1/jobs", flush=True)
+            print(
+                f"  truth        {url}api/v1/demo (each incident: when, the cause it should yield, the jobs)",
+                flush=True,
+            )
             print(f"  schedule     {node.schedule.describe(args.speed)}", flush=True)
             print(f"  files        {root} (sysfs tree, ethtool texts, checkpoints)", flush=True)
             if node.training_log is not None:
                 print(f"  training log {node.training_log.path} (torchtitan's lines; MFU comes from here)", flush=True)
             print("  Ctrl-C stops it.", flush=True)
 
-        asyncio.run(serve(service, on_started=started))
+        # The simulation's truth, served beside the exporter's own answers (the web layer never imports sim/).
+        asyncio.run(serve(service, on_started=started, documents={"/api/v1/demo": node.truth}))
         simulation.stop()
         if node.kubelet is not None:
             node.kubelet.stop()

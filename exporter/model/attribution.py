@@ -34,6 +34,19 @@ and the evidence says so.
 configured, else a high percentile of its recent MFU. Every evaluation adds
 GPUs × (baseline − MFU) ÷ baseline × Δt to ``mfu_job_lost_gpu_seconds_total{cause}``, so a stacked rate of it shows
 where the capacity went. This module reads the sources' latest snapshot data; it never calls a source.
+
+On time and to the second. The MFU is a rate over a window (``mfu.window``, 60 s by default) and moves a window
+after the fault; the signals move at once. So:
+
+- a cause appears as soon as its signal shows and the job's *recent* progress (its last report interval, or no
+  report when one was due) is below the baseline by the tolerance, without waiting for the window's MFU;
+- after its signal clears, a cause *holds* for one MFU window (plus the job's report interval): the window still
+  holds the slow seconds, and its gap, booked each second, goes to the cause that made it, not to ``unknown``;
+- of the causes seen now or held, the first by precedence wins; ``stalled``, ``idle`` and ``unknown``, which have no
+  signal of their own, are given only when no cause was seen within the window.
+
+Booking the window's gap with the hold books each slow second once: a window passes the lost area through whole,
+a window late.
 """
 
 from __future__ import annotations
@@ -45,6 +58,7 @@ from typing import Any, Callable, Iterable
 
 from exporter.config import AttributionConfig
 from exporter.model.job_view import JobView
+from exporter.model.progress import REPORT_RESOLUTION_SECONDS
 from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, MountSignal, PortSignal
 
 CAUSES = (
@@ -61,6 +75,12 @@ CAUSES = (
     "unknown",
 )
 SOCKET_FALLBACK = "NCCL uses sockets, not RDMA"
+# Causes that stand on a signal of their own (a reading, an event): seen now, or within the window, they explain
+# the gap. The rest (no progress, idle GPUs, nothing) are what is left when none does.
+SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "power", "straggler", "input"})
+PRECEDENCE = {cause: rank for rank, cause in enumerate(CAUSES)}
+# A job's report counts as overdue (its progress stopped) this many of its own report intervals after the last.
+OVERDUE_INTERVALS = 1.5
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
 # hw_counters that mean the transport retransmitted or timed out: traffic the collective waited for.
@@ -89,6 +109,7 @@ class Verdict:
     baseline: float | None
     lost_fraction: float  # (baseline − MFU) ÷ baseline, 0 when healthy
     signal: str = "mfu"  # what the baseline is of: the formula MFU, or a hardware figure for a job that reports none
+    since: float | None = None  # when this cause became the job's verdict (the clock of ``evaluate``)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +118,7 @@ class Verdict:
             "baseline_mfu": self.baseline,
             "lost_fraction": self.lost_fraction,
             "signal": self.signal,
+            "since": self.since,
         }
 
 
@@ -215,10 +237,20 @@ def _socket_fallback(collectives: JobCollectives, signals: NodeSignals) -> str |
     return f"{SOCKET_FALLBACK}: the job's inter-node traffic is on TCP while {shown} {verb} active{evidence}"
 
 
-def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[str, str]:
-    """The cause of a degraded job's gap and the evidence for it, by precedence."""
+def _job_gpus(view: JobView, signals: NodeSignals) -> list[GpuReading]:
     indices = view.gpu_indices or sorted(signals.gpus)
-    gpus = [signals.gpus[i] for i in indices if i in signals.gpus]
+    return [signals.gpus[i] for i in indices if i in signals.gpus]
+
+
+def _gpu_lost(view: JobView, signals: NodeSignals) -> bool:
+    return any(not gpu.up for gpu in _job_gpus(view, signals))
+
+
+def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: bool = False) -> tuple[str, str]:
+    """The cause of a degraded job's gap and the evidence for it, by precedence. ``stopped``: the job's report is
+    overdue (its recent progress is none), which is ``stalled`` as much as a window without progress is."""
+    indices = view.gpu_indices or sorted(signals.gpus)
+    gpus = _job_gpus(view, signals)
     lost = [g for g in gpus if not g.up]
     if lost:
         return "gpu_lost", ", ".join(f"GPU {g.index} ({g.uuid or '?'}) is off the bus" for g in lost)
@@ -249,6 +281,8 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds) -> tuple[s
             f"waiting for its next batch {100 * wait.ratio:.0f}% of wall time ({_wait_source(wait.source)}), over the "
             f"{100 * limits.input_wait_ratio:.0f}% line" + (f"; {reads}" if reads else "")
         )
+    if stopped:
+        return "stalled", "no progress report since one was due"
     utilizations = [g.utilization for g in gpus if g.utilization is not None]
     if utilizations and sum(utilizations) / len(utilizations) < limits.idle_utilization:
         return (
@@ -283,6 +317,15 @@ def _wait_source(source: str) -> str:
 
 
 @dataclass
+class _Held:
+    """A cause seen with its signal, and when it was last seen: it holds while the MFU window still holds its gap."""
+
+    cause: str
+    evidence: str
+    seen: float
+
+
+@dataclass
 class _JobAttribution:
     history: deque
     lost_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES[1:], 0.0))
@@ -291,6 +334,37 @@ class _JobAttribution:
     verdict: Verdict | None = None
     judged: bool = False  # had a verdict once: from then on its lost GPU-seconds are exported, verdict or not
     signal: str | None = None
+    # The job's distinct reports as evaluations saw them: (its report time, tokens processed, our clock when seen).
+    reports: deque = field(default_factory=lambda: deque(maxlen=16))
+    # GPU-seconds of a gap no cause explained yet, and since when: they go to a cause seen within the window, or
+    # to unknown once the window holds none of them (a counter only grows, so nothing is taken back from unknown).
+    unexplained: float = 0.0
+    unexplained_since: float | None = None
+    held: dict[str, _Held] = field(default_factory=dict)  # cause -> when its signal was last seen
+
+
+def _recent(view: JobView, state: _JobAttribution, now: float, elapsed: float) -> tuple[float | None, float, bool]:
+    """The job's recent MFU (over its newest report interval at least a second long), its report interval, and
+    whether its next report is overdue (then the recent MFU is 0: it is not progressing). None when it has not
+    reported twice, or its FLOPs per token or peak are unknown."""
+    if view.reported and (not state.reports or state.reports[-1][0] != view.last_report_time):
+        if state.reports and view.tokens_processed < state.reports[-1][1]:
+            state.reports.clear()  # a new count (a new exporter view of a restarted job): rates start over
+        state.reports.append((view.last_report_time, view.tokens_processed, now))
+    if len(state.reports) < 2 or not view.flops_per_token or not view.peak_flops:
+        return None, 0.0, False
+    last, previous = state.reports[-1], state.reports[-2]
+    interval = max(last[0] - previous[0], 0.0)
+    # Since it arrived (our clock), else since an evaluation first saw it (a second later at most).
+    arrived = view.progress_arrival if view.progress_arrival is not None else last[2]
+    # As many evaluation intervals at least: a pass that comes late (a busy process) is no sign of the job's.
+    if now - arrived > OVERDUE_INTERVALS * max(interval, elapsed) and now - arrived > REPORT_RESOLUTION_SECONDS:
+        return 0.0, interval, True
+    reference = next((p for p in reversed(state.reports) if last[0] - p[0] >= REPORT_RESOLUTION_SECONDS), None)
+    if reference is None:
+        return None, interval, False
+    rate = (last[1] - reference[1]) / (last[0] - reference[0])
+    return view.flops_per_token * rate / view.peak_flops, interval, False
 
 
 def _signal(view: JobView) -> tuple[str, float | None]:
@@ -312,8 +386,9 @@ def _signal(view: JobView) -> tuple[str, float | None]:
 class Attributor:
     """Keeps each job's baseline and lost GPU-seconds by cause; ``evaluate`` runs once a second on the event loop."""
 
-    def __init__(self, limits: Thresholds = Thresholds()):
+    def __init__(self, limits: Thresholds = Thresholds(), window: float = 60.0):
         self.limits = limits
+        self.window = window  # the MFU window (mfu.window): how long a cleared cause's gap stays in the MFU
         self._jobs: dict[str, _JobAttribution] = {}
         self._lock = threading.Lock()
 
@@ -343,9 +418,13 @@ class Attributor:
         elapsed = 0.0 if state.last_evaluated is None else max(now - state.last_evaluated, 0.0)
         state.last_evaluated = now
         signal, value = _signal(view)
+        recent, interval, stopped = _recent(view, state, now, elapsed) if signal == "mfu" else (value, 0.0, False)
         if value is None or not view.running:
             # No MFU and no hardware figure to explain (the job JSON says why), or the job ended: nothing to blame.
             state.verdict = None
+            state.held.clear()
+            state.lost_seconds["unknown"] += state.unexplained
+            state.unexplained, state.unexplained_since = 0.0, None
             return
         if signal != state.signal:
             # A job found by discovery that starts reporting: its MFU gets a baseline of its own, never one learnt
@@ -359,17 +438,69 @@ class Attributor:
             state.history.append(value)
             state.last_recorded = now
         if not baseline:
-            state.verdict = Verdict("none", f"learning the healthy baseline from recent {shown}", None, 0.0, signal)
-            return
-        lost = max(baseline - value, 0.0) / baseline
-        if lost < self.limits.tolerance:
-            state.verdict = Verdict(
-                "none", f"{shown} within {100 * self.limits.tolerance:.0f}% of its baseline", baseline, lost, signal
+            self._judge(
+                state, now, Verdict("none", f"learning the healthy baseline from recent {shown}", None, 0.0, signal)
             )
             return
-        cause, evidence = classify(view, signals, self.limits)
-        state.verdict = Verdict(cause, evidence, baseline, lost, signal)
-        state.lost_seconds[cause] += (view.gpus or 0) * min(lost, 1.0) * elapsed
+        lost = max(baseline - value, 0.0) / baseline  # the window's gap: what the MFU shows and each second books
+        recent_lost = max(baseline - recent, 0.0) / baseline if recent is not None else 0.0
+        # A hardware figure is the last sample's, no window behind it: its cause holds a couple of evaluations.
+        hold = (self.window if signal == "mfu" else 0.0) + 2 * max(interval, elapsed, 1.0)
+        for cause in [cause for cause, seen in state.held.items() if now - seen.seen > hold]:
+            del state.held[cause]  # the window no longer holds the seconds it slowed
+        found: tuple[str, str] | None = None
+        # A GPU of the job off the bus stops it (its collectives wait for the rank): no need to wait for a drop.
+        if lost >= self.limits.tolerance or recent_lost >= self.limits.tolerance or _gpu_lost(view, signals):
+            cause, evidence = classify(view, signals, self.limits, stopped)
+            if cause in SIGNAL_CAUSES:
+                state.held[cause] = _Held(cause, evidence, now)
+            elif not state.held and (lost >= self.limits.tolerance or cause == "stalled"):
+                # No signal now nor within the window: what is left (no progress, idle GPUs, or nothing known).
+                found = (cause, evidence)
+        booked = found[0] if found is not None else None
+        if state.held:
+            held = min(state.held.values(), key=lambda h: PRECEDENCE[h.cause])
+            booked = held.cause  # the window's gap, however small, is the seconds this cause slowed
+            if held.seen == now:
+                found = (held.cause, held.evidence)
+            elif lost >= self.limits.tolerance:  # shown while the job recovers; within the tolerance, none
+                found = (
+                    held.cause,
+                    f"{held.evidence} (cleared {now - held.seen:.0f} s ago; the {self.window:g} s MFU window still"
+                    " holds its slow seconds)",
+                )
+            else:
+                found = None
+        amount = (view.gpus or 0) * min(lost, 1.0) * elapsed
+        if booked == "unknown":
+            state.unexplained += amount
+            state.unexplained_since = now if state.unexplained_since is None else state.unexplained_since
+        elif booked is not None:
+            state.lost_seconds[booked] += amount
+            if booked in SIGNAL_CAUSES and state.unexplained:
+                # A signal seen within the window of an unexplained gap: its seconds were this cause's.
+                state.lost_seconds[booked] += state.unexplained
+                state.unexplained, state.unexplained_since = 0.0, None
+        if state.unexplained_since is not None and now - state.unexplained_since > hold:
+            state.lost_seconds["unknown"] += state.unexplained
+            state.unexplained, state.unexplained_since = 0.0, None
+        if found is None:
+            self._judge(
+                state,
+                now,
+                Verdict(
+                    "none", f"{shown} within {100 * self.limits.tolerance:.0f}% of its baseline", baseline, lost, signal
+                ),
+            )
+            return
+        self._judge(state, now, Verdict(found[0], found[1], baseline, lost, signal))
+
+    @staticmethod
+    def _judge(state: _JobAttribution, now: float, verdict: Verdict) -> None:
+        """The job's verdict now, with when its cause began."""
+        previous = state.verdict
+        verdict.since = previous.since if previous is not None and previous.cause == verdict.cause else now
+        state.verdict = verdict
 
     def verdict(self, job: str) -> Verdict | None:
         with self._lock:

@@ -65,6 +65,7 @@ class JobView:
     framework_tflops_per_gpu: float | None = None
     ledger: LedgerView | None = None  # None until a run of it shows progress (or its client says it started)
     data_wait: DataWaitView | None = None  # None until its client or log gives a data-wait figure
+    progress_arrival: float | None = None  # our clock, when its newest token count arrived: a stop shows as none since
 
     @property
     def running(self) -> bool:
@@ -234,6 +235,7 @@ class ViewBuilder:
             tokens_total=job.tokens_total,
             step=job.step,
             last_report_time=job.last_report_time,
+            progress_arrival=job.progress_arrival,
             tokens_per_second=rate,
             flops_per_token=fpt,
             gpus=count,

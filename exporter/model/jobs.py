@@ -51,6 +51,7 @@ class Job:
     step: int | None = None
     last_report_time: float = 0.0  # the job's own time of its newest report
     last_arrival: float = 0.0  # our clock, when the newest report arrived
+    progress_arrival: float | None = None  # our clock, when the newest token count arrived (events aside)
     restarts: int = 0
     replayed_tokens: float = 0.0  # tokens re-trained after restarts from checkpoints
     window: deque = field(default_factory=deque)  # (report time, tokens_total)
@@ -166,7 +167,7 @@ class JobTracker:
             if report.step is not None:
                 job.step = report.step
             job.last_report_time = at
-            job.last_arrival = now
+            job.last_arrival = job.progress_arrival = now
             job.reported = True
             job.feed_reason = None  # a total arrived: a log's word on why it had none (another feed's) is over
             self._count_flops(job)

@@ -58,6 +58,7 @@ from exporter.sim.node import (
     GPU_NAME,
     GPUS,
     HOT_GPU,
+    INCIDENT_BY_NAME,
     LOST_GPU,
     MODEL,
     RATE_FACTOR,
@@ -348,6 +349,7 @@ class Fleet:
         self.interval = interval
         self.incident: str | None = None
         self.incident_since: float | None = None
+        self.timeline: list[dict[str, Any]] = []  # the incidents as they happened, for GET /api/v1/fleet
         self.jobs = layout_jobs(nodes, seed=seed)
         incident_job = next(job for job in self.jobs if incident_node in job.nodes)
         self.machines = {kind: Machine(kind, root / kind, clock, interval) for kind in (HEALTHY, WAITING, INCIDENT)}
@@ -451,6 +453,10 @@ class Fleet:
             )
             self.incident = incident
             self.incident_since = stamp if incident else None
+            if self.timeline and self.timeline[-1]["end"] is None:
+                self.timeline[-1]["end"] = stamp
+            if incident:
+                self.timeline.append({**self._truth_of(incident), "start": stamp, "end": None})
         for machine in self.machines.values():
             machine.apply(incident)
             machine.tick(dt)
@@ -505,6 +511,11 @@ class Fleet:
             except ValidationError as exc:  # never expected: the body is ours
                 log.warning("fleet: node %d: %s", node.index, exc.message)
 
+    def _truth_of(self, incident: str) -> dict[str, Any]:
+        """The cause an incident should yield (the demo's incident table) and the job it touches: every node of the
+        incident node's job waits on it; the other jobs carry on."""
+        return {"name": incident, "cause": INCIDENT_BY_NAME[incident].cause, "touches": [self.incident_job().name]}
+
     def truth(self) -> dict[str, Any]:
         """What the simulation knows, for ``GET /api/v1/fleet``."""
         per_token = mfu_math.flops_per_token(mfu_math.ModelShape(**MODEL))
@@ -540,7 +551,9 @@ class Fleet:
                 "port": self.base_port + self.incident_node,
                 "job": self.incident_job().name,
                 "since": self.incident_since,
+                **({"cause": None, "touches": []} if self.incident is None else self._truth_of(self.incident)),
             },
+            "incidents": [dict(row) for row in self.timeline],
             "jobs": jobs,
         }
 
@@ -575,14 +588,10 @@ async def serve_fleet(
         loop.add_signal_handler(sig, stop.set)
     runners: list[web.AppRunner] = []
 
-    async def fleet_json(request: web.Request) -> web.Response:
-        return web.json_response(fleet.truth())
-
     ticker: asyncio.Task | None = None
     try:
         for node in fleet.nodes:
-            app = create_app(node.service)
-            app.router.add_get("/api/v1/fleet", fleet_json)
+            app = create_app(node.service, documents={"/api/v1/fleet": fleet.truth})
             runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, access_log=None, **HTTP_LIMITS)
             await runner.setup()
             runners.append(runner)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import random
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterable
 
 from exporter.client import ProgressReporter
 from exporter.config import read_yaml, typed_config, validate
@@ -33,6 +34,7 @@ from exporter.sim.nvml import train_healthily  # here too: the demo's callers an
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sim.storage import DATASET_MOUNT, DATASET_READ_RATE, SimulatedStorage
 from exporter.sources import Paths, SourceContext, build_sources, require_sources
+from exporter.sources.base import Snapshot, Source
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +52,6 @@ STEADY_MFU = 0.45
 WORLD_GPUS = 1024  # the simulated job's size; this node reports its share of the tokens
 TOKENS_PER_STEP = 16 * 8192  # this node's share of a global batch
 NODE_TARGET_TOKENS = 15e12 * len(JOB_GPUS) / WORLD_GPUS  # Llama 3's 15T tokens, this node's share
-INCIDENTS = (
-    "pfc-storm",
-    "checkpoint-stall",
-    "thermal",
-    "gpu-lost",
-    "crash-restart",
-    "straggler",
-    "nccl-socket-fallback",
-    "input-stall",
-)
 WARMUP = 10.0  # healthy seconds before a forced incident
 HEALTHY_BETWEEN = 180.0  # scheduled mode: healthy time between incidents
 CHECKPOINT_SECONDS = 40.0  # the guide's good storage: under 45 s
@@ -67,17 +59,6 @@ STALLED_CHECKPOINT_SECONDS = 900.0  # the guide's slow storage: fifteen minutes
 # crash-restart: the job's process dies (its pod goes away), is gone a minute, then a new one loads the last
 # checkpoint (15 s) and redoes the steps since: the time ledger's down, checkpoint_load and wasted.
 RESTORE_SECONDS = 15.0
-# Scheduled mode: how long each incident lasts; a checkpoint stall lasts as long as its stalled write.
-INCIDENT_SECONDS = {
-    "pfc-storm": 120.0,
-    "checkpoint-stall": STALLED_CHECKPOINT_SECONDS,
-    "thermal": 120.0,
-    "gpu-lost": 120.0,
-    "crash-restart": 60.0,
-    "straggler": 120.0,
-    "nccl-socket-fallback": 120.0,
-    "input-stall": 120.0,
-}
 CHECKPOINT_EVERY = 600.0
 FIRST_CHECKPOINT = 20.0
 # The job's loader, as its client times it (ProgressReporter's data_wait_seconds): healthy, it keeps the GPUs fed
@@ -87,28 +68,196 @@ DATA_WAIT_SHARE = 0.01
 # loader cannot keep up and each step waits 40% of wall time for its batch; the GPUs are busy between waits.
 INPUT_STALL_WAIT_SHARE = 0.4
 SLOW_MOUNT_READ_FACTOR = 0.5
-STORM_NICS = (2, 5)
+FABRIC_SOURCES = frozenset({"rdma", "ethtool"})  # the sources that read the simulated NICs' counters (ReadsNow)
+STORM_NICS = (2, 5)  # NIC i is the nearest of GPU i: NIC 2 is the reporting job's, NIC 5 the discovered job's
 HOT_GPU = 1  # one of the reporting job's GPUs
-LOST_GPU = 3
+LOST_GPU = 3  # one of the reporting job's GPUs
 SLOW_GPU = 2  # the straggler: a GPU of the reporting job clocked low with no throttle reason (a degraded part)
 SLOW_CLOCK_MHZ = 1200
 HOST = "demo-node-0"  # the hostname the job's NCCL prints and names its Inspector files with
 RANK_PIDS = {gpu: 4100 + gpu for gpu in JOB_GPUS}  # the job's processes, one per GPU (NVML's compute processes)
 INSPECTOR_EVERY = 2.0  # seconds between NCCL Inspector's dumps (NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS)
 ALLREDUCE_US = 2400.0  # a healthy rank's 256 MiB all-reduce
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One incident of the demo, and the truth about it that a test or a user compares the exporter with.
+
+    ``apply`` sets the node's readings for it (over healthy ones, ``DemoNode._apply``); ``rate_factor`` is how much of
+    the healthy token rate the reporting job keeps (it runs at its slowest rank's pace); ``progress`` is False when
+    its steps stop completing (no report is sent); ``cause`` is the cause the attribution should give the jobs it
+    ``touches``; every other job must carry on untouched."""
+
+    name: str
+    seconds: float  # how long it lasts in the rotation
+    rate_factor: float
+    cause: str
+    touches: tuple[str, ...]
+    apply: Callable[[DemoNode], None]
+    progress: bool = True
+    summary: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "cause": self.cause,
+            "touches": list(self.touches),
+            "seconds": self.seconds,
+            "rate_factor": self.rate_factor,
+            "summary": self.summary,
+        }
+
+
+def _pfc_storm(node: DemoNode) -> None:
+    # The storm pauses two NICs, one nearest each job's GPUs: both jobs wait on their collectives.
+    for gpu in node.nvml.gpus:
+        gpu.set_activity(tensor=24.0, sm=40.0)
+        gpu.utilization = 90  # NCCL kernels spin while waiting: utilization hides the stall
+    for nic in node.fabric.nics:
+        nic.utilization, nic.cnp_per_second = 0.14, 2_000.0
+    for index in STORM_NICS:
+        nic = node.fabric.nics[index]
+        nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.45, 0.6, 40_000.0
+
+
+def _checkpoint_stall(node: DemoNode) -> None:
+    for index in JOB_GPUS:  # the reporting job's checkpoint; the other job does not wait on it
+        gpu = node.nvml.gpus[index]
+        gpu.set_activity(tensor=30.0, sm=45.0)
+        gpu.utilization = 55
+
+
+def _thermal(node: DemoNode) -> None:
+    hot = node.nvml.gpus[HOT_GPU]
+    hot.temperature_c, hot.sm_clock_mhz, hot.power_mw = 91, 1155, 520_000
+    hot.clocks_event_reasons = 0x40 | 0x20  # HW and SW thermal slowdown
+    for index in JOB_GPUS:  # the reporting job runs at its hot rank's pace; the other job is unaffected
+        node.nvml.gpus[index].set_activity(tensor=40.0, sm=60.0)
+
+
+def _gpu_lost(node: DemoNode) -> None:
+    if not node.lost:
+        node.nvml.lose(LOST_GPU)
+        node.lost = True
+    stop_training(node.nvml, node.fabric, JOB_GPUS)  # the job that has the GPU waits for it; the other carries on
+
+
+def _crash_restart(node: DemoNode) -> None:
+    stop_training(node.nvml, node.fabric, JOB_GPUS)  # its process is gone; the other job's GPUs carry on
+
+
+def _straggler(node: DemoNode) -> None:
+    for index in JOB_GPUS:  # the other ranks idle in each collective, waiting for the slow one
+        node.nvml.gpus[index].set_activity(tensor=35.0, sm=50.0)
+    slow = node.nvml.gpus[SLOW_GPU]
+    slow.sm_clock_mhz = SLOW_CLOCK_MHZ  # no clock-event reason: not heat or power, a slow part
+    slow.set_activity(tensor=60.0, sm=85.0)
+
+
+def _nccl_socket_fallback(node: DemoNode) -> None:
+    for index in JOB_GPUS:  # NCCL kernels spin on TCP transfers; the job's RDMA ports carry almost nothing
+        gpu = node.nvml.gpus[index]
+        gpu.set_activity(tensor=18.0, sm=30.0)
+        gpu.utilization = 90
+        node.fabric.nics[index].utilization = 0.02
+
+
+def _input_stall(node: DemoNode) -> None:
+    # The dataset mount (NFS, i34a's knob) reads slower; the job's client times 40% of each second in the wait for
+    # its next batch. Between waits the GPUs compute as before: busy, tensor cores less so overall.
+    node.storage.dataset_read_rate = DATASET_READ_RATE * SLOW_MOUNT_READ_FACTOR
+    node.data_wait_share = INPUT_STALL_WAIT_SHARE
+    for index in JOB_GPUS:
+        gpu = node.nvml.gpus[index]
+        gpu.set_activity(tensor=36.0, sm=51.0)
+        gpu.utilization = 62  # idle while waiting, busy between: over the idle line, so not "idle"
+
+
+# The demo's incidents, in the order the rotation brings them: one row each, the truth included (Incident).
+INCIDENT_TABLE: tuple[Incident, ...] = (
+    Incident(
+        "pfc-storm",
+        120.0,
+        0.40,
+        "network",
+        (JOB, DISCOVERED_JOB),
+        _pfc_storm,
+        summary=f"NICs {', '.join(map(str, STORM_NICS))} paused by a PFC storm: both jobs' collectives wait",
+    ),
+    Incident(
+        "checkpoint-stall",
+        STALLED_CHECKPOINT_SECONDS,  # as long as its stalled write
+        0.5,
+        "checkpoint",
+        (JOB,),
+        _checkpoint_stall,
+        summary=f"storage gone slow: one checkpoint write of {JOB} takes fifteen minutes",
+    ),
+    Incident(
+        "thermal",
+        120.0,
+        0.667,
+        "thermal",
+        (JOB,),
+        _thermal,
+        summary=f"GPU {HOT_GPU} throttles for heat: {JOB} runs at its pace",
+    ),
+    Incident(
+        "gpu-lost",
+        120.0,
+        0.0,
+        "gpu_lost",
+        (JOB,),
+        _gpu_lost,
+        progress=False,
+        summary=f"GPU {LOST_GPU} falls off the bus: {JOB} stops, {DISCOVERED_JOB} carries on",
+    ),
+    Incident(
+        "crash-restart",
+        60.0,
+        0.0,
+        "stalled",
+        (JOB,),
+        _crash_restart,
+        progress=False,
+        summary=f"{JOB}'s process dies, is gone a minute, then restarts from its last checkpoint",
+    ),
+    Incident(
+        "straggler",
+        120.0,
+        0.6,  # every rank waits for the slow GPU in each collective
+        "straggler",
+        (JOB,),
+        _straggler,
+        summary=f"GPU {SLOW_GPU} runs at {SLOW_CLOCK_MHZ} MHz with no throttle reason: NCCL Inspector names its rank",
+    ),
+    Incident(
+        "nccl-socket-fallback",
+        120.0,
+        0.3,  # collectives over TCP: a fraction of the fabric's bandwidth
+        "network",
+        (JOB,),
+        _nccl_socket_fallback,
+        summary=f"{JOB} restarts into NCCL over sockets (its container lost /dev/infiniband), and out once fixed",
+    ),
+    Incident(
+        "input-stall",
+        120.0,
+        1 - INPUT_STALL_WAIT_SHARE,  # each step waits for its batch, then computes at full speed
+        "input",
+        (JOB,),
+        _input_stall,
+        summary=f"the dataset mount slows: {JOB}'s loader waits {100 * INPUT_STALL_WAIT_SHARE:.0f}% of each second",
+    ),
+)
+INCIDENT_BY_NAME = {incident.name: incident for incident in INCIDENT_TABLE}
+INCIDENTS = tuple(INCIDENT_BY_NAME)
+# Scheduled mode: how long each incident lasts; a checkpoint stall lasts as long as its stalled write.
+INCIDENT_SECONDS = {incident.name: incident.seconds for incident in INCIDENT_TABLE}
 # How much of the healthy token rate each incident leaves (the job runs at its slowest rank's pace).
+RATE_FACTOR: dict[str | None, float] = {None: 1.0, **{i.name: i.rate_factor for i in INCIDENT_TABLE}}
 ROTATION_SECONDS = sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in INCIDENTS)
-RATE_FACTOR = {
-    None: 1.0,
-    "pfc-storm": 0.40,
-    "thermal": 0.667,
-    "checkpoint-stall": 0.5,
-    "gpu-lost": 0.0,
-    "crash-restart": 0.0,
-    "straggler": 0.6,  # every rank waits for the slow GPU in each collective
-    "nccl-socket-fallback": 0.3,  # collectives over TCP: a fraction of the fabric's bandwidth
-    "input-stall": 1 - INPUT_STALL_WAIT_SHARE,  # each step waits for its batch, then computes at full speed
-}
 
 
 class SimClock:
@@ -139,29 +288,40 @@ class SimClock:
 @dataclass
 class Schedule:
     """Which incident is active at a simulated elapsed time: one forced after a warm-up, or a rotation of
-    ``incidents``, each after ``HEALTHY_BETWEEN`` of healthy training."""
+    ``incidents``, each after ``healthy`` seconds of healthy training (``--incident-gap``)."""
 
     forced: str | None = None
+    healthy: float = HEALTHY_BETWEEN
     incidents: ClassVar[tuple[str, ...]] = INCIDENTS
 
     @property
     def rotation_seconds(self) -> float:
-        return sum(HEALTHY_BETWEEN + INCIDENT_SECONDS[name] for name in self.incidents)
+        return sum(self.healthy + INCIDENT_SECONDS[name] for name in self.incidents)
 
     def incident(self, elapsed: float) -> str | None:
+        return next((name for name, start, end in self.spans(elapsed, elapsed) if start <= elapsed < end), None)
+
+    def spans(self, begin: float, end: float) -> list[tuple[str, float, float]]:
+        """The incidents (name, start, end in elapsed seconds) that overlap ``[begin, end]``, in order."""
         if self.forced == "crash-restart":  # a crash ends: the job restarts a minute later
-            return self.forced if WARMUP <= elapsed < WARMUP + INCIDENT_SECONDS[self.forced] else None
-        if self.forced:
-            return self.forced if elapsed >= WARMUP else None
-        offset = elapsed % self.rotation_seconds
-        for name in self.incidents:
-            offset -= HEALTHY_BETWEEN
-            if offset < 0:
-                return None
-            if offset < INCIDENT_SECONDS[name]:
-                return name
-            offset -= INCIDENT_SECONDS[name]
-        return None  # only a floating-point remainder at the rotation's very end gets here
+            spans = [(self.forced, WARMUP, WARMUP + INCIDENT_SECONDS[self.forced])]
+        elif self.forced:
+            spans = [(self.forced, WARMUP, math.inf)]
+        else:
+            spans = []
+            rotation = self.rotation_seconds
+            at = math.floor(max(begin, 0.0) / rotation) * rotation
+            while at <= end:
+                for name in self.incidents:
+                    at += self.healthy
+                    spans.append((name, at, at + INCIDENT_SECONDS[name]))
+                    at += INCIDENT_SECONDS[name]
+        return [span for span in spans if span[2] > begin and span[1] <= end]
+
+    def next_start(self, elapsed: float) -> float:
+        """When the next incident after ``elapsed`` begins (infinity when none will)."""
+        horizon = elapsed + (self.rotation_seconds if not self.forced else WARMUP) + 1.0
+        return min((start for _, start, _ in self.spans(elapsed, horizon) if start > elapsed), default=math.inf)
 
     def describe(self, speed: float) -> str:
         if self.forced == "crash-restart":
@@ -172,18 +332,21 @@ class Schedule:
             )
         lengths = ", ".join(f"{name} {format_duration(INCIDENT_SECONDS[name])}" for name in self.incidents)
         return (
-            f"incidents rotate ({lengths}), each after {format_duration(HEALTHY_BETWEEN)} healthy: the rotation "
+            f"incidents rotate ({lengths}), each after {format_duration(self.healthy)} healthy: the rotation "
             f"takes {format_duration(self.rotation_seconds / speed)} of wall time at --speed {speed:g}"
         )
 
 
-def stop_training(nvml: fake_nvml.FakeNvml, fabric: SimulatedNode) -> None:
-    """A job whose rank is gone: NCCL waits for it on every node, so the GPUs and NICs go idle."""
-    for gpu in nvml.gpus:
+def stop_training(nvml: fake_nvml.FakeNvml, fabric: SimulatedNode, gpus: Iterable[int] | None = None) -> None:
+    """A job whose rank is gone: NCCL waits for it on every node, so its GPUs (``gpus``, default every GPU of the
+    node) and their nearest NICs (NIC i is GPU i's) go idle. Another job on the node carries on."""
+    indices = range(len(nvml.gpus)) if gpus is None else gpus
+    for index in indices:
+        gpu = nvml.gpus[index]
         gpu.utilization = 0
         gpu.set_activity(tensor=0.0, sm=0.0)
-    for nic in fabric.nics:
-        nic.utilization = 0.0
+        if index < len(fabric.nics):
+            fabric.nics[index].utilization = 0.0
 
 
 def healthy_tokens_per_second(gpus: int = len(JOB_GPUS)) -> float:
@@ -364,8 +527,13 @@ class DemoNode:
         self._last = 0.0
         self.stamp = clock.time()  # the simulated time the token count is of (see tick)
         self._next_checkpoint = FIRST_CHECKPOINT
-        self._lost = False
+        self.lost = False  # GPU LOST_GPU is off the bus (gpu-lost): a reset brings it back when the incident ends
         self._stall_pending = False
+        # The incidents as they happened, on the simulated clock: the truth of GET /api/v1/demo.
+        self.timeline: list[dict[str, Any]] = []
+        # The NICs' counters advance when a source reads them (sync_fabric), under this lock.
+        self._fabric_lock = threading.Lock()
+        self._fabric_at = clock.monotonic()
         self._apply(None)
 
     def context(self, config: dict) -> SourceContext:
@@ -396,6 +564,7 @@ class DemoNode:
         incident = self.schedule.incident(now)
         if incident != self.incident:
             log.info("demo: %s", f"incident {incident} begins" if incident else f"incident {self.incident} ends")
+            self._record(incident, now, stamp)
             if incident == "crash-restart":
                 self._crash()
             elif self.incident == "crash-restart":
@@ -405,11 +574,12 @@ class DemoNode:
                 self.nccl_log.run_starts(sockets=incident == "nccl-socket-fallback")
             self.incident = incident
             self._stall_pending = incident == "checkpoint-stall"
-            self._apply(incident)
+            with self._fabric_lock:
+                self._advance_fabric()  # the traffic so far at the old rates, then the incident's
+                self._apply(incident)
         if self._restoring is not None:
             if now < self._restoring[0]:
                 self.nvml.advance(dt)
-                self.fabric.tick(dt)
                 self.storage.tick(dt, 0.0, restoring=True)
                 return  # loading the checkpoint: no steps yet
             self._restored(stamp)
@@ -420,18 +590,17 @@ class DemoNode:
         rate = healthy_tokens_per_second() * factor * (1 + self.random.uniform(-0.02, 0.02))
         self.tokens += rate * dt
         self.nvml.advance(dt)
-        self.fabric.tick(dt)
         self.storage.tick(dt, rate / healthy_tokens_per_second(), restoring=False)  # the loader reads as it trains
         self.data_wait += self.data_wait_share * dt
-        if self.reporter is not None and self.incident not in ("gpu-lost", "crash-restart"):
+        if self.progressing and self.reporter is not None:
             self.reporter.update(
                 tokens_total=int(self.tokens),
                 step=int(self.tokens // TOKENS_PER_STEP),
                 data_wait_seconds=self.data_wait,
             )
-        if self.training_log is not None and self.incident not in ("gpu-lost", "crash-restart"):
+        if self.progressing and self.training_log is not None:
             self.training_log.progress(stamp, self.tokens)
-        if now >= self._next_dump and self.incident not in ("gpu-lost", "crash-restart"):
+        if now >= self._next_dump and self.progressing:
             self._next_dump = now + INSPECTOR_EVERY
             self.inspector.dump(stamp, self._allreduce_times())
 
@@ -441,6 +610,55 @@ class DemoNode:
             return {gpu: ALLREDUCE_US * (0.25 if gpu == SLOW_GPU else 1.7) for gpu in JOB_GPUS}
         slow = 1 / RATE_FACTOR[self.incident]
         return {gpu: ALLREDUCE_US * min(slow, 10.0) * (1 + self.random.uniform(-0.03, 0.03)) for gpu in JOB_GPUS}
+
+    def sync_fabric(self) -> None:
+        """Advance the NICs' counters to the simulated now: a source about to read them calls this (``ReadsNow``)."""
+        with self._fabric_lock:
+            self._advance_fabric()
+
+    def _advance_fabric(self) -> None:
+        now = self.clock.monotonic()
+        # Two sources reading at once (RDMA, ethtool) share one write: a few simulated milliseconds are no traffic.
+        if now - self._fabric_at >= 0.01:
+            self.fabric.tick(now - self._fabric_at)
+            self._fabric_at = now
+
+    @property
+    def progressing(self) -> bool:
+        """Whether the job's steps complete now: not while its rank is gone (gpu-lost) or its process (a crash)."""
+        return self.incident is None or INCIDENT_BY_NAME[self.incident].progress
+
+    def _record(self, incident: str | None, now: float, stamp: float) -> None:
+        if self.timeline and self.timeline[-1]["end"] is None:
+            self.timeline[-1].update(end=stamp, end_elapsed=round(now, 3))
+        if incident is not None:
+            row = INCIDENT_BY_NAME[incident].as_json()
+            self.timeline.append(
+                {**row, "start": stamp, "start_elapsed": round(now, 3), "end": None, "end_elapsed": None}
+            )
+
+    def truth(self) -> dict[str, Any]:
+        """What the simulation knows, for ``GET /api/v1/demo``: the incident table (each one's cause and the jobs it
+        touches), the jobs and their GPUs, and the incidents so far with their start and end on the demo clock
+        (simulated Unix time, as the status API's ``time``; ``*_elapsed``: seconds since the schedule began)."""
+        now = self.clock.time()
+        return {
+            "time": now,
+            "speed": self.clock.speed,
+            "jobs": {
+                JOB: {"gpus": list(JOB_GPUS), "reports": True},
+                DISCOVERED_JOB: {"gpus": list(DISCOVERED_GPUS), "reports": False},
+            },
+            "schedule": {
+                "forced": self.schedule.forced,
+                "healthy_seconds": self.schedule.healthy,
+                "rotation_seconds": self.schedule.rotation_seconds,
+                "incidents": list(self.schedule.incidents),
+            },
+            "incident_table": [incident.as_json() for incident in INCIDENT_TABLE],
+            "incident": self.incident,
+            "incidents": [dict(row) for row in self.timeline],
+        }
 
     def _checkpoint(self, now: float) -> None:
         # A stall is storage gone slow: the write under way, or one started now, takes fifteen minutes. A scheduled
@@ -454,7 +672,10 @@ class DemoNode:
         if (
             not self.checkpoints.writing
             and now >= self._next_checkpoint
-            and self.incident not in ("gpu-lost", "crash-restart")
+            and self.incident is None
+            # A routine write ends before the next incident begins: the demo's incidents each have one cause, and
+            # the checkpoint would outrank it while both were on (the write waits for the incident to pass).
+            and self.schedule.next_start(now) - now > CHECKPOINT_SECONDS + 1.0
         ):
             self._start_checkpoint(now, CHECKPOINT_SECONDS)
         self.checkpoints.advance(self.clock.time())
@@ -511,57 +732,11 @@ class DemoNode:
             nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
         self.data_wait_share = DATA_WAIT_SHARE
         self.storage.dataset_read_rate = DATASET_READ_RATE
-        if incident == "input-stall":
-            # The dataset mount (NFS, i34a's knob) reads slower; the job's client times 40% of each second in the
-            # wait for its next batch. Between waits the GPUs compute as before: busy, tensor cores less so overall.
-            self.storage.dataset_read_rate = DATASET_READ_RATE * SLOW_MOUNT_READ_FACTOR
-            self.data_wait_share = INPUT_STALL_WAIT_SHARE
-            for index in JOB_GPUS:
-                gpu = self.nvml.gpus[index]
-                gpu.set_activity(tensor=36.0, sm=51.0)
-                gpu.utilization = 62  # idle while waiting, busy between: over the idle line, so not "idle"
-        elif incident == "pfc-storm":
-            for gpu in self.nvml.gpus:
-                gpu.set_activity(tensor=24.0, sm=40.0)
-                gpu.utilization = 90  # NCCL kernels spin while waiting: utilization hides the stall
-            for nic in self.fabric.nics:
-                nic.utilization, nic.cnp_per_second = 0.14, 2_000.0
-            for index in STORM_NICS:
-                nic = self.fabric.nics[index]
-                nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.45, 0.6, 40_000.0
-        elif incident == "thermal":
-            hot = self.nvml.gpus[HOT_GPU]
-            hot.temperature_c, hot.sm_clock_mhz, hot.power_mw = 91, 1155, 520_000
-            hot.clocks_event_reasons = 0x40 | 0x20  # HW and SW thermal slowdown
-            for index in JOB_GPUS:  # the reporting job runs at its hot rank's pace; the other job is unaffected
-                self.nvml.gpus[index].set_activity(tensor=40.0, sm=60.0)
-        elif incident == "checkpoint-stall":
-            for index in JOB_GPUS:  # the reporting job's checkpoint; the other job does not wait on it
-                gpu = self.nvml.gpus[index]
-                gpu.set_activity(tensor=30.0, sm=45.0)
-                gpu.utilization = 55
-        elif incident == "straggler":
-            for index in JOB_GPUS:  # the other ranks idle in each collective, waiting for the slow one
-                self.nvml.gpus[index].set_activity(tensor=35.0, sm=50.0)
-            slow = self.nvml.gpus[SLOW_GPU]
-            slow.sm_clock_mhz = SLOW_CLOCK_MHZ  # no clock-event reason: not heat or power, a slow part
-            slow.set_activity(tensor=60.0, sm=85.0)
-        elif incident == "nccl-socket-fallback":
-            for index in JOB_GPUS:  # NCCL kernels spin on TCP transfers; the RDMA ports carry almost nothing
-                gpu = self.nvml.gpus[index]
-                gpu.set_activity(tensor=18.0, sm=30.0)
-                gpu.utilization = 90
-            for nic in self.fabric.nics:
-                nic.utilization = 0.02
-        elif incident == "crash-restart":
-            stop_training(self.nvml, self.fabric)
-        elif incident == "gpu-lost":
-            if not self._lost:
-                self.nvml.lose(LOST_GPU)
-                self._lost = True
-            stop_training(self.nvml, self.fabric)
-        if self._lost and incident != "gpu-lost":
+        if incident is not None:
+            INCIDENT_BY_NAME[incident].apply(self)
+        if self.lost and incident != "gpu-lost":
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
+            self.lost = False
 
 
 def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
@@ -632,6 +807,25 @@ def demo_config(config_path: str | None, node: DemoNode, kubelet_socket: str | N
     return validate(config, file)
 
 
+class ReadsNow:
+    """A source that reads the simulated NICs (RDMA's sysfs counters, the ethtool texts): before each sample they
+    advance to the simulated now, as real counters run on between a simulation's ticks. Stepped with the simulation
+    instead, a source sampling about as often would see one tick's counts, or none, or two (a pause ratio of 0 or
+    twice the truth). Everything else is the real source's."""
+
+    def __init__(self, source: Source, node: DemoNode):
+        self.source = source
+        self.node = node
+        self.name, self.interval, self.timeout = source.name, source.interval, source.timeout
+
+    def sample(self) -> Snapshot:
+        self.node.sync_fabric()
+        return self.source.sample()
+
+    def close(self) -> None:
+        self.source.close()
+
+
 class Simulation:
     """Runs ``DemoNode.tick`` in a thread (file writes must not stall the event loop) until stopped."""
 
@@ -674,7 +868,8 @@ def build_demo(
     """The demo's service, node and simulation; ``flags`` applies the command line over the config (flags win)."""
     clock = SimClock(args.speed)
     progress = getattr(args, "progress", "api")
-    node = DemoNode(root, clock, Schedule(args.incident), seed=args.seed, progress=progress)
+    schedule = Schedule(args.incident, healthy=getattr(args, "incident_gap", None) or HEALTHY_BETWEEN)
+    node = DemoNode(root, clock, schedule, seed=args.seed, progress=progress)
     socket = str(root / "kubelet.sock")
     config = demo_config(args.config, node, kubelet_socket=socket)
     if flags is not None:
@@ -684,8 +879,13 @@ def build_demo(
     if node.training_log is not None:
         node.training_log.path.touch()  # the logs source follows it from the start
     ctx = node.context(config)
-    sources = build_sources(config, ctx)
+    sources = [
+        ReadsNow(source, node) if source.name in FABRIC_SOURCES else source for source in build_sources(config, ctx)
+    ]
     require_sources(config, sources, args.config)
-    service = build_service(config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic)
-    # At high speed, tick often enough that a warm-up still carries several progress reports.
-    return service, node, Simulation(node, period=min(1.0, 2.5 / args.speed))
+    service = build_service(
+        config, sources, clock=clock.time, paths=ctx.paths, monotonic=clock.monotonic, speed=args.speed
+    )
+    # A tick (and the job's progress report) about once a simulated second, as the sources sample and the exporter
+    # evaluates: a stop shows one report interval after it. At most 20 a wall second however fast the clock.
+    return service, node, Simulation(node, period=min(1.0, max(1.0 / args.speed, 0.05)))

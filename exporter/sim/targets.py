@@ -47,7 +47,7 @@ from aiohttp import web
 
 from exporter.quantities import parse_duration
 from exporter.sim.fleet import JOB_SIZES, Fleet, FleetJob, FleetSchedule, layout_jobs, require_node
-from exporter.sim.node import SimClock
+from exporter.sim.node import INCIDENT_BY_NAME, SimClock
 
 log = logging.getLogger(__name__)
 
@@ -344,13 +344,19 @@ class TargetFleet:
         return flops / peak if peak else None
 
     def truth(self) -> dict[str, Any]:
-        def node(index: int | None) -> dict[str, Any] | None:
+        def node(name: str, index: int | None) -> dict[str, Any] | None:
+            """The incident on node ``index``: the cause it should yield (the demo's incident table) and the job it
+            touches (the node's; every other job carries on)."""
             if index is None:
                 return None
+            job = self.jobs[self.node_job[index]].name
             return {
+                "name": name,
                 "node": index,
                 "instance": instance(index, self.address),
-                "job": self.jobs[self.node_job[index]].name,
+                "job": job,
+                "cause": INCIDENT_BY_NAME[name].cause,
+                "touches": [job],
             }
 
         return {
@@ -358,10 +364,8 @@ class TargetFleet:
             "layout": self.layout,
             "address": self.address,
             "interval_seconds": self.interval,
-            "incident": {"name": self.incident, **(node(self.incident_node) or {})}
-            if self.incident_node is not None
-            else None,
-            "lost": {"name": "gpu-lost", **(node(self.lost_node) or {})} if self.lost_node is not None else None,
+            "incident": node(self.incident, self.incident_node),
+            "lost": node("gpu-lost", self.lost_node),
             "jobs": [
                 {
                     "name": job.name,

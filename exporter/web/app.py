@@ -9,7 +9,7 @@ import math
 import signal
 import sys
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -142,9 +142,22 @@ async def security_lifespan(app: web.Application) -> AsyncIterator[None]:
     await app[WEB_SECURITY].close()
 
 
-def create_app(service: Service, security: WebSecurity | None = None) -> web.Application:
+def json_document(read: Callable[[], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A GET handler answering what ``read()`` returns, as JSON."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(read())
+
+    return handler
+
+
+def create_app(
+    service: Service, security: WebSecurity | None = None, documents: Mapping[str, Callable[[], Any]] | None = None
+) -> web.Application:
     """The routes and middlewares over ``service``; its resources start and stop with the app through
-    ``cleanup_ctx`` (aiohttp's lifespan), so nothing runs until the app starts."""
+    ``cleanup_ctx`` (aiohttp's lifespan), so nothing runs until the app starts. ``documents``: more read-only JSON
+    routes (path -> what to answer) that whoever hosts the service adds, behind the same security, such as the
+    demo's truth at ``/api/v1/demo``; the web layer knows nothing of what they say."""
     # From the config unless a test injects one; a bad web config raises ConfigError here, so exit 2 at start.
     security = security or WebSecurity.from_config(service.config)
     app = web.Application(
@@ -164,6 +177,8 @@ def create_app(service: Service, security: WebSecurity | None = None) -> web.App
     app.router.add_get("/api/v1/jobs", get_jobs)
     app.router.add_get("/api/v1/jobs/{job}/ledger", get_ledger)
     app.router.add_get("/api/v1/status", get_status)
+    for path, read in (documents or {}).items():
+        app.router.add_get(path, json_document(read))
     return app
 
 
@@ -174,15 +189,18 @@ def split_listen_address(address: str) -> tuple[str | None, int]:
 
 
 async def serve(
-    service: Service, on_started: Callable[[list[str]], None] | None = None, stop: asyncio.Event | None = None
+    service: Service,
+    on_started: Callable[[list[str]], None] | None = None,
+    stop: asyncio.Event | None = None,
+    documents: Mapping[str, Callable[[], Any]] | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT (or ``stop``), then shut down within a few seconds."""
+    """Serve until SIGTERM/SIGINT (or ``stop``), then shut down within a few seconds; ``documents`` as create_app's."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     service.export_process_metrics()  # the daemon's own CPU and memory, beside what it measures
-    app = create_app(service)
+    app = create_app(service, documents=documents)
     security = app[WEB_SECURITY]
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None, **HTTP_LIMITS)
     await runner.setup()

@@ -9,17 +9,13 @@ first checkpoint (20-60 s, a cause of higher precedence) comes after."""
 
 from __future__ import annotations
 
-import time
-from urllib.parse import urlsplit
-
 import pytest
 
 from exporter.model.attribution import SOCKET_FALLBACK
 from exporter.sim import node as demo
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.fleet_harness import FleetStack
-from tests.support.prom_harness import RULE_FILES, SCRAPE_JOB, Prometheus, derived_rules
-from tests.support.tools import require_tool
+from tests.support.prom_harness import demo_under_rules
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -35,47 +31,27 @@ def job_bottleneck(base: str) -> dict | None:
 
 
 def test_nccl_on_sockets_is_attributed_network_on_the_node_and_by_the_rules(tmp_path):
-    binary = require_tool("prometheus", "prometheus")
-    rules = [derived_rules(path, tmp_path / path.name, ranges=WINDOWS, for_=FOR) for path in RULE_FILES]
-    with running_demo("--incident", "nccl-socket-fallback", "--mfu.window", WINDOWS["5m"], speed=1) as base:
-        node = urlsplit(base).netloc
-        prometheus = Prometheus(binary, tmp_path / "prometheus", rule_files=rules, scrape_jobs={SCRAPE_JOB: [node]})
-        prometheus.start()
-        try:
-            started = time.time()
-
-            def ever(expr: str) -> list[dict]:
-                return prometheus.api("query_range", query=expr, start=started, end=time.time(), step="1s")["result"]
-
-            # The node: its verdict, with the NCCL line as evidence, within one poll of reading it.
-            verdict = wait_until(
-                lambda: (b := job_bottleneck(base)) and b["cause"] == "network" and b, DEADLINE, "network on the node"
-            )
-            assert verdict["evidence"].startswith(SOCKET_FALLBACK) and "via NET/Socket/0" in verdict["evidence"]
-            values = metric_samples(base)
-            job = (("training_job", demo.JOB),)
-            assert values[("mfu_job_nccl_socket_fallback", job)] == 1
-            assert values[("mfu_job_nccl_transport_info", (("gdr", "false"), *job, ("transport", "socket")))] == 1
-            # The rules: the job's cause across its nodes is network, on this node, and the alert fires.
-            recorded = wait_until(
-                lambda: ever(f'training_job:mfu_bottleneck:cause{{training_job="{demo.JOB}", cause="network"}}'),
-                DEADLINE,
-                "the rules to attribute the fallback to the network",
-            )
-            assert {series["metric"].get("instance") for series in recorded} == {node}
-            firing = wait_until(
-                lambda: [
-                    a
-                    for a in prometheus.alerts()
-                    if a["labels"]["alertname"] == "MfuNcclSocketFallback" and a["state"] == "firing"
-                ],
-                DEADLINE,
-                "MfuNcclSocketFallback to fire",
-            )
-            assert firing[0]["labels"]["training_job"] == demo.JOB
-            assert node in firing[0]["annotations"]["description"]
-        finally:
-            prometheus.stop()
+    with demo_under_rules(tmp_path, "nccl-socket-fallback", WINDOWS, FOR) as run:
+        base, node = run.base, run.node
+        # The node: its verdict, with the NCCL line as evidence, within one poll of reading it.
+        verdict = wait_until(
+            lambda: (b := job_bottleneck(base)) and b["cause"] == "network" and b, DEADLINE, "network on the node"
+        )
+        assert verdict["evidence"].startswith(SOCKET_FALLBACK) and "via NET/Socket/0" in verdict["evidence"]
+        values = metric_samples(base)
+        job = (("training_job", demo.JOB),)
+        assert values[("mfu_job_nccl_socket_fallback", job)] == 1
+        assert values[("mfu_job_nccl_transport_info", (("gdr", "false"), *job, ("transport", "socket")))] == 1
+        # The rules: the job's cause across its nodes is network, on this node, and the alert fires.
+        recorded = wait_until(
+            lambda: run.ever(f'training_job:mfu_bottleneck:cause{{training_job="{demo.JOB}", cause="network"}}'),
+            DEADLINE,
+            "the rules to attribute the fallback to the network",
+        )
+        assert {series["metric"].get("instance") for series in recorded} == {node}
+        firing = wait_until(lambda: run.firing("MfuNcclSocketFallback"), DEADLINE, "MfuNcclSocketFallback to fire")
+        assert firing[0]["labels"]["training_job"] == demo.JOB
+        assert node in firing[0]["annotations"]["description"]
 
 
 def test_the_straggler_gpu_is_named_from_nccl_inspector():

@@ -1,25 +1,18 @@
 """The demo's ``input-stall`` incident end to end (issue 34): the job's loader waits on a slowed dataset mount. Its
 client times the wait (data wait up), the mount's counters flatten (the storage source reads them), the GPUs stay
 busy between waits; the node attributes the gap to ``input`` with the wait and the mount's reads as evidence, and
-Debian's Prometheus, scraping the demo each second with the real rules of every tier (windows and ``for:`` shortened,
-as in test_e2e_prometheus.py), does too and fires MfuInputBound.
-
-The demo runs at ``--speed 1`` for the reason test_e2e_prometheus.py gives: Prometheus stamps scrapes with its own
-clock, so rates are right only when the demo's clock is the wall clock. The incident starts at 10 s; the demo's first
-checkpoint (a cause of higher precedence, 40 s from 20 s) comes and goes meanwhile."""
+Debian's Prometheus, scraping the demo each second with the real rules of every tier (``demo_under_rules``), does too
+and fires MfuInputBound. The incident starts at 10 s; the demo's first checkpoint (a cause of higher precedence, 40 s
+from 20 s) comes and goes meanwhile."""
 
 from __future__ import annotations
-
-import time
-from urllib.parse import urlsplit
 
 import pytest
 
 from exporter.sim import node as demo
 from exporter.sim.storage import DATASET_MOUNT
-from tests.support.demo_harness import get_json, metric_samples, running_demo
-from tests.support.prom_harness import RULE_FILES, SCRAPE_JOB, Prometheus, derived_rules
-from tests.support.tools import require_tool
+from tests.support.demo_harness import get_json, metric_samples
+from tests.support.prom_harness import demo_under_rules
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -35,71 +28,47 @@ def job_state(base: str) -> dict:
 
 
 def test_input_stall_is_attributed_input_with_the_wait_and_the_mount_on_the_node_and_by_the_rules(tmp_path):
-    binary = require_tool("prometheus", "prometheus")
-    rules = [derived_rules(path, tmp_path / path.name, ranges=WINDOWS, for_=FOR) for path in RULE_FILES]
-    with running_demo("--incident", "input-stall", "--mfu.window", WINDOWS["5m"], speed=1) as base:
-        node = urlsplit(base).netloc
-        prometheus = Prometheus(binary, tmp_path / "prometheus", rule_files=rules, scrape_jobs={SCRAPE_JOB: [node]})
-        prometheus.start()
-        try:
-            started = time.time()
-
-            def ever(expr: str) -> list[dict]:
-                return prometheus.api("query_range", query=expr, start=started, end=time.time(), step="1s")["result"]
-
-            # The node: input, from the client's data wait, naming the wait and the dataset mount's reads.
-            verdict = wait_until(
-                lambda: (b := job_state(base)["bottleneck"]) and b["cause"] == "input" and b,
-                DEADLINE,
-                "input on the node",
-            )
-            assert verdict["evidence"].startswith("waiting for its next batch ")
-            assert "its client's data_wait_seconds" in verdict["evidence"]
-            assert f"dataset mount {DATASET_MOUNT} (nfs4 " in verdict["evidence"] and " MB/s" in verdict["evidence"]
-            # The share over the MFU window, once the window holds the stall alone.
-            job = wait_until(
-                lambda: (j := job_state(base))["data_wait"]["ratio"] > demo.INPUT_STALL_WAIT_SHARE - 0.05 and j,
-                DEADLINE,
-                "the window to hold the stall alone",
-            )
-            assert job["data_wait"]["source"] == "client" and job["bottleneck"]["cause"] == "input"
-            assert job["data_wait"]["ratio"] == pytest.approx(demo.INPUT_STALL_WAIT_SHARE, abs=0.05)
-            assert job["hardware"]["gpu_utilization"] > 0.5  # busy between waits: over the idle line
-            values = metric_samples(base)
-            key = (("training_job", demo.JOB),)
-            assert values[("mfu_job_data_wait_ratio", key)] == pytest.approx(demo.INPUT_STALL_WAIT_SHARE, abs=0.05)
-            assert values[("mfu_job_bottleneck", (("cause", "input"), *key))] == 1
-            # Data wait up, mount reads flat: the mount reads at half the loader's healthy pace x the job's pace.
-            reads = wait_until(
-                lambda: ever(f'rate(mfu_storage_read_bytes_total{{mountpoint="{DATASET_MOUNT}"}}[10s])'),
-                DEADLINE,
-                "the dataset mount's reads",
-            )
-            latest = float(reads[0]["values"][-1][1])
-            assert latest < demo.DATASET_READ_RATE * demo.SLOW_MOUNT_READ_FACTOR * 1.2
-            # The rules: the job's cause is input, on this node; the wait's share and MfuInputBound, both tiers.
-            recorded = wait_until(
-                lambda: ever(f'training_job:mfu_bottleneck:cause{{training_job="{demo.JOB}", cause="input"}}'),
-                DEADLINE,
-                "the rules to attribute the stall to input",
-            )
-            assert {series["metric"].get("instance") for series in recorded} == {node}
-            share = wait_until(
-                lambda: ever(f'training_job:mfu_job_data_wait:ratio_rate5m{{training_job="{demo.JOB}"}} > 0.3'),
-                DEADLINE,
-                "the job's data-wait share over the rules",
-            )
-            assert share
-            firing = wait_until(
-                lambda: [
-                    a
-                    for a in prometheus.alerts()
-                    if a["labels"]["alertname"] == "MfuInputBound" and a["state"] == "firing"
-                ],
-                DEADLINE,
-                "MfuInputBound to fire",
-            )
-            assert {a["labels"]["training_job"] for a in firing} == {demo.JOB}
-            assert any(node in a["annotations"]["description"] for a in firing)
-        finally:
-            prometheus.stop()
+    with demo_under_rules(tmp_path, "input-stall", WINDOWS, FOR) as run:
+        base, node = run.base, run.node
+        # The node: input, from the client's data wait, naming the wait and the dataset mount's reads.
+        verdict = wait_until(
+            lambda: (b := job_state(base)["bottleneck"]) and b["cause"] == "input" and b, DEADLINE, "input on the node"
+        )
+        assert verdict["evidence"].startswith("waiting for its next batch ")
+        assert "its client's data_wait_seconds" in verdict["evidence"]
+        assert f"dataset mount {DATASET_MOUNT} (nfs4 " in verdict["evidence"] and " MB/s" in verdict["evidence"]
+        # The share over the MFU window, once the window holds the stall alone.
+        job = wait_until(
+            lambda: (j := job_state(base))["data_wait"]["ratio"] > demo.INPUT_STALL_WAIT_SHARE - 0.05 and j,
+            DEADLINE,
+            "the window to hold the stall alone",
+        )
+        assert job["data_wait"]["source"] == "client" and job["bottleneck"]["cause"] == "input"
+        assert job["data_wait"]["ratio"] == pytest.approx(demo.INPUT_STALL_WAIT_SHARE, abs=0.05)
+        assert job["hardware"]["gpu_utilization"] > 0.5  # busy between waits: over the idle line
+        values = metric_samples(base)
+        key = (("training_job", demo.JOB),)
+        assert values[("mfu_job_data_wait_ratio", key)] == pytest.approx(demo.INPUT_STALL_WAIT_SHARE, abs=0.05)
+        assert values[("mfu_job_bottleneck", (("cause", "input"), *key))] == 1
+        # Data wait up, mount reads flat: the mount reads at half the loader's healthy pace x the job's pace.
+        reads = wait_until(
+            lambda: run.ever(f'rate(mfu_storage_read_bytes_total{{mountpoint="{DATASET_MOUNT}"}}[10s])'),
+            DEADLINE,
+            "the dataset mount's reads",
+        )
+        assert float(reads[0]["values"][-1][1]) < demo.DATASET_READ_RATE * demo.SLOW_MOUNT_READ_FACTOR * 1.2
+        # The rules: the job's cause is input, on this node; the wait's share and MfuInputBound, both tiers.
+        recorded = wait_until(
+            lambda: run.ever(f'training_job:mfu_bottleneck:cause{{training_job="{demo.JOB}", cause="input"}}'),
+            DEADLINE,
+            "the rules to attribute the stall to input",
+        )
+        assert {series["metric"].get("instance") for series in recorded} == {node}
+        assert wait_until(
+            lambda: run.ever(f'training_job:mfu_job_data_wait:ratio_rate5m{{training_job="{demo.JOB}"}} > 0.3'),
+            DEADLINE,
+            "the job's data-wait share over the rules",
+        )
+        firing = wait_until(lambda: run.firing("MfuInputBound"), DEADLINE, "MfuInputBound to fire")
+        assert {a["labels"]["training_job"] for a in firing} == {demo.JOB}
+        assert any(node in a["annotations"]["description"] for a in firing)

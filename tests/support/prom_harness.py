@@ -14,12 +14,15 @@ are stopped by PID when the test ends. Import the fixtures into a test module to
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
+from urllib.parse import urlsplit
 
 import promql_parser
 import pytest
@@ -27,6 +30,7 @@ import requests
 import yaml
 
 from exporter.config import SCHEMA
+from tests.support.demo_harness import running_demo
 from tests.support.net import free_port
 from tests.support.tools import require_tool
 
@@ -401,3 +405,37 @@ def start_exporter(tmp_path: Path):
 
     yield start
     _stop_all(started)
+
+
+@dataclass
+class DemoUnderRules:
+    """A demo with one forced incident, scraped each second by Debian's Prometheus with the real rules of every
+    tier (windows and ``for:`` shortened): its base URL, its ``host:port`` (the series' ``instance``), the server."""
+
+    base: str
+    node: str
+    prometheus: Prometheus
+    started: float
+
+    def ever(self, expr: str) -> list[dict]:
+        """The series ``expr`` gave at any second since the start (a range query, one step a second)."""
+        return self.prometheus.api("query_range", query=expr, start=self.started, end=time.time(), step="1s")["result"]
+
+    def firing(self, alertname: str) -> list[dict]:
+        return [a for a in self.prometheus.alerts() if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+
+
+@contextlib.contextmanager
+def demo_under_rules(tmp_path: Path, incident: str, windows: dict[str, str], for_: str) -> Iterator[DemoUnderRules]:
+    """The demo at ``--speed 1`` (Prometheus stamps scrapes with its own clock, so rates are right only when the
+    demo's clock is the wall clock), its MFU window the rules' shortened 5-minute one."""
+    binary = require_tool("prometheus", "prometheus")
+    rules = [derived_rules(path, tmp_path / path.name, ranges=windows, for_=for_) for path in RULE_FILES]
+    with running_demo("--incident", incident, "--mfu.window", windows["5m"], speed=1) as base:
+        node = urlsplit(base).netloc
+        prometheus = Prometheus(binary, tmp_path / "prometheus", rule_files=rules, scrape_jobs={SCRAPE_JOB: [node]})
+        prometheus.start()
+        try:
+            yield DemoUnderRules(base, node, prometheus, time.time())
+        finally:
+            prometheus.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from exporter.config import validate
 from exporter.service import build_service
-from exporter.sim.node import INCIDENTS, ROTATION_SECONDS
+from exporter.sim.node import INCIDENT_TABLE, INCIDENTS, ROTATION_SECONDS
 from exporter.web.app import create_app
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -31,3 +31,15 @@ def test_the_quick_start_names_every_incident_and_the_rotation_length():
         assert f"`{name}`" in quick_start, name
     minutes = round(ROTATION_SECONDS / 60)
     assert f"{minutes} minutes a rotation" in quick_start, minutes
+
+
+def test_the_incident_table_says_each_incident_s_cause_and_jobs_as_the_demo_does():
+    rows = {
+        cells[0].strip("`"): cells
+        for line in README.splitlines()
+        if line.startswith("| `") and len(cells := [c.strip() for c in line.strip("|").split("|")]) == 5
+    }
+    for incident in INCIDENT_TABLE:
+        name, _, jobs, cause, _ = rows[incident.name]
+        assert cause == f"`{incident.cause}`", incident.name
+        assert jobs == ("both" if len(incident.touches) == 2 else ", ".join(incident.touches)), incident.name

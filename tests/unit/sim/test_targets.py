@@ -109,8 +109,11 @@ def test_the_truth_is_what_the_served_counters_make_it(fleet):
         "node": 17,
         "instance": instance(17, ADDRESS),
         "job": "llama3-70b-01",
+        "cause": "network",
+        "touches": ["llama3-70b-01"],
     }
     assert truth["lost"]["job"] == "llama3-70b-02" and truth["lost"]["instance"] == f"{ADDRESS}/node/25"
+    assert truth["lost"]["cause"] == "gpu_lost" and truth["lost"]["touches"] == ["llama3-70b-02"]
     assert jobs["llama3-70b-00"]["mfu_1m"] == pytest.approx(STEADY_MFU, abs=0.01)
     assert jobs["llama3-70b-01"]["mfu_1m"] == pytest.approx(0.40 * STEADY_MFU, abs=0.01)
     assert jobs["llama3-70b-02"]["mfu_1m"] == 0.0

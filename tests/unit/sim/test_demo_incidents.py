@@ -1,0 +1,99 @@
+"""The demo's incidents: one table that says, per incident, the cause it should yield and the jobs it touches; each
+incident touches only those jobs; the truth (``DemoNode.truth``, served at ``GET /api/v1/demo``) records when each
+began and ended on the demo clock."""
+
+import pytest
+from pynvml import NVML_GPM_METRIC_ANY_TENSOR_UTIL
+
+from exporter.cli import main
+from exporter.model.attribution import CAUSES
+from exporter.sim import node as demo
+
+WALL = 1_800_000_000.0
+
+
+def stepped(tmp_path, schedule, seconds, step=1.0):
+    """A demo node ticked every ``step`` simulated seconds for ``seconds``."""
+    monotonic = [0.0]
+    clock = demo.SimClock(1.0, wall=lambda: WALL, monotonic=lambda: monotonic[0])
+    node = demo.DemoNode(tmp_path, clock, schedule)
+    while monotonic[0] <= seconds:
+        node.tick()
+        monotonic[0] += step
+    return node
+
+
+def test_every_incident_names_a_cause_and_the_jobs_it_touches():
+    jobs = {demo.JOB, demo.DISCOVERED_JOB}
+    assert demo.INCIDENTS == tuple(incident.name for incident in demo.INCIDENT_TABLE)
+    for incident in demo.INCIDENT_TABLE:
+        assert incident.cause in CAUSES and incident.cause not in ("none", "unknown"), incident.name
+        assert incident.touches and set(incident.touches) <= jobs, incident.name
+        assert incident.seconds == demo.INCIDENT_SECONDS[incident.name]
+        assert incident.rate_factor == demo.RATE_FACTOR[incident.name]
+
+
+@pytest.mark.parametrize("name", [i.name for i in demo.INCIDENT_TABLE if demo.DISCOVERED_JOB not in i.touches])
+def test_an_incident_leaves_the_job_it_does_not_touch_training(tmp_path, name):
+    """gpu-lost and crash-restart stop the job that has the GPU (or whose process died), not the other half of the
+    node: bert-pretrain's GPUs stay busy, at their healthy tensor activity, and their NICs carry traffic."""
+    node = stepped(tmp_path, demo.Schedule(name), demo.WARMUP + 5)
+    assert node.incident == name
+    for index in demo.DISCOVERED_GPUS:
+        gpu = node.nvml.gpus[index]
+        assert gpu.utilization == 95 and not gpu.lost, (name, index)
+        assert gpu.gpm[NVML_GPM_METRIC_ANY_TENSOR_UTIL] == demo.DISCOVERED_TENSOR_ACTIVE, (name, index)
+        assert node.fabric.nics[index].utilization > 0, (name, index)
+
+
+@pytest.mark.parametrize("name", ["gpu-lost", "crash-restart"])
+def test_a_stopped_job_stops_on_its_own_gpus(tmp_path, name):
+    node = stepped(tmp_path, demo.Schedule(name), demo.WARMUP + 5)
+    running = [i for i in demo.JOB_GPUS if not node.nvml.gpus[i].lost]
+    assert running and all(node.nvml.gpus[i].utilization == 0 for i in running)
+    assert not node.progressing
+
+
+def test_the_truth_records_each_incident_on_the_demo_clock(tmp_path):
+    """A rotation with a 30 s healthy gap: each incident begins 30 s after the last ended, with the table's cause
+    and jobs; the clock's times are the simulated Unix time the status API shows."""
+    schedule = demo.Schedule(healthy=30.0)
+    node = stepped(tmp_path, schedule, schedule.rotation_seconds + 1, step=10.0)
+    truth = node.truth()
+    rows = truth["incidents"]
+    assert [row["name"] for row in rows] == list(demo.INCIDENTS)
+    at = 0.0
+    for row, incident in zip(rows, demo.INCIDENT_TABLE):
+        at += 30.0
+        assert row["start_elapsed"] == pytest.approx(at) and row["start"] == pytest.approx(WALL + at)
+        at += incident.seconds
+        assert row["end_elapsed"] == pytest.approx(at) and row["end"] == pytest.approx(WALL + at)
+        assert (row["cause"], row["touches"]) == (incident.cause, list(incident.touches))
+    assert (
+        truth["schedule"]["rotation_seconds"]
+        == schedule.rotation_seconds
+        == len(demo.INCIDENTS) * 30.0 + sum(demo.INCIDENT_SECONDS.values())
+    )
+    assert truth["jobs"][demo.DISCOVERED_JOB]["gpus"] == list(demo.DISCOVERED_GPUS)
+
+
+def test_routine_checkpoints_keep_out_of_the_incidents(tmp_path):
+    """A checkpoint outranks network and heat in the attribution: the demo's routine writes end before an incident
+    begins (or wait until it is over), so each incident has the one cause its row says."""
+    schedule = demo.Schedule(healthy=30.0)
+    monotonic = [0.0]
+    clock = demo.SimClock(1.0, wall=lambda: WALL, monotonic=lambda: monotonic[0])
+    node = demo.DemoNode(tmp_path, clock, schedule)
+    while monotonic[0] <= schedule.rotation_seconds:
+        node.tick()
+        if node.incident not in (None, "checkpoint-stall"):
+            assert not node.checkpoints.writing, (monotonic[0], node.incident)
+        monotonic[0] += 5.0
+
+
+@pytest.mark.parametrize("gap", ["29s", "0s", "-5s"])
+def test_the_incident_gap_is_at_least_thirty_seconds(gap, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--incident-gap", gap])
+    assert exited.value.code == 2
+    assert "--incident-gap" in capsys.readouterr().err
