@@ -13,6 +13,7 @@ from pathlib import Path
 from exporter.logs import LogStream, Progress
 from exporter.logs.base import local_time
 from exporter.logs.transport import parse_rfc3339
+from tests.support.pastes import read_blocks
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "real" / "pastes.txt"
 READ_TIME = 2_000_000_000.0  # far from every paste's own time, so a line's time is never mistaken for it
@@ -52,27 +53,7 @@ def parse_expect(text: str) -> tuple[str | None, dict]:
 
 
 def load(path: Path = FIXTURE) -> list[Paste]:
-    pastes: list[Paste] = []
-    verbatim = False
-    for raw in path.read_text(encoding="utf-8").split("\n"):
-        if raw.startswith("=== "):
-            pastes.append(Paste(raw[4:].strip()))
-            verbatim = False
-        elif not pastes:
-            continue  # the file's own header
-        elif raw == "--- verbatim":
-            verbatim = True
-        elif verbatim:
-            pastes[-1].lines.append(raw)
-        elif raw.startswith("expect: "):
-            pastes[-1].expects.append(parse_expect(raw[len("expect: ") :]))
-        elif ": " in raw:
-            key, _, value = raw.partition(": ")
-            pastes[-1].headers[key] = value
-    for paste in pastes:
-        while paste.lines and not paste.lines[-1]:
-            paste.lines.pop()  # the blank line between blocks
-    return pastes
+    return [Paste(b.name, b.headers, [parse_expect(e) for e in b.expects], b.lines) for b in read_blocks(path)]
 
 
 def mismatch(event, framework: str | None, expected: dict) -> str | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.nccl.perf import judge, read_text, report
+from tests.support.pastes import read_blocks
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nccl"
 PERF_KEYS = ("collective", "avg", "max", "largest", "rows", "ranks", "wrong")
@@ -30,27 +31,12 @@ class Block:
 
 def load(name: str) -> list[Block]:
     """``name`` relative to tests/fixtures/nccl: ``real/perf.txt``, ``real/debug.txt``, ``synthetic/perf.txt``."""
-    blocks: list[Block] = []
-    verbatim = False
-    for raw in (FIXTURES / name).read_text(encoding="utf-8").split("\n"):
-        if raw.startswith("=== "):
-            blocks.append(Block(raw[4:].strip()))
-            verbatim = False
-        elif not blocks:
-            continue  # the file's own header
-        elif raw == "--- verbatim":
-            verbatim = True
-        elif verbatim:
-            blocks[-1].lines.append(raw)
-        elif raw.startswith("expect: "):
-            blocks[-1].expect = dict(token.partition("=")[::2] for token in raw[len("expect: ") :].split())
-        elif ": " in raw:
-            key, _, value = raw.partition(": ")
-            blocks[-1].headers[key] = value
-    for block in blocks:
-        while block.lines and not block.lines[-1]:
-            block.lines.pop()  # the blank line between blocks
-    return blocks
+    return [
+        Block(
+            b.name, b.headers, dict(token.partition("=")[::2] for e in b.expects[-1:] for token in e.split()), b.lines
+        )
+        for b in read_blocks(FIXTURES / name)
+    ]
 
 
 def _text(value: object) -> str:
