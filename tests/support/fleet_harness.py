@@ -9,7 +9,8 @@
   (deploy/fleet/vmalert.flags).
 - The Prometheus path: ``prometheus --enable-feature=agent`` scrapes the same nodes (deploy/fleet/prometheus-agent.yaml) and
   remote-writes to a ``prometheus --web.enable-remote-write-receiver`` that evaluates the same rules
-  (deploy/fleet/prometheus-receiver.yaml).
+  (deploy/fleet/prometheus-receiver.yaml); or, with ``prometheus_mode="scrape"``, the deployed shard's shape: one
+  Prometheus scrapes the nodes itself and evaluates the rules (deploy/fleet/prometheus-shard.yaml, one shard of one).
 - Both send their alerts to a small loopback sink that keeps what it was sent, in place of an Alertmanager.
 
 The deploy/fleet files are used as they are, copied with only the intervals, the rule paths and the addresses set to
@@ -225,6 +226,9 @@ class FleetStack:
     # shard tiers over its share of the nodes, a global evaluator the global tier over their partial aggregates.
     shards: int = 0
     shard_rule_files: Sequence[Path] = SHARD_RULE_FILES
+    # With one evaluator, the Prometheus path's shape: "agent" (an agent remote-writing every sample into a receiver
+    # that evaluates) or "scrape" (one Prometheus scraping the nodes and evaluating, as a shard is deployed).
+    prometheus_mode: str = "agent"
     global_rule_files: Sequence[Path] = GLOBAL_RULE_FILES
     servers: dict[str, Server] = field(default_factory=dict)
     stores: dict[str, Store] = field(default_factory=dict)  # per path: the global store (or the one store)
@@ -282,7 +286,17 @@ class FleetStack:
         if "victoria-metrics" in self.paths:
             self._start_victoria_metrics_tiers() if self.shards else self._start_victoria_metrics()
         if "prometheus" in self.paths:
-            self._start_prometheus_tiers() if self.shards else self._start_prometheus()
+            if self.shards:
+                self._start_prometheus_tiers()
+            elif self.prometheus_mode == "scrape":
+                self._start_prometheus_scraping()
+            else:
+                self._start_prometheus()
+
+    @property
+    def prometheus_evaluator(self) -> str:
+        """The name of the server that evaluates the rules on the Prometheus path (one evaluator)."""
+        return "prometheus-shard" if self.prometheus_mode == "scrape" else "prometheus-receiver"
 
     def _start_fleet(self) -> None:
         incident = ["--incident", self.incident, "--incident-node", str(self.incident_node)] if self.incident else []
@@ -484,6 +498,44 @@ class FleetStack:
             )
         )
         self.stores["prometheus"] = Store("prometheus", receiver.url, receiver.url)
+
+    def _start_prometheus_scraping(self) -> None:
+        """One Prometheus that scrapes every node itself and evaluates ``rule_files``: deploy/fleet/prometheus-shard.yaml
+        as the one shard there is (modulus 1), with the test's intervals, rule paths and alert sink; nothing is
+        remote-written, since the global files it evaluates read its own partials."""
+        prometheus = require_tool("prometheus", "prometheus")
+        work = self.workdir / "prom"
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+        assert self.sink is not None
+        sink_port = self.sink.port
+
+        def shard_config(config: dict) -> None:
+            interval = parse_duration(self.interval)
+            timeout = min(parse_duration(config["global"]["scrape_timeout"]), interval)
+            config["global"].update(
+                scrape_interval=self.interval, scrape_timeout=f"{timeout:g}s", evaluation_interval=self.interval
+            )
+            config["rule_files"] = [str(path) for path in self.rule_files]
+            config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
+            del config["remote_write"]
+
+        shard_file = _copy_config(DEPLOY / "prometheus-shard.yaml", work / "shard.yml", shard_config)
+        server = self._add(
+            Server(
+                "prometheus-shard",
+                work,
+                lambda port: [
+                    prometheus,
+                    f"--config.file={shard_file}",
+                    f"--storage.tsdb.path={work / 'shard-data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                "/-/ready",
+            )
+        )
+        self.stores["prometheus"] = Store("prometheus", server.url, server.url)
 
     def _victoria_metrics(self, name: str, work: Path, data: str | None = None) -> Server:
         """A VictoriaMetrics whose queries see samples at once (the default hides the last 30 s, for late-arriving
