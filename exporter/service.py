@@ -106,10 +106,18 @@ class Service:
         return await self.cache.render(accept, accept_encoding)
 
     def ingest_progress(self, body: Any) -> dict[str, Any]:
-        """A progress report (the decoded JSON body) validated and merged into its job; the job's JSON after it.
+        """A progress report (the decoded JSON body) validated and merged into its job: validation and a state
+        update only. The answer says it was accepted, with the job's state, run and version after it; the job's view
+        (MFU, checkpoint, bottleneck) is ``job(name)``'s, computed once per tick or change rather than per report.
         Raises an ``IngestError`` naming the field at fault."""
-        view = self.jobs.report(parse_progress(body, self.clock()))
-        return self.job_json(view)
+        accepted = self.jobs.accept(parse_progress(body, self.clock()))
+        return {
+            "accepted": True,
+            "job": accepted.job,
+            "state": accepted.state,
+            "run": accepted.run,
+            "version": accepted.version,
+        }
 
     @property
     def accepts_checkpoints(self) -> bool:
@@ -128,12 +136,20 @@ class Service:
         """Every job's JSON (``GET /api/v1/jobs``)."""
         return [self.job_json(view) for view in self.jobs.views()]
 
-    def ledger_json(self, name: str) -> dict[str, Any]:
-        """Where job ``name``'s time on this node went (``GET /api/v1/jobs/<job>/ledger``); ``NotFound`` for a job
-        this node does not have, or one without a ledger yet."""
+    def job(self, name: str) -> dict[str, Any]:
+        """Job ``name``'s JSON (``GET /api/v1/jobs/<job>``); ``NotFound`` for a job this node does not have."""
+        return self.job_json(self._view_named(name))
+
+    def _view_named(self, name: str) -> JobView:
         view = next((v for v in self.jobs.views() if v.name == name), None)
         if view is None:
             raise NotFound("job", f"no job {name!r} on this node")
+        return view
+
+    def ledger_json(self, name: str) -> dict[str, Any]:
+        """Where job ``name``'s time on this node went (``GET /api/v1/jobs/<job>/ledger``); ``NotFound`` for a job
+        this node does not have, or one without a ledger yet."""
+        view = self._view_named(name)
         if view.ledger is None:
             raise NotFound(
                 "job",
