@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import operator
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, TypeVar
@@ -69,6 +71,9 @@ class Service:
     speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
+    # The readings collective_families joins, and its families from them (kept while the readings are the latest).
+    _JOINED = (("logs", LogsSample), ("nccl", NcclSample), ("rdma", RdmaSample))
+    _joined: tuple[tuple, list[Metric]] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> None:
         """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop."""
@@ -162,9 +167,10 @@ class Service:
         """Add client_python's ProcessCollector to /metrics: the daemon's own CPU seconds, resident and virtual
         memory, open and maximum file descriptors and start time, under its standard ``process_`` names. The daemon
         calls this (``web.app.serve``); build_service does not, so the golden rendering of the fixture node stays
-        the same from run to run. It reads this process's own /proc/self, never ``--path.procfs`` (the host's)."""
+        the same from run to run. It reads this process's own /proc/self, never ``--path.procfs`` (the host's), once a
+        second at most: listing /proc/self/fd was a third of a fresh scrape's CPU (docs/benchmarks.md)."""
         if self.collector is not None and not self._process_metrics:
-            self.collector.add(ProcessCollector(registry=None).collect)
+            self.collector.add(once_a_second(ProcessCollector(registry=None).collect))
             self._process_metrics = True
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
@@ -208,9 +214,14 @@ class Service:
     def collective_families(self) -> Iterable[Metric]:
         """What joins two sources (render/collectives.py): whether a job's NCCL fell back to sockets (the logs source's
         transport, the RDMA source's ports) and the slow rank its log or NCCL Inspector names."""
-        rdma = self.readings("rdma", RdmaSample)
+        logs, nccl, rdma = (self.readings(name, kind) for name, kind in self._JOINED)
+        kept = self._joined
+        if kept is not None and all(map(operator.is_, kept[0], (logs, nccl, rdma))):
+            return kept[1]  # the same readings: the same families, whose encoding the cache keeps
         rdma_active = any(port.port.active for port in rdma.ports.values()) if rdma else False
-        return collective_families(*self._collectives(), rdma_active)
+        families = list(collective_families(*self._collectives(), rdma_active))
+        self._joined = ((logs, nccl, rdma), families)
+        return families
 
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
@@ -268,6 +279,23 @@ class Service:
             if view.ledger is not None:
                 self.restores.observe_job(view.name, view.ledger.bands, tuple(mounts.get(view.name, ())), now)
         self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
+
+
+def once_a_second(
+    collect: Callable[[], Iterable[Metric]], monotonic: Callable[[], float] = time.monotonic
+) -> Callable[[], list[Metric]]:
+    """``collect``'s families, read again at most once a second of ``monotonic``; the same list in between."""
+    kept: list = [None, []]  # (the second read, the families then)
+    lock = threading.Lock()
+
+    def part() -> list[Metric]:
+        second = int(monotonic())
+        with lock:
+            if kept[0] != second:
+                kept[:] = [second, list(collect())]
+            return kept[1]
+
+    return part
 
 
 def job_collectives(

@@ -252,6 +252,10 @@ class MetricsCache:
         # id(snapshot) -> (the snapshot, its encoding by content type); holding the snapshot keeps its id unique.
         self._fragments: dict[int, tuple[Snapshot, dict[str, str]]] = {}
         self._fragments_lock = threading.Lock()
+        # A call part -> (the families it last returned, their encoding by content type). A part that returns the very
+        # same object again (the jobs' families while no job changed, the process' read once a second) is not
+        # encoded again; one that builds new families each time is.
+        self._kept: dict[Callable, tuple[object, dict[str, str]]] = {}
 
     def _key_generation(self) -> tuple[int, int]:
         return self._generation(), int(self._monotonic())
@@ -315,7 +319,7 @@ class MetricsCache:
             texts = [
                 self._fragment(part, encoder, content_type)
                 if isinstance(part, Snapshot)
-                else encode_families(part(), encoder, openmetrics)
+                else self._call_part(part, encoder, content_type, openmetrics)
                 for part in parts
             ]
             self._keep_fragments([part for part in parts if isinstance(part, Snapshot)])
@@ -330,6 +334,27 @@ class MetricsCache:
             text = encode_families(snapshot_families(snapshot), encoder, bool(_plain_openmetrics(content_type)))
             with self._fragments_lock:
                 encodings[content_type] = text
+        return text
+
+    def _call_part(
+        self,
+        part: Callable[[], Iterable[Metric]],
+        encoder: Callable[[CollectorRegistry], bytes],
+        content_type: str,
+        openmetrics: bool,
+    ) -> str:
+        families = part()
+        with self._fragments_lock:
+            kept = self._kept.get(part)
+            text = kept[1].get(content_type) if kept is not None and kept[0] is families else None
+        if text is None:
+            text = encode_families(families, encoder, openmetrics)
+            if isinstance(families, (list, tuple)):  # a generator is new each time: nothing to keep
+                with self._fragments_lock:
+                    kept = self._kept.get(part)
+                    if kept is None or kept[0] is not families:
+                        kept = self._kept[part] = (families, {})
+                    kept[1][content_type] = text
         return text
 
     def _keep_fragments(self, snapshots: list[Snapshot]) -> None:

@@ -405,3 +405,39 @@ async def test_encodings_of_replaced_snapshots_are_let_go():
         assert first() is None
     finally:
         await scheduler.stop()
+
+
+async def test_a_part_that_returns_the_same_families_is_encoded_once_per_format(monkeypatch):
+    """The jobs' families while no job changed, the process' read once a second: the same list again is served from
+    its kept encoding; a part building new families each time is encoded each time. The bytes are the library's."""
+    encoded = []
+    original = exposition.encode_families
+
+    def counting(families, encoder, openmetrics):
+        encoded.append(families)
+        return original(families, encoder, openmetrics)
+
+    monkeypatch.setattr(exposition, "encode_families", counting)
+    kept = [GaugeMetricFamily("mfu_test_kept", "Kept.", value=1.0)]
+
+    def fresh():
+        return [GaugeMetricFamily("mfu_test_fresh", "Fresh.", value=2.0)]
+
+    generation = [0]
+    registry = CollectorRegistry(auto_describe=False)
+    parts = [lambda: kept, fresh]
+
+    class Both:
+        def collect(self):
+            for part in parts:
+                yield from part()
+
+    registry.register(Both())
+    cache = MetricsCache(registry, lambda: generation[0], parts=lambda: parts)
+    for _ in range(3):
+        generation[0] += 1
+        for accept in (OPENMETRICS_ACCEPT, ""):
+            encoder, content_type = choose_encoder(accept)
+            assert await cache.render(accept, None) == (encoder(registry), {"Content-Type": content_type})
+    assert sum(families is kept for families in encoded) == 2  # once per format
+    assert sum(families is not kept for families in encoded) == 6  # every render

@@ -1,0 +1,22 @@
+"""exporter.service: the wiring's own helpers (the service's API is driven through the server in tests/unit/web)."""
+
+from prometheus_client.core import GaugeMetricFamily
+
+from exporter.service import once_a_second
+
+
+def test_the_process_read_is_made_once_a_second_and_its_families_kept_between():
+    reads, now = [], [100.2]
+
+    def collect():
+        reads.append(now[0])
+        yield GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", value=len(reads))
+
+    part = once_a_second(collect, monotonic=lambda: now[0])
+    first = part()
+    now[0] = 100.9
+    assert part() is first and reads == [100.2]  # the same second: the same list, whose encoding the cache keeps
+    now[0] = 101.0
+    second = part()
+    assert second is not first and reads == [100.2, 101.0]
+    assert [sample.value for family in second for sample in family.samples] == [2.0]
