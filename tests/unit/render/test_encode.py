@@ -441,3 +441,34 @@ async def test_a_part_that_returns_the_same_families_is_encoded_once_per_format(
             assert await cache.render(accept, None) == (encoder(registry), {"Content-Type": content_type})
     assert sum(families is kept for families in encoded) == 2  # once per format
     assert sum(families is not kept for families in encoded) == 6  # every render
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    def __init__(self):
+        super().__init__(max_workers=1)
+        self.submitted = 0
+
+    def submit(self, *args, **kwargs):
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_a_render_that_needs_no_snapshot_encoded_runs_on_the_loop():
+    """Once every snapshot's encoding in the format is kept, a new state's render encodes the call parts only, on the
+    loop (less than a thread's round trip); a format whose snapshots are not encoded yet still goes to a thread."""
+    source, clock = CountingSource(), Clock()
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
+    executor = CountingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
+    try:
+        await cache.render(OPENMETRICS_ACCEPT, "gzip")  # the snapshot encoded, in a thread
+        assert executor.submitted == 1
+        report(jobs, 1)
+        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
+        assert executor.submitted == 1 and b'mfu_job_tokens_total{training_job="llama"} 1000.0' in body
+        encoder, _ = choose_encoder(OPENMETRICS_ACCEPT)
+        assert body == encoder(registry)
+        await cache.render("", None)  # the text format: its snapshot not encoded yet
+        assert executor.submitted == 2
+    finally:
+        await scheduler.stop()
