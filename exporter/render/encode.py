@@ -20,8 +20,10 @@ import logging
 import math
 import operator
 import re
+import struct
 import threading
 import time
+import zlib
 from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry
@@ -48,6 +50,11 @@ _TEXT_TYPES = {
     "histogram": ("histogram", ""),
 }
 _EOF = "# EOF\n"
+GZIP_LEVEL = 1  # a scrape's body compresses ~6x at level 1; higher levels cost more CPU than the bytes they save
+# A gzip member's header (RFC 1952): deflate, no flags, no time, XFL 4 (the fastest level), OS unknown; and the final
+# empty block that ends a deflate stream made of full-flush segments.
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\xff"
+_FINAL_BLOCK = b"\x03\x00"
 _plain_names: set[str] = set()  # names seen to be plain; a few hundred at most, the names this exporter writes
 MAX_LABEL_TEXTS = 65536  # label sets kept; a full node has about 1,300
 _label_texts: dict[tuple, str] = {}
@@ -256,6 +263,8 @@ class MetricsCache:
         # same object again (the jobs' families while no job changed, the process' read once a second) is not
         # encoded again; one that builds new families each time is.
         self._kept: dict[Callable, tuple[object, dict[str, str]]] = {}
+        # content type -> id(text) -> (the text, its UTF-8 bytes, its deflate segment): the last gzip render's texts.
+        self._deflated: dict[str, dict[int, tuple[str, bytes, bytes]]] = {}
 
     def _key_generation(self) -> tuple[int, int]:
         return self._generation(), int(self._monotonic())
@@ -351,8 +360,38 @@ class MetricsCache:
                 for part in parts
             ]
             self._keep_fragments([part for part in parts if isinstance(part, Snapshot)])
-            body = ("".join(texts) + (_EOF if openmetrics else "")).encode("utf-8")
+            if openmetrics:
+                texts.append(_EOF)
+            if use_gzip:
+                return self._gzip(texts, content_type)
+            body = "".join(texts).encode("utf-8")
         return gzip.compress(body, compresslevel=1) if use_gzip else body
+
+    def _gzip(self, texts: list[str], content_type: str) -> bytes:
+        """The texts joined, gzipped: one gzip member whose deflate stream is each text's own segment in turn. A
+        segment is compressed from an empty window and ends byte-aligned (``Z_FULL_FLUSH``), so segments join into a
+        valid stream (as pigz joins its blocks), and a text kept from the last render (a snapshot's encoding, the
+        jobs' families while unchanged) keeps its segment: a render compresses only the texts that changed."""
+        previous = self._deflated.get(content_type, {})
+        kept: dict[int, tuple[str, bytes, bytes]] = {}
+        compressor = None
+        segments, crc, size = [GZIP_HEADER], 0, 0
+        for text in texts:
+            if not text:
+                continue
+            known = previous.get(id(text))
+            if known is None or known[0] is not text:
+                data = text.encode("utf-8")
+                if compressor is None:
+                    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+                known = (text, data, compressor.compress(data) + compressor.flush(zlib.Z_FULL_FLUSH))
+            kept[id(text)] = known
+            segments.append(known[2])
+            crc = zlib.crc32(known[1], crc)
+            size += len(known[1])
+        self._deflated[content_type] = kept  # the texts of this render only: the next one reuses what it can
+        segments += [_FINAL_BLOCK, struct.pack("<II", crc, size & 0xFFFFFFFF)]
+        return b"".join(segments)
 
     def _fragment(self, snapshot: Snapshot, encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> str:
         with self._fragments_lock:

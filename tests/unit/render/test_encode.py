@@ -4,7 +4,9 @@ cache serves those bytes, encoding a source's snapshot once per format, ahead of
 
 import asyncio
 import gc
+import gzip
 import math
+import subprocess
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -470,5 +472,25 @@ async def test_a_render_that_needs_no_snapshot_encoded_runs_on_the_loop():
         assert body == encoder(registry)
         await cache.render("", None)  # the text format: its snapshot not encoded yet
         assert executor.submitted == 2
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_gzip_body_joins_kept_segments_into_one_valid_member():
+    """Each text's deflate segment is kept while the text is (a snapshot's encoding): a new state's gzip body reuses
+    them and compresses the rest; it is one gzip member that Python and the gzip tool read as the plain body."""
+    source, clock = CountingSource(), Clock()
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        for first, accept in ((1, OPENMETRICS_ACCEPT), (4, "")):
+            for step in range(first, first + 3):
+                report(jobs, step)
+                packed, headers = await cache.render(accept, "gzip")
+                plain, _ = await cache.render(accept, None)
+                assert headers["Content-Encoding"] == "gzip" and gzip.decompress(packed) == plain
+                assert f'mfu_job_tokens_total{{training_job="llama"}} {step * 1000}.0'.encode() in plain
+                tool = subprocess.run(["gzip", "-dc"], input=packed, capture_output=True, check=True)
+                assert tool.stdout == plain and len(packed) < len(plain) / 3
+        assert source.renders == 2  # the snapshot encoded once per format, its segment kept across the states
     finally:
         await scheduler.stop()
