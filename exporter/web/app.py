@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -103,9 +104,16 @@ async def post_progress(request: web.Request) -> web.Response:
     """Validation and a state update only: the answer is small (accepted, the job, its state, run and version) and
     links to the job's full JSON, which the job model computes once per tick rather than once per report."""
     answer = request.app[SERVICE].ingest_progress(await read_json(request))
-    job = quote(answer["job"], safe="")
+    links, link = job_links(answer["job"])
+    return web.json_response({**answer, "links": links}, headers={"Link": link})
+
+
+@functools.lru_cache(maxsize=1024)  # a node holds at most ingest.max_jobs reporting jobs: their links are few
+def job_links(name: str) -> tuple[dict[str, str], str]:
+    """Where a job's JSON and ledger are, and the ``Link`` header naming the first."""
+    job = quote(name, safe="")
     links = {"job": f"/api/v1/jobs/{job}", "ledger": f"/api/v1/jobs/{job}/ledger"}
-    return web.json_response({**answer, "links": links}, headers={"Link": f'<{links["job"]}>; rel="related"'})
+    return links, f'<{links["job"]}>; rel="related"'
 
 
 async def post_checkpoint(request: web.Request) -> web.Response:
