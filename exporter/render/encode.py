@@ -1,8 +1,10 @@
-"""Render /metrics bodies at most once per new state, off the event loop, and serve cached bytes.
+"""Render /metrics bodies at most once per new state, and serve cached bytes.
 
 prometheus_client's ``generate_latest`` costs milliseconds for a full node; doing it per scrape, on the loop,
 would make 16 concurrent scrapers queue behind each other. Bodies are cached per (format, gzip) and keyed on a
-generation that changes when any snapshot or job changes, and at least once a second (MFU depends on time).
+generation that changes when any snapshot or job changes, and at least once a second (MFU depends on time). A
+render that must encode a source's snapshot runs in a thread; one that finds every snapshot encoded ahead (the
+common case) encodes the few changed parts on the loop, and gzips by joining kept deflate segments.
 
 A scrape after a state change (every scrape of a Prometheus scraping every 15 s) waits for a render, and most of a
 render was prometheus_client's encoder checking and escaping every name of every sample (character by character
