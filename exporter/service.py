@@ -69,6 +69,7 @@ class Service:
     settings: Config = field(default_factory=Config)  # ``config`` typed (exporter.config.typed_config)
     restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
     speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
+    ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it, so their families are kept
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
     # The readings collective_families joins, and its families from them (kept while the readings are the latest).
@@ -260,6 +261,7 @@ class Service:
         self.attribution.evaluate(now, views, self.node_signals())
         self.history.record(now, views)
         self.observe_restores(now, views)
+        self.ticks += 1  # after the restores moved: their families are collected again
 
     def observe_restores(self, now: float, views: list[JobView]) -> None:
         """Each job's finished checkpoint loads (its ledger's bands) with the reads of its checkpoint mounts."""
@@ -281,21 +283,27 @@ class Service:
         self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
 
 
+def kept_while(key: Callable[[], object], collect: Callable[[], Iterable[Metric]]) -> Callable[[], list[Metric]]:
+    """``collect``'s families, collected again only when ``key()`` has changed; the same list in between, whose
+    encoding the metrics cache keeps. ``key`` is read before collecting: a change meanwhile moves it past them."""
+    kept: list = [object(), []]  # (the key then, the families)
+    lock = threading.Lock()
+
+    def part() -> list[Metric]:
+        now = key()
+        with lock:
+            if kept[0] != now:
+                kept[:] = [now, list(collect())]
+            return kept[1]
+
+    return part
+
+
 def once_a_second(
     collect: Callable[[], Iterable[Metric]], monotonic: Callable[[], float] = time.monotonic
 ) -> Callable[[], list[Metric]]:
     """``collect``'s families, read again at most once a second of ``monotonic``; the same list in between."""
-    kept: list = [None, []]  # (the second read, the families then)
-    lock = threading.Lock()
-
-    def part() -> list[Metric]:
-        second = int(monotonic())
-        with lock:
-            if kept[0] != second:
-                kept[:] = [second, list(collect())]
-            return kept[1]
-
-    return part
+    return kept_while(lambda: int(monotonic()), collect)
 
 
 def job_collectives(
@@ -391,8 +399,12 @@ def build_service(
     )
     attribution = Attributor(typed.attribution, window=typed.mfu.window)
     registry = CollectorRegistry(auto_describe=False)
+    # The attribution changes only when it evaluates, the restores only at the tick: their families are kept between.
     collector = ExporterCollector(
-        scheduler, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
+        scheduler,
+        jobs,
+        extra=[kept_while(lambda: attribution.evaluations, lambda: attribution_families(attribution.standings()))],
+        clock=clock,
     )
     registry.register(collector)
     cache = MetricsCache(registry, lambda: scheduler.generation + jobs.generation, parts=collector.parts)
@@ -406,7 +418,7 @@ def build_service(
         elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
             source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(scheduler))
     restores = RestoreMeter()
-    collector.add(lambda: restore_families(restores.totals()))
+    collector.add(kept_while(lambda: service.ticks, lambda: restore_families(restores.totals())))
     service = Service(
         config,
         scheduler,

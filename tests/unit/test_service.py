@@ -2,7 +2,7 @@
 
 from prometheus_client.core import GaugeMetricFamily
 
-from exporter.service import once_a_second
+from exporter.service import kept_while, once_a_second
 
 
 def test_the_process_read_is_made_once_a_second_and_its_families_kept_between():
@@ -20,3 +20,16 @@ def test_the_process_read_is_made_once_a_second_and_its_families_kept_between():
     second = part()
     assert second is not first and reads == [100.2, 101.0]
     assert [sample.value for family in second for sample in family.samples] == [2.0]
+
+
+def test_families_are_collected_again_only_when_their_key_moves():
+    key, collected = [0], []
+
+    def collect():
+        collected.append(key[0])
+        return [GaugeMetricFamily("mfu_test", "Test.", value=key[0])]
+
+    part = kept_while(lambda: key[0], collect)
+    assert part() is part() and collected == [0]
+    key[0] = 1
+    assert [s.value for f in part() for s in f.samples] == [1.0] and collected == [0, 1]
