@@ -51,7 +51,7 @@ from exporter.quantities import parse_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
-from exporter.sim.nccl import InspectorDump
+from exporter.sim.nccl import InspectorDump, NcclTestsOutput
 from exporter.sim.node import (
     ALLREDUCE_US,
     DATA_WAIT_SHARE,
@@ -97,6 +97,9 @@ FIRST_CHECKPOINT_SECONDS = 6.0
 CHECKPOINT_SECONDS = 40.0
 CHECKPOINT_EVERY = 600.0
 RANK_PIDS_FLEET = {gpu: 4100 + gpu for gpu in range(GPUS)}  # a node's ranks, as its Inspector files name them
+# Each job's NCCL verification before it starts, across its nodes, against the demo node's fabric (8 x 400 Gb/s).
+NCCL_TEST_BUSBW_GBPS = 362.0
+NCCL_TEST_EXPECTED_GBPS = 320.0  # 0.8 x the line rate: what the nccl source derives from a node's ACTIVE ports
 FLEET_INSPECTOR_EVERY = 10.0  # seconds between a job's Inspector dumps: a fleet's files grow slowly
 HISTORY_SECONDS = 900.0  # how far back /api/v1/fleet gives each job's tokens
 XID_AT_START = 13
@@ -407,10 +410,17 @@ class Fleet:
         job.shared = SharedSample(job.source, self.clock.monotonic)
 
     def _inspector(self, job: FleetJob, root: Path) -> None:
-        """The job's NCCL Inspector dumps and the nccl source reading them, shared by its nodes as the checkpoint
-        source is: every node of a job holds all 8 GPUs for it, so every file is the job's."""
+        """The job's NCCL Inspector dumps, its NCCL verification and the nccl source reading them, shared by its nodes
+        as the checkpoint source is: every node of a job holds all 8 GPUs for it, so every file is the job's."""
         job.inspector = InspectorDump(root / "nccl-inspector" / job.name, f"{job.name}-node", RANK_PIDS_FLEET)
-        section = typed_config(validate({"sources": {"nccl": {"inspector_paths": [str(job.inspector.directory)]}}}))
+        tests = NcclTestsOutput(root / "nccl-tests" / job.name, tuple(f"{job.name}-node-{i}" for i in job.nodes))
+        tests.write("all_reduce_perf.txt", NCCL_TEST_BUSBW_GBPS)
+        nccl = {
+            "inspector_paths": [str(job.inspector.directory)],
+            "tests_paths": [str(tests.directory / "*.txt")],
+            "expect_busbw": NCCL_TEST_EXPECTED_GBPS,  # the fleet's nodes share one source, with no sysfs of its own
+        }
+        section = typed_config(validate({"sources": {"nccl": nccl}}))
         source = NcclSource(section.sources.nccl, clock=self.clock.monotonic)
         source.attach(lambda name=job.name: dict.fromkeys(range(GPUS), name), dict)
         job.nccl = SharedSample(source, self.clock.monotonic)

@@ -15,6 +15,7 @@ from pathlib import Path
 NCCL_VERSION = "2.27.7+cuda12.9"
 ALLREDUCE_BYTES = 256 << 20  # a bucket of gradients: Inspector's "large" class
 RANKS_PER_JOB = 1024  # the demo job's world (exporter/sim/node.py WORLD_GPUS)
+IN_PLACE_SHARE = 0.995  # an in-place all-reduce runs a little slower than out-of-place in nccl-tests' tables
 
 
 class NcclDebugFile:
@@ -97,3 +98,66 @@ class InspectorDump:
             }
             with open(self.path(gpu), "a") as out:
                 out.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
+class NcclTestsOutput:
+    """The node's pre-job fabric check as the guide runs it: ``all_reduce_perf -b 8M -e 1G -f 2 -g 1`` across
+    ``ranks`` ranks, one per GPU, written as nccl-tests 2.x prints it (src/util.cu's headers and row format, the
+    layout of tests/fixtures/nccl/real/perf.txt's current pastes) to a file the nccl source reads
+    (``sources.nccl.tests_paths``)."""
+
+    SIZES = tuple(8 << 20 << i for i in range(8))  # -b 8M -e 1G -f 2
+    HALF_SIZE = 24 << 20  # bytes at which a ring reaches half its peak: latency dominates below
+
+    def __init__(self, directory: Path, hosts: tuple[str, ...], gpus_per_host: int = 8):
+        self.directory, self.hosts, self.gpus_per_host = directory, hosts, gpus_per_host
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def ranks(self) -> int:
+        return len(self.hosts) * self.gpus_per_host
+
+    def write(self, name: str, peak_busbw_gbps: float) -> Path:
+        """One run whose bus bandwidth approaches ``peak_busbw_gbps`` (GB/s) at the largest sizes; its path."""
+        n = self.ranks
+        factor = 2 * (n - 1) / n  # all-reduce's bus bandwidth over its algorithm bandwidth
+        lines = [
+            "# nccl-tests version 2.17.1 nccl-headers=22707 nccl-library=22707",
+            "# Collective test starting: all_reduce_perf",
+            f"# nThread 1 nGpus 1 minBytes {self.SIZES[0]} maxBytes {self.SIZES[-1]} step: 2(factor) warmup iters: 5 "
+            "iters: 20 agg iters: 1 validation: 1 graph: 0",
+            "#",
+            "# Using devices",
+        ]
+        for rank in range(n):
+            host, device = self.hosts[rank // self.gpus_per_host], rank % self.gpus_per_host
+            lines.append(
+                f"#  Rank {rank:2d} Group  0 Pid {4100 + rank:6d} on {host:>10} device {device:2d} "
+                f"[0000:{0x18 + device:02x}:00] NVIDIA H100 80GB HBM3"
+            )
+        lines += [
+            "#",
+            "#                                                              out-of-place                       in-place",
+            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
+            "busbw #wrong",
+            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)",
+        ]
+        busbws = []
+        for size in self.SIZES:
+            halves = []
+            for share in (1.0, IN_PLACE_SHARE):
+                algbw = round(share * peak_busbw_gbps * size / (size + self.HALF_SIZE) / factor, 2)
+                busbw = round(algbw * factor, 2)  # nccl-tests derives busbw from algbw
+                halves.append(f"{size / (algbw * 1e3):8.1f} {algbw:7.2f} {busbw:7.2f} {0:6d}")
+                busbws.append(busbw)
+            lines.append(f"{size:12d} {size // 4:13d}     float     sum      -1 {halves[0]} {halves[1]}")
+        lines += [
+            "# Out of bounds values : 0 OK",
+            f"# Avg bus bandwidth    : {sum(busbws) / len(busbws):.4f} ",
+            "#",
+            "# Collective test concluded: all_reduce_perf",
+            "#",
+        ]
+        path = self.directory / name
+        path.write_text("\n".join(lines) + "\n")
+        return path

@@ -29,7 +29,7 @@ from exporter.quantities import format_duration
 from exporter.service import Service, build_service
 from exporter.sim import nvml as fake_nvml
 from exporter.sim.mlx5 import SimulatedNode
-from exporter.sim.nccl import InspectorDump, NcclDebugFile
+from exporter.sim.nccl import InspectorDump, NcclDebugFile, NcclTestsOutput
 from exporter.sim.nvml import train_healthily  # here too: the demo's callers and tests use it from the node
 from exporter.sim.podresources import PodResourcesServer, SimPod
 from exporter.sim.storage import DATASET_MOUNT, DATASET_READ_RATE, SimulatedStorage
@@ -75,6 +75,8 @@ LOST_GPU = 3  # one of the reporting job's GPUs
 SLOW_GPU = 2  # the straggler: a GPU of the reporting job clocked low with no throttle reason (a degraded part)
 SLOW_CLOCK_MHZ = 1200
 HOST = "demo-node-0"  # the hostname the job's NCCL prints and names its Inspector files with
+PEER_HOST = "demo-node-1"  # the other node of the demo's pre-job NCCL verification
+NCCL_TEST_BUSBW_GBPS = 362.0  # the verification's bus bandwidth toward 1 GiB: 0.9 x 8 ports x 400 Gb/s
 RANK_PIDS = {gpu: 4100 + gpu for gpu in JOB_GPUS}  # the job's processes, one per GPU (NVML's compute processes)
 INSPECTOR_EVERY = 2.0  # seconds between NCCL Inspector's dumps (NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS)
 ALLREDUCE_US = 2400.0  # a healthy rank's 256 MiB all-reduce
@@ -521,6 +523,10 @@ class DemoNode:
         self.nccl_log = NcclDebugFile(root / "nccl" / f"{JOB}.nccl.log", HOST, RANK_PIDS[JOB_GPUS[0]], JOB_GPUS)
         self.nccl_log.run_starts(sockets=False)
         self.inspector = InspectorDump(root / "nccl-inspector", HOST, RANK_PIDS)
+        # The guide's fabric check before the job: an all-reduce across this node and a peer, at 0.9 of the eight
+        # 400 Gb/s ports' line rate (a pass against 0.8 of it, the nccl source's expected figure).
+        self.nccl_tests = NcclTestsOutput(root / "nccl-tests", (HOST, PEER_HOST))
+        self.nccl_tests.write("all_reduce_perf.txt", NCCL_TEST_BUSBW_GBPS)
         self._next_dump = 0.0
         self.kubelet: PodResourcesServer | None = None  # the demo's pod-resources server, when discovery uses it
         self._origin: float | None = None
@@ -757,7 +763,11 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
             "gpu": {"retry_interval": "30s"},
             "checkpoint": {"watch": [watch]},
             "logs": logs,
-            "nccl": {"inspector_paths": [str(node.inspector.directory)], "interval": "2s"},
+            "nccl": {
+                "inspector_paths": [str(node.inspector.directory)],
+                "tests_paths": [str(node.nccl_tests.directory / "*.txt")],
+                "interval": "2s",
+            },
             "storage": {"interval": "1s"},  # a restore (15 s of demo time) spans a few storage samples
         },
         # The discovered job has no expected_mfu: learn its healthy hardware figure in ten simulated seconds

@@ -54,6 +54,7 @@ ON_AN_EVENT = {
     # nccl.FAMILY_LEVELS (render/nccl.py): minimal and standard; a default node has no sources.nccl.tests_paths file.
     "mfu_nccl_test_passed": "a verification file under sources.nccl.tests_paths",
     "mfu_nccl_test_busbw_bytes_per_second": "the same",
+    "mfu_nccl_test_timestamp_seconds": "the same",
     "mfu_nccl_test_expected_busbw_bytes_per_second": "the same, and an ACTIVE RDMA port or expect_busbw",
     "mfu_nccl_test_wrong_values": "the same, from a test that checked its values",
 }
