@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import operator
 import time
 from typing import Callable, Iterable
@@ -127,7 +126,9 @@ def _joined(per_view: list[list[Metric]]) -> list[Metric]:
     of all the views at once."""
     joined = []
     for own in zip(*per_view):
-        family = copy.copy(own[0])
+        first = own[0]
+        family = first.__class__.__new__(first.__class__)  # a shallow copy, without copy.copy's generic reduce
+        family.__dict__.update(first.__dict__)
         family.samples = [sample for one in own for sample in one.samples]
         joined.append(family)
     return joined
