@@ -37,7 +37,7 @@ through ``log_dist`` (``"[Rank {}] "``): the milliseconds summed **since the pre
 steps_per_print() == 0`` (``runtime/pipe/engine.py:1177``): DeepSpeed#2264's paste. EleutherAI's fork DeeperSpeed,
 under GPT-NeoX with pipeline parallelism, logs every timer in one such line after its ``%comms`` shares
 (branch ``ds_update_final``, eb7f5cff3667 of 2021-09, ``runtime/pipe/engine.py:331-341``, ``timers.log(names)`` with
-``names = list(self.timers.timers.keys())``), ``batch_input`` among them: mosaicml/examples' GPT-NeoX README. The
+``names = list(self.timers.timers.keys())``), ``batch_input`` among them (gpt-neox#126's paste, mosaicml/examples' GPT-NeoX README). The
 plain engine's breakdown (``forward_microstep``, ``backward_microstep``, ``step_microstep``, ...) has no
 data-loading timer, so a DeepSpeed job outside the pipeline engine gives none.
 
