@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import operator
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, TypeVar
@@ -67,8 +69,12 @@ class Service:
     settings: Config = field(default_factory=Config)  # ``config`` typed (exporter.config.typed_config)
     restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
     speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
+    ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it, so their families are kept
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
+    # The readings collective_families joins, and its families from them (kept while the readings are the latest).
+    _JOINED = (("logs", LogsSample), ("nccl", NcclSample), ("rdma", RdmaSample))
+    _joined: tuple[tuple, list[Metric]] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> None:
         """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop."""
@@ -106,10 +112,18 @@ class Service:
         return await self.cache.render(accept, accept_encoding)
 
     def ingest_progress(self, body: Any) -> dict[str, Any]:
-        """A progress report (the decoded JSON body) validated and merged into its job; the job's JSON after it.
+        """A progress report (the decoded JSON body) validated and merged into its job: validation and a state
+        update only. The answer says it was accepted, with the job's state, run and version after it; the job's view
+        (MFU, checkpoint, bottleneck) is ``job(name)``'s, computed once per tick or change rather than per report.
         Raises an ``IngestError`` naming the field at fault."""
-        view = self.jobs.report(parse_progress(body, self.clock()))
-        return self.job_json(view)
+        accepted = self.jobs.accept(parse_progress(body, self.clock()))
+        return {
+            "accepted": True,
+            "job": accepted.job,
+            "state": accepted.state,
+            "run": accepted.run,
+            "version": accepted.version,
+        }
 
     @property
     def accepts_checkpoints(self) -> bool:
@@ -128,12 +142,20 @@ class Service:
         """Every job's JSON (``GET /api/v1/jobs``)."""
         return [self.job_json(view) for view in self.jobs.views()]
 
-    def ledger_json(self, name: str) -> dict[str, Any]:
-        """Where job ``name``'s time on this node went (``GET /api/v1/jobs/<job>/ledger``); ``NotFound`` for a job
-        this node does not have, or one without a ledger yet."""
+    def job(self, name: str) -> dict[str, Any]:
+        """Job ``name``'s JSON (``GET /api/v1/jobs/<job>``); ``NotFound`` for a job this node does not have."""
+        return self.job_json(self._view_named(name))
+
+    def _view_named(self, name: str) -> JobView:
         view = next((v for v in self.jobs.views() if v.name == name), None)
         if view is None:
             raise NotFound("job", f"no job {name!r} on this node")
+        return view
+
+    def ledger_json(self, name: str) -> dict[str, Any]:
+        """Where job ``name``'s time on this node went (``GET /api/v1/jobs/<job>/ledger``); ``NotFound`` for a job
+        this node does not have, or one without a ledger yet."""
+        view = self._view_named(name)
         if view.ledger is None:
             raise NotFound(
                 "job",
@@ -146,9 +168,10 @@ class Service:
         """Add client_python's ProcessCollector to /metrics: the daemon's own CPU seconds, resident and virtual
         memory, open and maximum file descriptors and start time, under its standard ``process_`` names. The daemon
         calls this (``web.app.serve``); build_service does not, so the golden rendering of the fixture node stays
-        the same from run to run. It reads this process's own /proc/self, never ``--path.procfs`` (the host's)."""
+        the same from run to run. It reads this process's own /proc/self, never ``--path.procfs`` (the host's), once a
+        second at most: listing /proc/self/fd was a third of a fresh scrape's CPU (docs/benchmarks.md)."""
         if self.collector is not None and not self._process_metrics:
-            self.collector.add(ProcessCollector(registry=None).collect)
+            self.collector.add(once_a_second(ProcessCollector(registry=None).collect))
             self._process_metrics = True
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
@@ -192,9 +215,14 @@ class Service:
     def collective_families(self) -> Iterable[Metric]:
         """What joins two sources (render/collectives.py): whether a job's NCCL fell back to sockets (the logs source's
         transport, the RDMA source's ports) and the slow rank its log or NCCL Inspector names."""
-        rdma = self.readings("rdma", RdmaSample)
+        logs, nccl, rdma = (self.readings(name, kind) for name, kind in self._JOINED)
+        kept = self._joined
+        if kept is not None and all(map(operator.is_, kept[0], (logs, nccl, rdma))):
+            return kept[1]  # the same readings: the same families, whose encoding the cache keeps
         rdma_active = any(port.port.active for port in rdma.ports.values()) if rdma else False
-        return collective_families(*self._collectives(), rdma_active)
+        families = list(collective_families(*self._collectives(), rdma_active))
+        self._joined = ((logs, nccl, rdma), families)
+        return families
 
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
@@ -233,6 +261,7 @@ class Service:
         self.attribution.evaluate(now, views, self.node_signals())
         self.history.record(now, views)
         self.observe_restores(now, views)
+        self.ticks += 1  # after the restores moved: their families are collected again
 
     def observe_restores(self, now: float, views: list[JobView]) -> None:
         """Each job's finished checkpoint loads (its ledger's bands) with the reads of its checkpoint mounts."""
@@ -252,6 +281,29 @@ class Service:
             if view.ledger is not None:
                 self.restores.observe_job(view.name, view.ledger.bands, tuple(mounts.get(view.name, ())), now)
         self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
+
+
+def kept_while(key: Callable[[], object], collect: Callable[[], Iterable[Metric]]) -> Callable[[], list[Metric]]:
+    """``collect``'s families, collected again only when ``key()`` has changed; the same list in between, whose
+    encoding the metrics cache keeps. ``key`` is read before collecting: a change meanwhile moves it past them."""
+    kept: list = [object(), []]  # (the key then, the families)
+    lock = threading.Lock()
+
+    def part() -> list[Metric]:
+        now = key()
+        with lock:
+            if kept[0] != now:
+                kept[:] = [now, list(collect())]
+            return kept[1]
+
+    return part
+
+
+def once_a_second(
+    collect: Callable[[], Iterable[Metric]], monotonic: Callable[[], float] = time.monotonic
+) -> Callable[[], list[Metric]]:
+    """``collect``'s families, read again at most once a second of ``monotonic``; the same list in between."""
+    return kept_while(lambda: int(monotonic()), collect)
 
 
 def job_collectives(
@@ -347,8 +399,12 @@ def build_service(
     )
     attribution = Attributor(typed.attribution, window=typed.mfu.window)
     registry = CollectorRegistry(auto_describe=False)
+    # The attribution changes only when it evaluates, the restores only at the tick: their families are kept between.
     collector = ExporterCollector(
-        scheduler, jobs, extra=[lambda: attribution_families(attribution.standings())], clock=clock
+        scheduler,
+        jobs,
+        extra=[kept_while(lambda: attribution.evaluations, lambda: attribution_families(attribution.standings()))],
+        clock=clock,
     )
     registry.register(collector)
     cache = MetricsCache(registry, lambda: scheduler.generation + jobs.generation, parts=collector.parts)
@@ -362,7 +418,7 @@ def build_service(
         elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
             source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(scheduler))
     restores = RestoreMeter()
-    collector.add(lambda: restore_families(restores.totals()))
+    collector.add(kept_while(lambda: service.ticks, lambda: restore_families(restores.totals())))
     service = Service(
         config,
         scheduler,

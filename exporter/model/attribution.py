@@ -391,6 +391,7 @@ class Attributor:
         self.window = window  # the MFU window (mfu.window): how long a cleared cause's gap stays in the MFU
         self._jobs: dict[str, _JobAttribution] = {}
         self._lock = threading.Lock()
+        self.evaluations = 0  # passes done: the standings change only with it (their families are kept between)
 
     def baseline(self, view: JobView, state: _JobAttribution) -> float | None:
         if view.facts.get("expected_mfu") and state.signal == "mfu":
@@ -413,6 +414,7 @@ class Attributor:
                 state.judged = state.judged or state.verdict is not None
             for name in set(self._jobs) - seen:
                 del self._jobs[name]
+            self.evaluations += 1
 
     def _evaluate(self, now: float, view: JobView, state: _JobAttribution, signals: NodeSignals) -> None:
         elapsed = 0.0 if state.last_evaluated is None else max(now - state.last_evaluated, 0.0)

@@ -81,6 +81,17 @@ class Job:
         return self.carried_tokens + self.tokens_total + self.replayed_tokens
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """What the ingest API answers for an accepted report: the job, its state and run after it, and its version
+    (counts the job's changes, ticks included)."""
+
+    job: str
+    state: str
+    run: int
+    version: int
+
+
 class JobTracker:
     """Thread-safe store of jobs reporting to this node, and of the jobs discovery finds on it.
 
@@ -117,69 +128,80 @@ class JobTracker:
         self._expiry_bound = (float("inf"), 0.0)  # (clock of the last pass over the jobs, their oldest arrival then)
 
     def report(self, report: ProgressReport, view: bool = True) -> JobView | None:
+        """The report merged into its job; the job's view after it (``view``), else None. A log source feeds many
+        lines at once and needs no view of each (a view looks the peak up); the 1 s tick logs its reason then."""
         now = self._clock()
         with self._lock:
-            self._expire(now)
-            job = self._jobs.get(report.job)
-            if job is None or not (job.reported or job.touched):
-                # New to the ingest APIs (a job only discovered so far takes no slot until it reports).
-                if report.state == RUNNING:
-                    self._admit()
-                if job is None:
-                    job = Job(report.job, dict(self._configured.get(report.job, {})), created=now)
-                    self._jobs[report.job] = job
-            elif job.state != RUNNING and report.state == RUNNING:
+            job = self._merge(report, now)
+            return self._answer(job, now) if view else None
+
+    def accept(self, report: ProgressReport) -> Accepted:
+        """The report merged into its job, answered without the job's view (the ingest API's answer): the view is
+        computed by the 1 s tick, or by the first read after the change (``views``)."""
+        now = self._clock()
+        with self._lock:
+            job = self._merge(report, now)
+            return Accepted(job.name, job.state, job.runs, job.version)
+
+    def _merge(self, report: ProgressReport, now: float) -> Job:
+        """``report`` merged into its job (the lock held); the job."""
+        self._expire(now)
+        job = self._jobs.get(report.job)
+        if job is None or not (job.reported or job.touched):
+            # New to the ingest APIs (a job only discovered so far takes no slot until it reports).
+            if report.state == RUNNING:
                 self._admit()
-                self._new_run(job, now)
-            job.facts.update(report.facts)
-            at = report.time if report.time is not None else now
-            if report.tokens_total is None:
-                # An event of the run (start, heartbeat, checkpoint load): its ledger's, no totals to count.
-                job.touched = True
-                job.last_arrival = now
-                self._ledger_report(job, report, at, now)
-                if report.state != job.state:
-                    self._end(job, report.state, now)
-                self._changed(job)
-                return self._answer(job, now) if view else None
-            before = job.tokens_total if job.reported else report.tokens_total
-            if job.reported and report.tokens_total < job.tokens_total:
-                # Restarted from a checkpoint: a new window, never a negative rate; the exported counters keep
-                # counting up (re-trained tokens are work done again), so rate() sees no false reset spike.
-                job.window.clear()
-                job.restarts += 1
-                job.replayed_tokens += job.tokens_total - report.tokens_total
-            if job.window and at < job.window[-1][0]:
-                at = job.window[-1][0]  # reports out of order by the job's clock: keep the window monotonic
-            if job.window and at > job.window[-1][0]:
-                job.interval = at - job.window[-1][0]
-            if len(job.window) >= 2 and at - job.window[-2][0] < REPORT_RESOLUTION_SECONDS:
-                # Jobs may report every step: the rate needs only the window's ends, so reports closer than the
-                # resolution replace the newest point and a window holds ~one point per second, not per step.
-                job.window[-1] = (at, report.tokens_total)
-            else:
-                job.window.append((at, report.tokens_total))
-            while len(job.window) > 2 and job.window[1][0] < at - self.window:
-                job.window.popleft()
-            job.tokens_total = report.tokens_total
-            if report.data_wait_seconds is not None:
-                self._data_wait(job, at, report.data_wait_seconds, "client")
-            if report.step is not None:
-                job.step = report.step
-            job.last_report_time = at
-            job.last_arrival = job.progress_arrival = now
-            job.reported = True
-            job.feed_reason = None  # a total arrived: a log's word on why it had none (another feed's) is over
-            self._count_flops(job)
-            self._ledger_report(job, report, at, now, before)
+            if job is None:
+                job = Job(report.job, dict(self._configured.get(report.job, {})), created=now)
+                self._jobs[report.job] = job
+        elif job.state != RUNNING and report.state == RUNNING:
+            self._admit()
+            self._new_run(job, now)
+        job.facts.update(report.facts)
+        at = report.time if report.time is not None else now
+        if report.tokens_total is None:
+            # An event of the run (start, heartbeat, checkpoint load): its ledger's, no totals to count.
+            job.touched = True
+            job.last_arrival = now
+            self._ledger_report(job, report, at, now)
             if report.state != job.state:
                 self._end(job, report.state, now)
             self._changed(job)
-            # A log source feeds many lines at once and needs no view of each (a view looks the peak up); the
-            # 1 s tick logs its reason then.
-            if not view:
-                return None
-            return self._answer(job, now)
+            return job
+        before = job.tokens_total if job.reported else report.tokens_total
+        if job.reported and report.tokens_total < job.tokens_total:
+            # Restarted from a checkpoint: a new window, never a negative rate; the exported counters keep
+            # counting up (re-trained tokens are work done again), so rate() sees no false reset spike.
+            job.window.clear()
+            job.restarts += 1
+            job.replayed_tokens += job.tokens_total - report.tokens_total
+        if job.window and at < job.window[-1][0]:
+            at = job.window[-1][0]  # reports out of order by the job's clock: keep the window monotonic
+        if job.window and at > job.window[-1][0]:
+            job.interval = at - job.window[-1][0]
+        if len(job.window) >= 2 and at - job.window[-2][0] < REPORT_RESOLUTION_SECONDS:
+            # Jobs may report every step: the rate needs only the window's ends, so reports closer than the
+            # resolution replace the newest point and a window holds ~one point per second, not per step.
+            job.window[-1] = (at, report.tokens_total)
+        else:
+            job.window.append((at, report.tokens_total))
+        while len(job.window) > 2 and job.window[1][0] < at - self.window:
+            job.window.popleft()
+        job.tokens_total = report.tokens_total
+        if report.data_wait_seconds is not None:
+            self._data_wait(job, at, report.data_wait_seconds, "client")
+        if report.step is not None:
+            job.step = report.step
+        job.last_report_time = at
+        job.last_arrival = job.progress_arrival = now
+        job.reported = True
+        job.feed_reason = None  # a total arrived: a log's word on why it had none (another feed's) is over
+        self._count_flops(job)
+        self._ledger_report(job, report, at, now, before)
+        if report.state != job.state:
+            self._end(job, report.state, now)
+        self._changed(job)
+        return job
 
     def _answer(self, job: Job, now: float) -> JobView:
         answer = self._view(job, now)

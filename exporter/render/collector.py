@@ -34,6 +34,7 @@ class ExporterCollector(Collector):
         # The jobs' families with the views they were built from: the job model keeps a view until its job changes
         # or a tick passes, so while the views are the same objects their families are too.
         self._job_parts: tuple[list, list[Metric]] | None = None
+        self._self_parts: tuple[int, list[Metric]] | None = None  # (the scheduler's generation, the families then)
 
     def add(self, part: Callable[[], Iterable[Metric]]) -> None:
         """Families to yield after the others, from a call that may give new ones each time."""
@@ -63,7 +64,18 @@ class ExporterCollector(Collector):
         self._job_parts = (views, families)
         return families
 
-    def _self_metrics(self) -> Iterable[Metric]:
+    def _self_metrics(self) -> list[Metric]:
+        """The exporter's own series, the same list while no source finished a sample (the scheduler's generation
+        moves after each), so a render after a report reuses their encoding."""
+        generation = self._scheduler.generation  # read first: a sample ending meanwhile moves it past these families
+        kept = self._self_parts
+        if kept is not None and kept[0] == generation:
+            return kept[1]
+        families = list(self._source_families())
+        self._self_parts = (generation, families)
+        return families
+
+    def _source_families(self) -> Iterable[Metric]:
         build = InfoMetricFamily("mfu_exporter_build", "Version of mfu-exporter.")
         build.add_metric([], {"version": __version__})
         yield build

@@ -1,8 +1,10 @@
-"""Render /metrics bodies at most once per new state, off the event loop, and serve cached bytes.
+"""Render /metrics bodies at most once per new state, and serve cached bytes.
 
 prometheus_client's ``generate_latest`` costs milliseconds for a full node; doing it per scrape, on the loop,
 would make 16 concurrent scrapers queue behind each other. Bodies are cached per (format, gzip) and keyed on a
-generation that changes when any snapshot or job changes, and at least once a second (MFU depends on time).
+generation that changes when any snapshot or job changes, and at least once a second (MFU depends on time). A
+render that must encode a source's snapshot runs in a thread; one that finds every snapshot encoded ahead (the
+common case) encodes the few changed parts on the loop, and gzips by joining kept deflate segments.
 
 A scrape after a state change (every scrape of a Prometheus scraping every 15 s) waits for a render, and most of a
 render was prometheus_client's encoder checking and escaping every name of every sample (character by character
@@ -20,8 +22,10 @@ import logging
 import math
 import operator
 import re
+import struct
 import threading
 import time
+import zlib
 from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry
@@ -48,6 +52,11 @@ _TEXT_TYPES = {
     "histogram": ("histogram", ""),
 }
 _EOF = "# EOF\n"
+GZIP_LEVEL = 1  # a scrape's body compresses ~6x at level 1; higher levels cost more CPU than the bytes they save
+# A gzip member's header (RFC 1952): deflate, no flags, no time, XFL 4 (the fastest level), OS unknown; and the final
+# empty block that ends a deflate stream made of full-flush segments.
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\xff"
+_FINAL_BLOCK = b"\x03\x00"
 _plain_names: set[str] = set()  # names seen to be plain; a few hundred at most, the names this exporter writes
 MAX_LABEL_TEXTS = 65536  # label sets kept; a full node has about 1,300
 _label_texts: dict[tuple, str] = {}
@@ -252,6 +261,12 @@ class MetricsCache:
         # id(snapshot) -> (the snapshot, its encoding by content type); holding the snapshot keeps its id unique.
         self._fragments: dict[int, tuple[Snapshot, dict[str, str]]] = {}
         self._fragments_lock = threading.Lock()
+        # A call part -> (the families it last returned, their encoding by content type). A part that returns the very
+        # same object again (the jobs' families while no job changed, the process' read once a second) is not
+        # encoded again; one that builds new families each time is.
+        self._kept: dict[Callable, tuple[object, dict[str, str]]] = {}
+        # content type -> id(text) -> (the text, its UTF-8 bytes, its deflate segment): the last gzip render's texts.
+        self._deflated: dict[str, dict[int, tuple[str, bytes, bytes]]] = {}
 
     def _key_generation(self) -> tuple[int, int]:
         return self._generation(), int(self._monotonic())
@@ -272,7 +287,16 @@ class MetricsCache:
             return cached[1], headers
         pending = self._pending.get(key)
         if pending is None:
-            pending = asyncio.get_running_loop().run_in_executor(None, self._encode, encoder, content_type, use_gzip)
+            parts = self._parts() if self._parts is not None else None
+            if parts is not None and self._encoded_ahead(parts, content_type):
+                # Every snapshot's encoding is kept: what is left (the jobs' part, the exporter's own series, gzip)
+                # takes a fraction of a millisecond, less than handing it to a thread and back (docs/benchmarks.md).
+                body = self._encode(encoder, content_type, use_gzip, parts)
+                self._bodies[key] = (generation, body)
+                return body, headers
+            pending = asyncio.get_running_loop().run_in_executor(
+                None, self._encode, encoder, content_type, use_gzip, parts
+            )
             self._pending[key] = pending
             try:
                 body = await pending
@@ -306,21 +330,70 @@ class MetricsCache:
         except Exception:
             log.exception("encoding a new snapshot ahead of the next scrape failed")
 
-    def _encode(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, use_gzip: bool) -> bytes:
+    def _encoded_ahead(self, parts: list[Snapshot | Callable[[], Iterable[Metric]]], content_type: str) -> bool:
+        """Whether every snapshot among ``parts`` has its encoding in ``content_type`` kept (a format this encoder
+        writes itself), so that a render encodes only the call parts."""
+        if _plain_openmetrics(content_type) is None:
+            return False
+        with self._fragments_lock:
+            for part in parts:
+                if isinstance(part, Snapshot):
+                    kept = self._fragments.get(id(part))
+                    if kept is None or kept[0] is not part or content_type not in kept[1]:
+                        return False
+        return True
+
+    def _encode(
+        self,
+        encoder: Callable[[CollectorRegistry], bytes],
+        content_type: str,
+        use_gzip: bool,
+        parts: list[Snapshot | Callable[[], Iterable[Metric]]] | None = None,
+    ) -> bytes:
         openmetrics = _plain_openmetrics(content_type)
         if self._parts is None or openmetrics is None:
             body = encode(self._registry, encoder, content_type)
         else:
-            parts = self._parts()
+            parts = parts if parts is not None else self._parts()
             texts = [
                 self._fragment(part, encoder, content_type)
                 if isinstance(part, Snapshot)
-                else encode_families(part(), encoder, openmetrics)
+                else self._call_part(part, encoder, content_type, openmetrics)
                 for part in parts
             ]
             self._keep_fragments([part for part in parts if isinstance(part, Snapshot)])
-            body = ("".join(texts) + (_EOF if openmetrics else "")).encode("utf-8")
+            if openmetrics:
+                texts.append(_EOF)
+            if use_gzip:
+                return self._gzip(texts, content_type)
+            body = "".join(texts).encode("utf-8")
         return gzip.compress(body, compresslevel=1) if use_gzip else body
+
+    def _gzip(self, texts: list[str], content_type: str) -> bytes:
+        """The texts joined, gzipped: one gzip member whose deflate stream is each text's own segment in turn. A
+        segment is compressed from an empty window and ends byte-aligned (``Z_FULL_FLUSH``), so segments join into a
+        valid stream (as pigz joins its blocks), and a text kept from the last render (a snapshot's encoding, the
+        jobs' families while unchanged) keeps its segment: a render compresses only the texts that changed."""
+        previous = self._deflated.get(content_type, {})
+        kept: dict[int, tuple[str, bytes, bytes]] = {}
+        compressor = None
+        segments, crc, size = [GZIP_HEADER], 0, 0
+        for text in texts:
+            if not text:
+                continue
+            known = previous.get(id(text))
+            if known is None or known[0] is not text:
+                data = text.encode("utf-8")
+                if compressor is None:
+                    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+                known = (text, data, compressor.compress(data) + compressor.flush(zlib.Z_FULL_FLUSH))
+            kept[id(text)] = known
+            segments.append(known[2])
+            crc = zlib.crc32(known[1], crc)
+            size += len(known[1])
+        self._deflated[content_type] = kept  # the texts of this render only: the next one reuses what it can
+        segments += [_FINAL_BLOCK, struct.pack("<II", crc, size & 0xFFFFFFFF)]
+        return b"".join(segments)
 
     def _fragment(self, snapshot: Snapshot, encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> str:
         with self._fragments_lock:
@@ -330,6 +403,27 @@ class MetricsCache:
             text = encode_families(snapshot_families(snapshot), encoder, bool(_plain_openmetrics(content_type)))
             with self._fragments_lock:
                 encodings[content_type] = text
+        return text
+
+    def _call_part(
+        self,
+        part: Callable[[], Iterable[Metric]],
+        encoder: Callable[[CollectorRegistry], bytes],
+        content_type: str,
+        openmetrics: bool,
+    ) -> str:
+        families = part()
+        with self._fragments_lock:
+            kept = self._kept.get(part)
+            text = kept[1].get(content_type) if kept is not None and kept[0] is families else None
+        if text is None:
+            text = encode_families(families, encoder, openmetrics)
+            if isinstance(families, (list, tuple)):  # a generator is new each time: nothing to keep
+                with self._fragments_lock:
+                    kept = self._kept.get(part)
+                    if kept is None or kept[0] is not families:
+                        kept = self._kept[part] = (families, {})
+                    kept[1][content_type] = text
         return text
 
     def _keep_fragments(self, snapshots: list[Snapshot]) -> None:

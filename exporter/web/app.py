@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -10,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -99,7 +101,19 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def post_progress(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].ingest_progress(await read_json(request)))
+    """Validation and a state update only: the answer is small (accepted, the job, its state, run and version) and
+    links to the job's full JSON, which the job model computes once per tick rather than once per report."""
+    answer = request.app[SERVICE].ingest_progress(await read_json(request))
+    links, link = job_links(answer["job"])
+    return web.json_response({**answer, "links": links}, headers={"Link": link})
+
+
+@functools.lru_cache(maxsize=1024)  # a node holds at most ingest.max_jobs reporting jobs: their links are few
+def job_links(name: str) -> tuple[dict[str, str], str]:
+    """Where a job's JSON and ledger are, and the ``Link`` header naming the first."""
+    job = quote(name, safe="")
+    links = {"job": f"/api/v1/jobs/{job}", "ledger": f"/api/v1/jobs/{job}/ledger"}
+    return links, f'<{links["job"]}>; rel="related"'
 
 
 async def post_checkpoint(request: web.Request) -> web.Response:
@@ -111,6 +125,12 @@ async def post_checkpoint(request: web.Request) -> web.Response:
 
 async def get_jobs(request: web.Request) -> web.Response:
     return web.json_response({"jobs": request.app[SERVICE].jobs_json()})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    """``GET /api/v1/jobs/<job>``: the job's JSON as ``/api/v1/jobs`` lists it (what ``POST /api/v1/progress``
+    answered before it answered with a link here)."""
+    return web.json_response(request.app[SERVICE].job(request.match_info["job"]))
 
 
 async def get_ledger(request: web.Request) -> web.Response:
@@ -175,6 +195,7 @@ def create_app(
     app.router.add_post("/api/v1/progress", post_progress)
     app.router.add_post("/api/v1/checkpoints", post_checkpoint)
     app.router.add_get("/api/v1/jobs", get_jobs)
+    app.router.add_get("/api/v1/jobs/{job}", get_job)
     app.router.add_get("/api/v1/jobs/{job}/ledger", get_ledger)
     app.router.add_get("/api/v1/status", get_status)
     for path, read in (documents or {}).items():

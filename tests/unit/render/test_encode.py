@@ -4,7 +4,9 @@ cache serves those bytes, encoding a source's snapshot once per format, ahead of
 
 import asyncio
 import gc
+import gzip
 import math
+import subprocess
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -403,5 +405,92 @@ async def test_encodings_of_replaced_snapshots_are_let_go():
         assert source.renders == 4
         gc.collect()
         assert first() is None
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_part_that_returns_the_same_families_is_encoded_once_per_format(monkeypatch):
+    """The jobs' families while no job changed, the process' read once a second: the same list again is served from
+    its kept encoding; a part building new families each time is encoded each time. The bytes are the library's."""
+    encoded = []
+    original = exposition.encode_families
+
+    def counting(families, encoder, openmetrics):
+        encoded.append(families)
+        return original(families, encoder, openmetrics)
+
+    monkeypatch.setattr(exposition, "encode_families", counting)
+    kept = [GaugeMetricFamily("mfu_test_kept", "Kept.", value=1.0)]
+
+    def fresh():
+        return [GaugeMetricFamily("mfu_test_fresh", "Fresh.", value=2.0)]
+
+    generation = [0]
+    registry = CollectorRegistry(auto_describe=False)
+    parts = [lambda: kept, fresh]
+
+    class Both:
+        def collect(self):
+            for part in parts:
+                yield from part()
+
+    registry.register(Both())
+    cache = MetricsCache(registry, lambda: generation[0], parts=lambda: parts)
+    for _ in range(3):
+        generation[0] += 1
+        for accept in (OPENMETRICS_ACCEPT, ""):
+            encoder, content_type = choose_encoder(accept)
+            assert await cache.render(accept, None) == (encoder(registry), {"Content-Type": content_type})
+    assert sum(families is kept for families in encoded) == 2  # once per format
+    assert sum(families is not kept for families in encoded) == 6  # every render
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    def __init__(self):
+        super().__init__(max_workers=1)
+        self.submitted = 0
+
+    def submit(self, *args, **kwargs):
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_a_render_that_needs_no_snapshot_encoded_runs_on_the_loop():
+    """Once every snapshot's encoding in the format is kept, a new state's render encodes the call parts only, on the
+    loop (less than a thread's round trip); a format whose snapshots are not encoded yet still goes to a thread."""
+    source, clock = CountingSource(), Clock()
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
+    executor = CountingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
+    try:
+        await cache.render(OPENMETRICS_ACCEPT, "gzip")  # the snapshot encoded, in a thread
+        assert executor.submitted == 1
+        report(jobs, 1)
+        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
+        assert executor.submitted == 1 and b'mfu_job_tokens_total{training_job="llama"} 1000.0' in body
+        encoder, _ = choose_encoder(OPENMETRICS_ACCEPT)
+        assert body == encoder(registry)
+        await cache.render("", None)  # the text format: its snapshot not encoded yet
+        assert executor.submitted == 2
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_gzip_body_joins_kept_segments_into_one_valid_member():
+    """Each text's deflate segment is kept while the text is (a snapshot's encoding): a new state's gzip body reuses
+    them and compresses the rest; it is one gzip member that Python and the gzip tool read as the plain body."""
+    source, clock = CountingSource(), Clock()
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
+    try:
+        for first, accept in ((1, OPENMETRICS_ACCEPT), (4, "")):
+            for step in range(first, first + 3):
+                report(jobs, step)
+                packed, headers = await cache.render(accept, "gzip")
+                plain, _ = await cache.render(accept, None)
+                assert headers["Content-Encoding"] == "gzip" and gzip.decompress(packed) == plain
+                assert f'mfu_job_tokens_total{{training_job="llama"}} {step * 1000}.0'.encode() in plain
+                tool = subprocess.run(["gzip", "-dc"], input=packed, capture_output=True, check=True)
+                assert tool.stdout == plain and len(packed) < len(plain) / 3
+        assert source.renders == 2  # the snapshot encoded once per format, its segment kept across the states
     finally:
         await scheduler.stop()

@@ -310,6 +310,42 @@ async def test_the_ledger_shows_the_data_wait_beside_the_kinds_inside_productive
     assert 0 < wait["share_of_productive"] <= 1 and wait["ratio"] == pytest.approx(0.25)
 
 
+async def test_a_progress_report_is_answered_small_with_a_link_to_the_jobs_view(make_client):
+    """The ingest answer is validation and a state update only: accepted, the job's state, run and version, and
+    where its full JSON is; that JSON (MFU, checkpoint, bottleneck) is GET /api/v1/jobs/<job>'s."""
+    client = await make_client(JOB)
+    now = time.time()
+    answers = []
+    for offset, tokens in [(0, 1_000_000), (10, 1_100_000)]:
+        body = {"job": "llama3-70b", "tokens_total": tokens, "step": 7, "time": now - 10 + offset}
+        response = await client.post("/api/v1/progress", json=body)
+        assert response.status == 200
+        assert response.headers["Link"] == '</api/v1/jobs/llama3-70b>; rel="related"'
+        answers.append(await response.json())
+    first, second = answers
+    assert set(second) == {"accepted", "job", "state", "run", "version", "links"}
+    assert second["accepted"] is True and second["job"] == "llama3-70b"
+    assert (second["state"], second["run"]) == ("running", 1) and second["version"] > first["version"]
+    assert second["links"] == {"job": "/api/v1/jobs/llama3-70b", "ledger": "/api/v1/jobs/llama3-70b/ledger"}
+    job = await (await client.get(second["links"]["job"])).json()
+    listed = (await (await client.get("/api/v1/jobs")).json())["jobs"]
+    assert [job] == listed
+    assert job["job"] == "llama3-70b" and job["mfu"] > 0 and "checkpoint" in job and "bottleneck" in job
+    ended = await client.post(
+        "/api/v1/progress", json={"job": "llama3-70b", "tokens_total": 1_200_000, "state": "failed"}
+    )
+    assert (await ended.json())["state"] == "failed"
+    missing = await client.get("/api/v1/jobs/nope")
+    assert missing.status == 404 and (await missing.json())["field"] == "job"
+
+
+async def test_a_job_name_is_quoted_in_the_answers_links(make_client):
+    client = await make_client({"jobs": {}})
+    answer = await (await client.post("/api/v1/progress", json={"job": "team@llama+3", "tokens_total": 1})).json()
+    assert answer["links"]["job"] == "/api/v1/jobs/team%40llama%2B3"
+    assert (await (await client.get(answer["links"]["job"])).json())["job"] == "team@llama+3"
+
+
 async def test_the_ledger_endpoint_answers_kinds_goodput_and_runs(make_client):
     client = await make_client(JOB)
     client.service.jobs._born -= 60  # the exporter started a minute ago: the job's start 30 s ago counts

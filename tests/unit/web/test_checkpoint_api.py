@@ -183,7 +183,8 @@ async def test_job_json_and_status_show_a_checkpoint_overlapping_the_mfu_window(
     (job,) = (await (await client.get("/api/v1/jobs")).json())["jobs"]
     assert job["checkpoint"]["overlaps_window"] is False
     answer = await (await client.post("/api/v1/progress", json={"job": JOB, "tokens_total": 2000})).json()
-    assert answer["checkpoint"]["last_checkpoint"] == "step-12000"
+    job = await (await client.get(answer["links"]["job"])).json()  # the answer links to the job's full JSON
+    assert job["checkpoint"]["last_checkpoint"] == "step-12000"
 
 
 async def test_unknown_jobs_are_accepted_up_to_the_job_cap(checkpoint_client):
