@@ -1,18 +1,21 @@
 """``make bench-fleet``: what the fleet costs at 256, 1,024, 2,048 and 4,096 nodes, on both distributed paths at once.
 
-For each size, the stack of tests/support/fleet_harness.py (two vmagent shards → VictoriaMetrics + vmalert;
-Prometheus agent → remote-write receiver running the rules) over a simulated fleet: ``demo --nodes N`` (whole
+For each size, the stack of tests/support/fleet_harness.py (two vmagent shards → VictoriaMetrics + vmalert; on the
+Prometheus path, ``--prometheus-mode scrape`` (the default) one Prometheus scraping the nodes itself and running the
+rules as a shard is deployed (deploy/fleet/prometheus-shard.yaml), or ``agent``, an agent remote-writing every sample
+into a receiver running the rules) over a simulated fleet: ``demo --nodes N`` (whole
 exporters) up to ``--targets-above`` nodes, the target server of exporter/sim/targets.py (the project's own
 expositions, captured at its start, served per node) above; the Prometheus path up to ``--prometheus-up-to`` nodes.
 At production intervals (15 s scrape, sample and evaluation unless ``--interval`` says otherwise), measured after a
 warm-up:
 
 - series per node by source (from one healthy node's exposition; the scrape adds ``up`` and four ``scrape_*``),
-- series in each store, samples/s ingested (VictoriaMetrics ``vm_rows_inserted_total``, the receiver's
-  ``prometheus_tsdb_head_samples_appended_total``),
-- each rule group's evaluation time: ``prometheus_rule_group_last_duration_seconds`` (max over the measurement) and
-  vmalert's ``vmalert_iteration_duration_seconds`` (the mean of the iterations in the measurement, and its 0.99
-  quantile), against the target of 10 % of the interval,
+- series in each store, samples/s ingested (VictoriaMetrics ``vm_rows_inserted_total``, the evaluating
+  Prometheus' ``prometheus_tsdb_head_samples_appended_total``),
+- each rule group's evaluation time: Prometheus' ``prometheus_rule_group_last_duration_seconds`` of each iteration
+  in the measurement (told apart by ``prometheus_rule_group_last_evaluation_timestamp_seconds``: their mean and max)
+  and vmalert's ``vmalert_iteration_duration_seconds`` (the mean of the iterations in the measurement, and its 0.99
+  quantile), the mean against the target of 10 % of the interval,
 - failed scrapes, and the simulator's CPU (share of one core) and RSS; each engine's CPU and RSS too,
 - each store's disk growth over the measurement, as bytes per series per day,
 - whether the rules got it right: each job's recorded cluster MFU (``ratio_rate1m``) against the simulator's truth
@@ -209,6 +212,7 @@ def measure(
     node_tier: bool = True,
     layout: str = "small",
     partials_out: Path | None = None,
+    prometheus_mode: str = "scrape",
 ) -> dict[str, Any]:
     started = time.monotonic()
     load0 = loadavg()
@@ -221,13 +225,15 @@ def measure(
         paths=paths,
         rule_files=[f for f in RULE_FILES if node_tier or f.name != NODE_TIER],
         fleet_args=("--layout", layout) if source == "targets" else (),
+        prometheus_mode=prometheus_mode,
     )
     stack.start()
     prometheus, vm = "prometheus" in paths, "victoria-metrics" in paths
     data = {
         "victoria-metrics": stack.workdir / "vm" / "data",
-        "prometheus": stack.workdir / "prom" / "receiver-data",
+        "prometheus": stack.workdir / "prom" / ("shard-data" if prometheus_mode == "scrape" else "receiver-data"),
     }
+    evaluator = stack.prometheus_evaluator
     try:
         up_after = time.monotonic() - started
         time.sleep(warmup)
@@ -240,21 +246,26 @@ def measure(
         per_node = series_by_source(node_body(stack))
         cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         disk0 = {path: disk_bytes(data[path]) for path in paths}
-        vm0, prom0, alert0 = own("victoria-metrics"), own("prometheus-receiver"), own("vmalert")
+        vm0, prom0, alert0 = own("victoria-metrics"), own(evaluator), own("vmalert")
         t0 = time.monotonic()
-        prom_groups: dict[str, float] = defaultdict(float)
+        # Per group, each iteration's duration by the time it started (polled every 5 s, a third of an interval).
+        iterations: dict[str, dict[float, float]] = defaultdict(dict)
         while time.monotonic() - t0 < seconds:
             time.sleep(min(5.0, seconds))
-            if not prometheus:
-                continue
-            for key, value in scrape_metrics(servers["prometheus-receiver"].url).items():
-                if key.startswith("prometheus_rule_group_last_duration_seconds{"):
-                    group = (label(key, "rule_group") or "").split(";")[-1]
-                    prom_groups[group] = max(prom_groups[group], value)
+            if prometheus:
+                prometheus_iterations(scrape_metrics(servers[evaluator].url), iterations)
         elapsed = time.monotonic() - t0
         cpu1 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         disk1 = {path: disk_bytes(data[path]) for path in paths}
-        vm1, prom1, alert1 = own("victoria-metrics"), own("prometheus-receiver"), own("vmalert")
+        vm1, prom1, alert1 = own("victoria-metrics"), own(evaluator), own("vmalert")
+        prom_groups = {
+            group: {
+                "mean": sum(seen.values()) / len(seen),
+                "max": max(seen.values()),
+                "iterations": len(seen),
+            }
+            for group, seen in iterations.items()
+        }
         vmalert_groups = {}
         for key in alert1:
             if key.startswith("vmalert_iteration_duration_seconds_sum{"):
@@ -297,6 +308,7 @@ def measure(
             "fleet": source,
             "layout": layout,
             "paths": list(paths),
+            "prometheus_mode": prometheus_mode if prometheus else None,
             "rule_files": [f.name for f in stack.rule_files],
             "interval_seconds": parse_duration(interval),
             "stack_up_seconds": round(up_after, 1),
@@ -364,6 +376,20 @@ def measure(
         stack.stop()
 
 
+def prometheus_iterations(metrics: dict[str, float], into: dict[str, dict[float, float]]) -> None:
+    """Add each rule group's last iteration (its duration, keyed by its evaluation's timestamp) to ``into``."""
+    started = {
+        (label(key, "rule_group") or ""): value
+        for key, value in metrics.items()
+        if key.startswith("prometheus_rule_group_last_evaluation_timestamp_seconds{")
+    }
+    for key, value in metrics.items():
+        if key.startswith("prometheus_rule_group_last_duration_seconds{"):
+            full = label(key, "rule_group") or ""
+            if started.get(full, 0) > 0:  # 0 until the group's first evaluation ends
+                into[full.split(";")[-1]][started[full]] = value
+
+
 def _num(value: float | None, scale: float = 1.0, digits: int = 0) -> str:
     return "–" if value is None else f"{value * scale:,.{digits}f}"
 
@@ -376,7 +402,7 @@ def table(results: list[dict]) -> str:
     """Three markdown tables: the stores, each rule group's evaluation time, and what the rules got right."""
     lines = [
         "| nodes | fleet | series/node | series (VM / Prom) | samples/s (VM / Prom) | disk B/series/day (VM / Prom) | "
-        "CPU: VM, vmagents, vmalert / agent, receiver | RSS MiB: VM, vmagents, vmalert / agent, receiver | "
+        "CPU: VM, vmagents, vmalert / Prometheus (agent, receiver) | RSS MiB: VM, vmagents, vmalert / Prometheus | "
         "targets up (VM / Prom) | fleet CPU, RSS | load before → after |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -391,7 +417,10 @@ def table(results: list[dict]) -> str:
                 f"{_num(rss['victoria-metrics'], 2**-20)}, {_num(rss['vmagent-0'] + rss['vmagent-1'], 2**-20)}, "
                 + (f"{_num(rss['vmalert'], 2**-20)}")
             )
-        if "prometheus" in paths:
+        if "prometheus-shard" in cpu:  # one Prometheus scraping and evaluating
+            vm_cpu += f" / {_num(cpu['prometheus-shard'], 100)} %"
+            vm_rss += f" / {_num(rss['prometheus-shard'], 2**-20)}"
+        elif "prometheus" in paths:
             vm_cpu += f" / {_num(cpu['prometheus-agent'], 100)}, {_num(cpu['prometheus-receiver'], 100)} %"
             vm_rss += f" / {_num(rss['prometheus-agent'], 2**-20)}, {_num(rss['prometheus-receiver'], 2**-20)}"
         disk = r.get("disk_bytes_per_series_per_day", {})
@@ -422,7 +451,12 @@ def table(results: list[dict]) -> str:
         prom = {_group(g): v for g, v in r["rule_group_seconds"]["prometheus"].items()}
         if prom:
             lines.append(
-                f"| {r['nodes']:,} | Prometheus max | " + " | ".join(_num(prom.get(g), 1000) for g in groups) + " |"
+                f"| {r['nodes']:,} | Prometheus ({r.get('prometheus_mode')}) mean / max | "
+                + " | ".join(
+                    f"{_num(prom[g]['mean'], 1000)} / {_num(prom[g]['max'], 1000)}" if g in prom else "–"
+                    for g in groups
+                )
+                + " |"
             )
     lines += [
         "",
@@ -462,6 +496,11 @@ def main(argv: list[str] | None = None) -> int:
         "above, only the central tier, as when each shard of a fleet evaluates its own node tier",
     )
     parser.add_argument(
+        "--paths",
+        default="victoria-metrics,prometheus",
+        help="the paths to run (comma-separated), each where its size allows",
+    )
+    parser.add_argument(
         "--paths-apart",
         action="store_true",
         help="run each path in its own stack (on 2 cores, two paths at once share the CPU: at 2,048 nodes neither "
@@ -474,6 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the target server's jobs: many small ones, one on every node, or half and half (exporter/sim/targets.py)",
     )
     parser.add_argument(
+        "--prometheus-mode",
+        choices=("scrape", "agent"),
+        default="scrape",
+        help="the Prometheus path: one Prometheus scraping the nodes and evaluating, as a shard is deployed "
+        "(deploy/fleet/prometheus-shard.yaml), or an agent remote-writing every sample into a receiver that evaluates",
+    )
+    parser.add_argument(
         "--partials-out",
         type=Path,
         help="write the shard's per-job partial aggregates here at the end (bench.global_tier replays them)",
@@ -484,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mfu-bench-fleet-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
             source = "targets" if nodes > args.targets_above else "demo"
-            paths = ("victoria-metrics", "prometheus") if nodes <= args.prometheus_up_to else ("victoria-metrics",)
+            sized = ("victoria-metrics", "prometheus") if nodes <= args.prometheus_up_to else ("victoria-metrics",)
+            paths = tuple(path for path in sized if path in args.paths.split(","))
             # Apart: each path in its own stack, one after the other, so that neither engine's time is the other's.
             for run in [(path,) for path in paths] if args.paths_apart else [paths]:
                 print(f"bench-fleet: {nodes} nodes ({source}; {', '.join(run)}) ...", file=sys.stderr, flush=True)
@@ -500,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                     node_tier,
                     args.layout,
                     args.partials_out,
+                    args.prometheus_mode,
                 )
                 results.append(result)
                 print(json.dumps(result, indent=1), file=sys.stderr, flush=True)
@@ -513,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f"{seconds:.2f} s > {budget:.2f} s" if seconds is not None else "no evaluation finished while measured")
         for r in results
         for engine, groups in (
-            ("prometheus", r["rule_group_seconds"]["prometheus"]),
+            ("prometheus", {g: v["mean"] for g, v in r["rule_group_seconds"]["prometheus"].items()}),
             ("vmalert", {g: v["mean"] for g, v in r["rule_group_seconds"]["vmalert"].items()}),
         )
         for group, seconds in groups.items()

@@ -10,10 +10,18 @@ loopback server serves them as an exposition; the engine scrapes it with ``honor
 global store receives remote-written partials, and evaluates ``mfu-exporter.rules.yaml`` and
 ``mfu-exporter.alerts.yaml``.
 
-Measured per S (``--shards``, default 2, 4, 8), after ``--warmup``: each global rule group's mean iteration
-(vmalert's ``vmalert_iteration_duration_seconds``; Prometheus' ``prometheus_rule_group_last_duration_seconds``, the
-mean of the values seen), the series the store holds, the load average; and the job's cluster MFU and cause (the
+Measured per S (``--shards``, default 2, 4, 8), after ``--warmup``: each global rule group's mean iteration as the
+engine saw it (vmalert's ``vmalert_iteration_duration_seconds``; Prometheus' ``prometheus_rule_group_last_duration_seconds``,
+the mean over its iterations), the series the store holds, the load average; and the job's cluster MFU and cause (the
 replay's truth: the shard's own MFU, network on node 17 of shard 0).
+
+An engine's iteration of a global group is a few milliseconds, about the noise of one scheduling delay on a busy
+machine, and a minute holds four of them: too few to tell 2 shards from 8 to within 20 %. So each group's queries are
+also timed directly (``--query-repeats`` times, default 200): every rule's expression of the group, one after the
+other as the engine runs them, through the store's HTTP query API at one fixed evaluation time, the groups
+interleaved so that a change in the machine's load falls on all of them alike. Per group: the median, the 10th and
+90th percentile and the minimum of those repetitions, and the median of a query that reads nothing (``vector(1)``),
+the HTTP round trip every query pays.
 """
 
 from __future__ import annotations
@@ -21,23 +29,81 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+import requests
 import yaml
 
-from bench.fleet import label, loadavg, scrape_metrics
+from bench.fleet import label, loadavg, prometheus_iterations, scrape_metrics
 from exporter.quantities import parse_duration
 from tests.support.fleet_harness import DEPLOY, FleetStack, Server, Store, _copy_config
 from tests.support.prom_harness import GLOBAL_RULE_FILES
 from tests.support.tools import require_tool
 
 NODE = re.compile(r"/node/(\d+)$")
+
+
+def with_window_denominators(partials: list[dict]) -> list[dict]:
+    """Partials recorded before the per-window denominators (``..._peak_flops:sum_where_rate5m``, ``..._rate1m``)
+    existed: those taken from the peak sum, which they equal while every node has a rate in the window."""
+    names = {item["metric"]["__name__"] for item in partials}
+    out = list(partials)
+    for item in partials:
+        if item["metric"]["__name__"] == "training_job_shard:mfu_job_peak_flops:sum":
+            for window in ("rate5m", "rate1m"):
+                name = f"training_job_shard:mfu_job_peak_flops:sum_where_{window}"
+                if name not in names:
+                    out.append({"metric": {**item["metric"], "__name__": name}, "value": item["value"]})
+    return out
+
+
+def rule_groups(files: Sequence[Path]) -> list[tuple[str, list[str]]]:
+    """Every group of ``files``: its name and its rules' expressions, in order."""
+    return [
+        (group["name"], [rule["expr"] for rule in group["rules"]])
+        for path in files
+        for group in yaml.safe_load(path.read_text())["groups"]
+    ]
+
+
+def time_queries(url: str, groups: list[tuple[str, list[str]]], repeats: int, at: float) -> dict[str, Any]:
+    """Each group's expressions run one after the other through ``url``'s query API, ``repeats`` times, the
+    groups interleaved; per group the median, p10, p90 and minimum of its repetitions (seconds)."""
+    session = requests.Session()
+
+    def once(expr: str) -> float:
+        started = time.perf_counter()
+        response = session.get(f"{url}/api/v1/query", params={"query": expr, "time": str(at)}, timeout=60)
+        elapsed = time.perf_counter() - started
+        body = response.json()
+        if body.get("status") != "success":
+            raise AssertionError(f"{url}: {expr}: {body.get('error')}")
+        return elapsed
+
+    floor = [once("vector(1)") for _ in range(repeats)]
+    seen: dict[str, list[float]] = {name: [] for name, _ in groups}
+    for _ in range(repeats):
+        for name, exprs in groups:
+            seen[name].append(sum(once(expr) for expr in exprs))
+
+    def summary(values: list[float]) -> dict[str, float]:
+        deciles = statistics.quantiles(values, n=10)
+        return {"median": statistics.median(values), "p10": deciles[0], "p90": deciles[-1], "min": min(values)}
+
+    return {
+        "repeats": repeats,
+        "round_trip_median": statistics.median(floor),
+        "groups": {name: {"rules": len(exprs), **summary(seen[name])} for name, exprs in groups},
+        "all_groups_median": statistics.median([sum(seen[name][i] for name, _ in groups) for i in range(repeats)]),
+    }
 
 
 def replicate(partials: list[dict], shards: int, nodes: int) -> list[tuple[dict[str, str], float]]:
@@ -157,13 +223,12 @@ def measure(path: str, shards: int, nodes: int, partials: list[dict], args: argp
             store = Store(path, evaluator.url, evaluator.url)
         time.sleep(args.warmup)
         before = scrape_metrics(evaluator.url)
-        seen: dict[str, list[float]] = {}
+        iterations: dict[str, dict[float, float]] = defaultdict(dict)
         t0 = time.monotonic()
         while time.monotonic() - t0 < args.seconds:
-            time.sleep(parse_duration(args.interval))
-            for key, value in scrape_metrics(evaluator.url).items():
-                if key.startswith("prometheus_rule_group_last_duration_seconds{"):
-                    seen.setdefault((label(key, "rule_group") or "").split(";")[-1], []).append(value)
+            time.sleep(parse_duration(args.interval) / 3)
+            if path == "prometheus":
+                prometheus_iterations(scrape_metrics(evaluator.url), iterations)
         after = scrape_metrics(evaluator.url)
         groups = {}
         if path == "victoria-metrics":
@@ -173,7 +238,8 @@ def measure(path: str, shards: int, nodes: int, partials: list[dict], args: argp
                     count = after.get(count_key, 0.0) - before.get(count_key, 0.0)
                     groups[label(key, "group") or ""] = (total - before.get(key, 0.0)) / count if count else None
         else:
-            groups = {group: sum(values) / len(values) for group, values in seen.items()}
+            groups = {group: sum(seen.values()) / len(seen) for group, seen in iterations.items()}
+        timed = time_queries(store.url, rule_groups(GLOBAL_RULE_FILES), args.query_repeats, time.time())
         cause = store.query("training_job:mfu_bottleneck:cause")
         mfu = store.query("training_job:mfu_model_flops_utilization:ratio_rate1m")
         return {
@@ -184,6 +250,7 @@ def measure(path: str, shards: int, nodes: int, partials: list[dict], args: argp
             "partial_series_served": len(series),
             "stored_series": len(store.api("series", **{"match[]": '{__name__=~".+"}'})),
             "rule_group_mean_seconds": groups,
+            "queries_timed": timed,
             "cluster_mfu": {s["metric"]["training_job"]: s["value"] for s in mfu},
             "cause": [s["metric"] for s in cause],
             "loadavg": {"before": load0, "after": loadavg()},
@@ -204,9 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", default="15s")
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--query-repeats", type=int, default=200, help="times each group's queries are timed through the query API"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    partials = json.loads(args.partials.read_text())
+    partials = with_window_denominators(json.loads(args.partials.read_text()))
     results = []
     with tempfile.TemporaryDirectory(prefix="mfu-bench-global-") as tmp:
         for path in args.paths.split(","):
@@ -216,7 +286,43 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(results[-1], indent=1), file=sys.stderr, flush=True)
                 if args.json:
                     args.json.write_text(json.dumps(results, indent=1))
+    print(table(results))
     return 0
+
+
+def table(results: list[dict]) -> str:
+    """Per engine and shard count, each group's median query time (ms), and each group's 8-to-2-shard ratio."""
+    groups = sorted({g for r in results for g in r["queries_timed"]["groups"]})
+    short = [g.removeprefix("mfu-exporter.") for g in groups]
+    lines = [
+        "| engine | shards (nodes) | round trip | " + " | ".join(short) + " | all groups | load before → after |",
+        "|---|---|---|" + "---|" * len(groups) + "---|---|",
+    ]
+    for r in results:
+        timed = r["queries_timed"]
+        cells = [f"{timed['groups'][g]['median'] * 1000:.2f}" if g in timed["groups"] else "–" for g in groups]
+        lines.append(
+            f"| {r['path']} | {r['shards']} ({r['nodes']:,}) | {timed['round_trip_median'] * 1000:.2f} | "
+            + " | ".join(cells)
+            + f" | {timed['all_groups_median'] * 1000:.2f} | {r['loadavg']['before'][0]:.1f} → "
+            f"{r['loadavg']['after'][0]:.1f} |"
+        )
+    for path in sorted({r["path"] for r in results}):
+        by_shards = {r["shards"]: r["queries_timed"] for r in results if r["path"] == path}
+        if len(by_shards) < 2:
+            continue
+        low, high = min(by_shards), max(by_shards)
+        ratios = [
+            by_shards[high]["groups"][g]["median"] / by_shards[low]["groups"][g]["median"]
+            if g in by_shards[high]["groups"] and g in by_shards[low]["groups"]
+            else float("nan")
+            for g in groups
+        ]
+        total = by_shards[high]["all_groups_median"] / by_shards[low]["all_groups_median"]
+        lines.append(
+            f"| {path} | {high} ÷ {low} shards | | " + " | ".join(f"{x:.2f}" for x in ratios) + f" | {total:.2f} | |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

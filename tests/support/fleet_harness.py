@@ -9,7 +9,8 @@
   (deploy/fleet/vmalert.flags).
 - The Prometheus path: ``prometheus --enable-feature=agent`` scrapes the same nodes (deploy/fleet/prometheus-agent.yaml) and
   remote-writes to a ``prometheus --web.enable-remote-write-receiver`` that evaluates the same rules
-  (deploy/fleet/prometheus-receiver.yaml).
+  (deploy/fleet/prometheus-receiver.yaml); or, with ``prometheus_mode="scrape"``, the deployed shard's shape: one
+  Prometheus scrapes the nodes itself and evaluates the rules (deploy/fleet/prometheus-shard.yaml, one shard of one).
 - Both send their alerts to a small loopback sink that keeps what it was sent, in place of an Alertmanager.
 
 The deploy/fleet files are used as they are, copied with only the intervals, the rule paths and the addresses set to
@@ -225,6 +226,9 @@ class FleetStack:
     # shard tiers over its share of the nodes, a global evaluator the global tier over their partial aggregates.
     shards: int = 0
     shard_rule_files: Sequence[Path] = SHARD_RULE_FILES
+    # With one evaluator, the Prometheus path's shape: "agent" (an agent remote-writing every sample into a receiver
+    # that evaluates) or "scrape" (one Prometheus scraping the nodes and evaluating, as a shard is deployed).
+    prometheus_mode: str = "agent"
     global_rule_files: Sequence[Path] = GLOBAL_RULE_FILES
     servers: dict[str, Server] = field(default_factory=dict)
     stores: dict[str, Store] = field(default_factory=dict)  # per path: the global store (or the one store)
@@ -282,7 +286,17 @@ class FleetStack:
         if "victoria-metrics" in self.paths:
             self._start_victoria_metrics_tiers() if self.shards else self._start_victoria_metrics()
         if "prometheus" in self.paths:
-            self._start_prometheus_tiers() if self.shards else self._start_prometheus()
+            if self.shards:
+                self._start_prometheus_tiers()
+            elif self.prometheus_mode == "scrape":
+                self._start_prometheus_scraping()
+            else:
+                self._start_prometheus()
+
+    @property
+    def prometheus_evaluator(self) -> str:
+        """The name of the server that evaluates the rules on the Prometheus path (one evaluator)."""
+        return "prometheus-shard" if self.prometheus_mode == "scrape" else "prometheus-receiver"
 
     def _start_fleet(self) -> None:
         incident = ["--incident", self.incident, "--incident-node", str(self.incident_node)] if self.incident else []
@@ -424,20 +438,14 @@ class FleetStack:
         )
         self.stores["victoria-metrics"] = Store("victoria-metrics", vm.url, alert.url)
 
-    def _prometheus_receiver(self, name: str, work: Path, deploy_file: str, rule_files: Sequence[Path]) -> Server:
-        """A Prometheus taking remote writes and evaluating ``rule_files``, from deploy/fleet/``deploy_file`` with the
-        test's interval, rule paths and alert sink; its data in ``<name without prometheus->-data``."""
+    def _prometheus(
+        self, name: str, work: Path, deploy_file: str, change: Callable[[dict], None], *flags: str
+    ) -> Server:
+        """A Prometheus from deploy/fleet/``deploy_file`` changed by ``change``; its data in ``<name without
+        prometheus->-data``."""
         prometheus = require_tool("prometheus", "prometheus")
-        assert self.sink is not None
-        sink_port = self.sink.port
-
-        def receiver_config(config: dict) -> None:
-            config["global"]["evaluation_interval"] = self.interval
-            config["rule_files"] = [str(path) for path in rule_files]
-            config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
-
         short = name.removeprefix("prometheus-")
-        config_file = _copy_config(DEPLOY / deploy_file, work / f"{short}.yml", receiver_config)
+        config_file = _copy_config(DEPLOY / deploy_file, work / f"{short}.yml", change)
         return self._add(
             Server(
                 name,
@@ -445,7 +453,7 @@ class FleetStack:
                 lambda port: [
                     prometheus,
                     f"--config.file={config_file}",
-                    "--web.enable-remote-write-receiver",
+                    *flags,
                     f"--storage.tsdb.path={work / f'{short}-data'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=warn",
@@ -454,11 +462,27 @@ class FleetStack:
             )
         )
 
+    def _evaluating(self, config: dict, rule_files: Sequence[Path]) -> None:
+        """A Prometheus config evaluating ``rule_files`` at the test's interval, its alerts to the sink."""
+        assert self.sink is not None
+        config["global"]["evaluation_interval"] = self.interval
+        config["rule_files"] = [str(path) for path in rule_files]
+        config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{self.sink.port}"]
+
+    def _prometheus_receiver(self, name: str, work: Path, deploy_file: str, rule_files: Sequence[Path]) -> Server:
+        """A Prometheus taking remote writes and evaluating ``rule_files``, from deploy/fleet/``deploy_file`` with the
+        test's interval, rule paths and alert sink."""
+        return self._prometheus(
+            name,
+            work,
+            deploy_file,
+            lambda config: self._evaluating(config, rule_files),
+            "--web.enable-remote-write-receiver",
+        )
+
     def _start_prometheus(self) -> None:
         prometheus = require_tool("prometheus", "prometheus")
-        work = self.workdir / "prom"
-        work.mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+        work = self._prometheus_work()
         receiver = self._prometheus_receiver("prometheus-receiver", work, "prometheus-receiver.yaml", self.rule_files)
 
         def agent_config(config: dict) -> None:
@@ -484,6 +508,39 @@ class FleetStack:
             )
         )
         self.stores["prometheus"] = Store("prometheus", receiver.url, receiver.url)
+
+    def _prometheus_work(self) -> Path:
+        """The Prometheus path's folder, with the target list its scrape configs read."""
+        work = self.workdir / "prom"
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
+        return work
+
+    def _prometheus_shard(
+        self, name: str, work: Path, rule_files: Sequence[Path], change: Callable[[dict], None]
+    ) -> Server:
+        """A Prometheus scraping nodes and evaluating ``rule_files`` from deploy/fleet/prometheus-shard.yaml, with the
+        test's intervals (its scrape timeout no longer than the interval), rule paths and alert sink, then
+        ``change``."""
+
+        def shard_config(config: dict) -> None:
+            timeout = min(parse_duration(config["global"]["scrape_timeout"]), parse_duration(self.interval))
+            config["global"].update(scrape_interval=self.interval, scrape_timeout=f"{timeout:g}s")
+            self._evaluating(config, rule_files)
+            change(config)
+
+        return self._prometheus(name, work, "prometheus-shard.yaml", shard_config)
+
+    def _start_prometheus_scraping(self) -> None:
+        """One Prometheus that scrapes every node itself and evaluates ``rule_files``: deploy/fleet/prometheus-shard.yaml
+        as the one shard there is (modulus 1); nothing is remote-written, since the global files it evaluates read its
+        own partials."""
+
+        def alone(config: dict) -> None:
+            del config["remote_write"]
+
+        server = self._prometheus_shard("prometheus-shard", self._prometheus_work(), self.rule_files, alone)
+        self.stores["prometheus"] = Store("prometheus", server.url, server.url)
 
     def _victoria_metrics(self, name: str, work: Path, data: str | None = None) -> Server:
         """A VictoriaMetrics whose queries see samples at once (the default hides the last 30 s, for late-arriving
@@ -600,46 +657,21 @@ class FleetStack:
         """A Prometheus per shard (its share of the nodes by hashmod, node and shard tiers, the partials
         remote-written) and a global receiver (global tier): deploy/fleet/prometheus-shard.yaml and
         prometheus-global.yaml."""
-        prometheus = require_tool("prometheus", "prometheus")
-        work = self.workdir / "prom"
-        work.mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.workdir / "nodes.json", work / "nodes.json")
-        assert self.sink is not None
-        sink_port = self.sink.port
-
+        work = self._prometheus_work()
         receiver = self._prometheus_receiver(
             "prometheus-global", work, "prometheus-global.yaml", self.global_rule_files
         )
         self.shard_stores["prometheus"] = []
         for shard in range(self.shards):
 
-            def shard_config(config: dict, shard: int = shard) -> None:
-                config["global"].update(
-                    scrape_interval=self.interval, scrape_timeout=self.interval, evaluation_interval=self.interval
-                )
+            def share(config: dict, shard: int = shard) -> None:
                 config["global"]["external_labels"]["shard"] = f"shard-{shard}"
-                config["rule_files"] = [str(path) for path in self.shard_rule_files]
                 relabel = config["scrape_configs"][0]["relabel_configs"]
                 relabel[0]["modulus"], relabel[1]["regex"] = self.shards, str(shard)
-                config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{sink_port}"]
                 config["remote_write"][0]["url"] = f"{receiver.url}/api/v1/write"
                 config["remote_write"][0]["queue_config"] = {"batch_send_deadline": "250ms"}
 
-            shard_file = _copy_config(DEPLOY / "prometheus-shard.yaml", work / f"shard-{shard}.yml", shard_config)
-            server = self._add(
-                Server(
-                    f"prometheus-shard-{shard}",
-                    work,
-                    lambda port, shard=shard, shard_file=shard_file: [
-                        prometheus,
-                        f"--config.file={shard_file}",
-                        f"--storage.tsdb.path={work / f'shard-{shard}-data'}",
-                        f"--web.listen-address=127.0.0.1:{port}",
-                        "--log.level=warn",
-                    ],
-                    "/-/ready",
-                )
-            )
+            server = self._prometheus_shard(f"prometheus-shard-{shard}", work, self.shard_rule_files, share)
             self.shard_stores["prometheus"].append(Store(f"prometheus shard {shard}", server.url, server.url))
         self.stores["prometheus"] = Store("prometheus", receiver.url, receiver.url)
 
