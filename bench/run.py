@@ -403,6 +403,45 @@ def count_kept(text: str, keep: str) -> int:
     )
 
 
+def start_node_exporter(binary: str, root: Path) -> Process:
+    """node_exporter with its infiniband collector only, on the fixture's sysfs tree under ``root``."""
+    address = f"127.0.0.1:{free_port()}"
+    return Process(
+        "node_exporter",
+        [
+            binary,
+            f"--path.sysfs={root / 'sys'}",
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            f"--web.listen-address={address}",
+        ],
+        address,
+        root / "node_exporter.log",
+    )
+
+
+async def warm_up(exporter: Process, reporters: Reporters) -> int:
+    """Two reports per job (every job has an MFU), a checkpoint event each and 20 scrapes each way, then two sample
+    intervals (every 1 s source has sampled the reports and writes); returns the scrapes."""
+    warm = loadgen.Connection(exporter.address)
+    scrapes = 0
+    try:
+        for _ in range(2):
+            await reporters.report_jobs(warm)
+        for job in fixture.JOBS:
+            await warm.timed(
+                loadgen.post_json_request(exporter.address, "/api/v1/checkpoints", fixture.checkpoint_event(job))
+            )
+        for headers in loadgen.SCRAPE_MODES.values():
+            for _ in range(20):
+                await warm.timed(loadgen.get_request(exporter.address, "/metrics", headers))
+                scrapes += 1
+    finally:
+        await warm.close()
+    await asyncio.sleep(2 * SAMPLE_INTERVAL)
+    return scrapes
+
+
 async def measure_bodies(
     exporter: Process, node_exporter: Process, source_of: dict[str, str], figures: Figures
 ) -> None:
@@ -724,40 +763,13 @@ async def run(plan: Plan) -> dict[str, Any]:
             root / "exporter.log",
         )
         processes.append(exporter)
-        node_exporter_address = f"127.0.0.1:{free_port()}"
-        node_exporter = Process(
-            "node_exporter",
-            [
-                binary,
-                f"--path.sysfs={root / 'sys'}",
-                "--collector.disable-defaults",
-                "--collector.infiniband",
-                f"--web.listen-address={node_exporter_address}",
-            ],
-            node_exporter_address,
-            root / "node_exporter.log",
-        )
+        node_exporter = start_node_exporter(binary, root)
         processes.append(node_exporter)
         await wait_until(exporter, "/api/v1/status", all_sources_sampled)
         await wait_until(node_exporter, "/metrics", lambda response: response.status == 200)
 
         reporters = Reporters(exporter.address)
-        warm = loadgen.Connection(exporter.address)
-        scrapes = 0
-        try:
-            for _ in range(2):  # two reports each: every job has an MFU
-                await reporters.report_jobs(warm)
-            for job in fixture.JOBS:
-                await warm.timed(
-                    loadgen.post_json_request(exporter.address, "/api/v1/checkpoints", fixture.checkpoint_event(job))
-                )
-            for headers in loadgen.SCRAPE_MODES.values():
-                for _ in range(20):
-                    await warm.timed(loadgen.get_request(exporter.address, "/metrics", headers))
-                    scrapes += 1
-        finally:
-            await warm.close()
-        await asyncio.sleep(2 * SAMPLE_INTERVAL)  # every 1 s source has sampled the warm-up's reports and writes
+        scrapes = await warm_up(exporter, reporters)
         figures.set("rss.warm_mb", exporter.rss_mb())
         figures.set("node_exporter.rss_mb", node_exporter.rss_mb())
         phases.done("start")

@@ -20,6 +20,8 @@ from exporter.sources.base import Snapshot, Source, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
+MIN_PAUSE = 0.05  # seconds between the end of a source's sample and the start of its next, at least
+
 
 @dataclass
 class SourceState:
@@ -200,7 +202,13 @@ class Scheduler:
             listener(state.name)
 
     async def _loop(self, source: Source) -> None:
+        # Each cycle is due one delay after the previous one was due, not after it started: the event loop wakes
+        # a task a little late each time, and sources started together with the same interval would drift apart.
+        # Kept together, the 1 s sources finish their samples within milliseconds of each other, so the work each
+        # new snapshot brings (the loop's wake-ups, the encoding ahead of the next scrape) is done once for all.
+        due = self._monotonic()
         while True:
-            started = self._monotonic()
             delay = await self.sample_once(source)
-            await asyncio.sleep(max(delay / self.speed - (self._monotonic() - started), 0.05))
+            now = self._monotonic()
+            due = max(due + delay / self.speed, now + MIN_PAUSE)  # a late cycle (a slow or hung sample) starts anew
+            await asyncio.sleep(due - now)

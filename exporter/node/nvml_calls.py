@@ -36,6 +36,7 @@ class GpuState:
         self.handle: Any = None
         self.lost_reason: str | None = None
         self.mig = False
+        self.mig_read_at: float | None = None  # monotonic time MIG mode was last read (nvml_gpus.MIG_READ_INTERVAL)
         self.sm_clock_max_hz: float | None = None
         self.unsupported: dict[str, str] = {}  # call or field key -> why NVML refused it
         self.event_set: Any = None

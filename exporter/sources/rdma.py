@@ -523,7 +523,10 @@ class RdmaSource:
             error_totals,
             max_cnps,
         )
-        return Snapshot(readings=sample, errors=errors, status={"ports": [reading.as_json() for reading in readings]})
+        # Built when the status page asks (``Snapshot``): each reading is this sample's and never changes.
+        return Snapshot(
+            readings=sample, errors=errors, status=lambda: {"ports": [reading.as_json() for reading in readings]}
+        )
 
     def _summarize(self, readings: list[PortReading]) -> tuple[dict[str, float], float | None]:
         """The node summaries: error counters summed over the ports, and the busiest port's CNP rate."""

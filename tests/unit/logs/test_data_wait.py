@@ -1,5 +1,6 @@
-"""Data-loading time read from training logs (exporter.logs.datawait): the real pastes' figures, each framework's
-form from its format string, and the running total the job model gets (exporter.logs.derive)."""
+"""Data-loading time read from training logs (exporter.logs.datawait): the real pastes' figures (Megatron, GPT-NeoX,
+Lightning, DeepSpeed's pipeline engine), none from any other paste, each framework's form from its format string,
+and the running total the job model gets (exporter.logs.derive)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,22 @@ def test_real_paste_data_wait(paste):
         assert math.isclose(wait.seconds, float(seconds), rel_tol=1e-9)
 
 
-def test_real_pastes_give_data_wait_from_megatron_and_lightning_and_show_deepspeeds_plain_engine_has_none():
-    real = {p.name.split("/")[0]: p for p in PASTES if not p.synthetic}
-    assert {"megatron", "lightning", "deepspeed"} <= set(real)
-    assert real["deepspeed"].headers["data_wait"] == "none"
+def test_real_pastes_give_data_wait_from_three_frameworks_and_deepspeeds_plain_engine_none():
+    """Megatron (and GPT-NeoX's Megatron timers), Lightning's profiler and DeepSpeed's pipeline engine, each from
+    real output; the plain engine's breakdown has no data-loading timer."""
+    real = [p for p in PASTES if not p.synthetic and p.headers["data_wait"] != "none"]
+    assert {p.headers["data_wait"].split()[0] for p in real} >= {"[megatron]", "[lightning]", "[deepspeed]"}
+    pipeline = [p for p in real if p.headers["data_wait"].startswith("[deepspeed]")]
+    assert len(pipeline) >= 2 and all("batch_input" in "\n".join(p.lines) for p in pipeline)
+    plain = next(p for p in PASTES if p.name == "deepspeed/deepspeed-1436-wall-clock-breakdown")
+    assert plain.headers["data_wait"] == "none" and waits(plain.lines) == []
+
+
+def test_no_other_paste_gives_a_data_wait():
+    """Every paste that prints no data-loading figure (all frameworks' progress, timers, prefixes) reads none."""
+    others = [p for p in real_pastes.load() if "data_wait" not in p.headers]
+    assert len(others) >= 30
+    assert {p.name: waits(p.lines) for p in others if waits(p.lines)} == {}
 
 
 @pytest.mark.parametrize(
@@ -43,6 +56,15 @@ def test_real_pastes_give_data_wait_from_megatron_and_lightning_and_show_deepspe
         ("    " + "batch-generator ".ljust(48, ".") + ": 40.25", "per_step", 0.04025, "megatron"),
         # v2.6: 'time (ms)' + ' | {}: {:.2f}', batch-generator last
         ("time (ms) | forward-compute: 10.00 | batch-generator: 7.50", "per_step", 0.0075, "megatron"),
+        # Megatron-LM v1.0 and GPT-NeoX: 'time (ms)' + ' | {}: {:.2f}', the timer named "batch generator"
+        ("time (ms) | forward: 659.86 | optimizer: 1172.51 | batch generator: 0.83", "per_step", 0.00083, "megatron"),
+        # DeepSpeed before PR #3996: f"rank={dist.get_rank()} time (ms)" + " | {}: {:.2f}"
+        (
+            "[Rank 0] rank=0 time (ms) | batch_input: 209.59 | forward_microstep: 2785.85",
+            "since_last",
+            0.20959,
+            "deepspeed",
+        ),
         # DeepSpeed pipeline engine through log_dist: "[Rank {}] " + "time (ms)" + " | {}: {:.2f}"
         (
             "[2026-08-22 10:00:00,000] [INFO] [logging.py:128:log_dist] [Rank 0] time (ms) | batch_input: 812.40 "
@@ -78,6 +100,9 @@ def test_each_frameworks_form_from_its_format_string(line, scope, seconds, frame
     "line",
     [
         "time (ms) | forward_microstep: 435.69 | backward_microstep: 744.13",  # DeepSpeed's plain engine
+        "rank=0 time (ms) | pipe_send_output: 41.71 | pipe_recv_grad: 1725.64",  # the pipeline's other timer line
+        "iteration 10 | batch generator: 0.83",  # the timer's name outside a "time (ms)" line
+        "time (ms) | batch generator queue: 3.00",  # another name that starts with it
         "  seq_length ...................................... 4096",  # Megatron's argument dump
         "    " + "data-iterator ".ljust(48, ".") + ": (3.90, 43.10)",  # a neighbour timer
         f"|  {'[_TrainingEpochLoop].val_next':<45s}\t|  {'0.1':<15}\t|  {'1':<15}\t|",  # validation fetches

@@ -7,6 +7,7 @@ import gc
 import gzip
 import math
 import subprocess
+import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,7 @@ from exporter.sources.base import Snapshot
 from exporter.sources.ethtool import EthtoolSource
 from exporter.sources.gpu import GpuSource
 from exporter.sources.rdma import RdmaSource
+from tests.support.wait import wait_for
 
 ACCEPT_HEADERS = [
     "",  # curl: text 0.0.4
@@ -325,10 +327,6 @@ async def cached_node(source, clock):
     return scheduler, jobs, registry, cache
 
 
-async def executor_drained():
-    await asyncio.get_running_loop().run_in_executor(None, lambda: None)
-
-
 def report(jobs, step):
     jobs.report(parse_progress({"job": "llama", "tokens_total": step * 1000, "step": step}, time.time()))
 
@@ -350,9 +348,9 @@ async def test_a_snapshot_is_encoded_once_per_format_however_often_the_state_cha
         await scheduler.stop()
 
 
-async def sample_and_settle(scheduler, source):
+async def sample_and_settle(scheduler, cache, source):
     await scheduler.sample_once(source)
-    await executor_drained()
+    await cache.settled()
 
 
 async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_scraper():
@@ -365,12 +363,12 @@ async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_sc
         await cache.render("", None)  # text, once: a curl
         assert source.renders == 2
         clock.now += 10
-        await sample_and_settle(scheduler, source)
+        await sample_and_settle(scheduler, cache, source)
         assert source.renders == 3  # encoded once more, as OpenMetrics only
         body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
         assert source.renders == 3 and b'mfu_test_events_total{interface="ens1np0"} 2.0' in body
         clock.now += 2 * 10 + MetricsCache.WARM_MARGIN + 1  # the scraper missed two of its intervals
-        await sample_and_settle(scheduler, source)
+        await sample_and_settle(scheduler, cache, source)
         assert source.renders == 3
         body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
         assert source.renders == 4 and b'mfu_test_events_total{interface="ens1np0"} 3.0' in body
@@ -386,8 +384,45 @@ async def test_a_burst_of_scrapes_does_not_keep_encoding_ahead():
             clock.now += 0.001
             await cache.render(OPENMETRICS_ACCEPT, None)
         clock.now += MetricsCache.WARM_MARGIN + 1
-        await sample_and_settle(scheduler, source)
+        await sample_and_settle(scheduler, cache, source)
         assert source.renders == 1
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_round_of_samples_is_encoded_ahead_in_one_pass(monkeypatch):
+    sources, clock = [CountingSource(), CountingSource()], Clock()
+    sources[1].name = "counting-too"
+    passes = []
+    encode_snapshots = MetricsCache._encode_snapshots
+    monkeypatch.setattr(MetricsCache, "_encode_snapshots", lambda *args: passes.append(encode_snapshots(*args)))
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+    scheduler = Scheduler(sources)
+    collector = ExporterCollector(scheduler, JobTracker())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    cache = MetricsCache(registry, lambda: scheduler.generation, monotonic=clock, parts=collector.parts)
+    scheduler.on_sample(cache.sampled)
+    await scheduler.start()
+    # first_cycle_done is set by the first source to finish: wait for both sources' first samples themselves.
+    await wait_for(lambda: all(state.cycles for state in scheduler.states.values()), 30, "both first samples")
+    try:
+        for _ in range(2):
+            await cache.render(OPENMETRICS_ACCEPT, None)
+            clock.now += 15
+        assert [source.renders for source in sources] == [1, 1]
+        # The same round: the executor's one thread is held until both samples are in, so however slow the
+        # machine, the second ends before the encoding ahead of the first starts.
+        held = threading.Event()
+        holding = asyncio.get_running_loop().run_in_executor(None, held.wait)
+        for source in sources:
+            await scheduler.sample_once(source)
+        held.set()
+        await holding
+        await cache.settled()
+        assert len(passes) == 1 and [source.renders for source in sources] == [2, 2]
+        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
+        assert [source.renders for source in sources] == [2, 2] and body.count(b"} 2.0") == 2
     finally:
         await scheduler.stop()
 
@@ -401,7 +436,7 @@ async def test_encodings_of_replaced_snapshots_are_let_go():
             clock.now += 15
         first = weakref.ref(scheduler.states[source.name].snapshot)
         for _ in range(3):  # sampled and encoded ahead, not scraped
-            await sample_and_settle(scheduler, source)
+            await sample_and_settle(scheduler, cache, source)
         assert source.renders == 4
         gc.collect()
         assert first() is None

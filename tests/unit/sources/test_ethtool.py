@@ -177,7 +177,10 @@ def test_stat_set_change_between_samples_and_the_rates_it_yields(sysfs):
     assert reading.error_deltas["tx_pause_storm_error_events"] == 1
     assert reading.ecn_marked_rates[3] == 1200
     assert reading.changes.resets == []
-    status = snapshot.status["interfaces"][0]
+    texts.texts["ens1np0"] = PFC3  # a later sample, before the status page asks for this one's status
+    clock.now += 10
+    source.sample()
+    status = snapshot.status["interfaces"][0]  # built now, on demand: still this sample's
     assert status["pause_ratio"]["rx/3"] == 0.25 and status["pfc_priorities"] == [3, 4]
 
 

@@ -13,6 +13,7 @@ from exporter.model.progress import parse_progress
 from exporter.node import gpm as gpm_module
 from exporter.node import nvml_fields as fields_module
 from exporter.node.nvml_fields import decode_throttle_reasons
+from exporter.node.nvml_gpus import MIG_READ_INTERVAL
 from exporter.service import build_service
 from exporter.sim import nvml as fake
 from exporter.sources.base import SourceContext, SourceUnavailable
@@ -585,8 +586,12 @@ def test_mig_gpu_reports_identity_and_what_works_and_says_why():
     assert any(note.startswith("GPU 1: in MIG mode") for note in snapshot.status["notes"])
     assert snapshot.errors == {}
 
-    nvml.gpus[1].mig_mode = 0  # MIG disabled: utilization and GPM come back
-    node.tick()
+    nvml.gpus[1].mig_mode = 0  # MIG disabled: utilization and GPM come back once the mode is read again
+    calls = nvml.calls["nvmlDeviceGetMigMode"]
+    assert node.tick().readings.gpus[1].mig is True  # the mode is read every MIG_READ_INTERVAL, not every sample
+    assert nvml.calls["nvmlDeviceGetMigMode"] == calls
+    node.tick(MIG_READ_INTERVAL)
+    assert nvml.calls["nvmlDeviceGetMigMode"] == calls + 2  # both GPUs' modes, once
     snapshot = node.tick()
     assert snapshot.readings.gpus[1].utilization == 0.0
     assert snapshot.readings.gpus[1].tensor_active is not None
