@@ -21,7 +21,9 @@ also timed directly (``--query-repeats`` times, default 200): every rule's expre
 other as the engine runs them, through the store's HTTP query API at one fixed evaluation time, the groups
 interleaved so that a change in the machine's load falls on all of them alike. Per group: the median, the 10th and
 90th percentile and the minimum of those repetitions, and the median of a query that reads nothing (``vector(1)``),
-the HTTP round trip every query pays.
+the HTTP round trip every query pays; and the time the server itself spent on each query, without the round trip,
+which is most of a query this small (Prometheus' ``stats=all``: ``execTotalTime``; VictoriaMetrics' ``trace=1``:
+the trace's ``duration_msec``).
 """
 
 from __future__ import annotations
@@ -76,33 +78,49 @@ def rule_groups(files: Sequence[Path]) -> list[tuple[str, list[str]]]:
 
 def time_queries(url: str, groups: list[tuple[str, list[str]]], repeats: int, at: float) -> dict[str, Any]:
     """Each group's expressions run one after the other through ``url``'s query API, ``repeats`` times, the
-    groups interleaved; per group the median, p10, p90 and minimum of its repetitions (seconds)."""
+    groups interleaved; per group the median, p10, p90 and minimum of its repetitions (seconds), as the client saw
+    them and as the server spent them (Prometheus' ``stats=all``: ``execTotalTime``; VictoriaMetrics' ``trace=1``:
+    its ``duration_msec``)."""
     session = requests.Session()
 
-    def once(expr: str) -> float:
+    def once(expr: str) -> tuple[float, float | None]:
         started = time.perf_counter()
-        response = session.get(f"{url}/api/v1/query", params={"query": expr, "time": str(at)}, timeout=60)
+        params = {"query": expr, "time": str(at), "stats": "all", "trace": "1"}
+        response = session.get(f"{url}/api/v1/query", params=params, timeout=60)
         elapsed = time.perf_counter() - started
         body = response.json()
         if body.get("status") != "success":
             raise AssertionError(f"{url}: {expr}: {body.get('error')}")
-        return elapsed
+        if "trace" in body:  # VictoriaMetrics
+            return elapsed, body["trace"]["duration_msec"] / 1000
+        timings = (body["data"].get("stats") or {}).get("timings") or {}
+        return elapsed, timings.get("execTotalTime")
 
-    floor = [once("vector(1)") for _ in range(repeats)]
+    floor = [once("vector(1)")[0] for _ in range(repeats)]
     seen: dict[str, list[float]] = {name: [] for name, _ in groups}
+    spent: dict[str, list[float]] = {name: [] for name, _ in groups}
     for _ in range(repeats):
         for name, exprs in groups:
-            seen[name].append(sum(once(expr) for expr in exprs))
+            times = [once(expr) for expr in exprs]
+            seen[name].append(sum(client for client, _ in times))
+            if all(server is not None for _, server in times):
+                spent[name].append(sum(server or 0.0 for _, server in times))
 
     def summary(values: list[float]) -> dict[str, float]:
         deciles = statistics.quantiles(values, n=10)
         return {"median": statistics.median(values), "p10": deciles[0], "p90": deciles[-1], "min": min(values)}
 
+    def total(by_group: dict[str, list[float]]) -> float:
+        return statistics.median([sum(by_group[name][i] for name, _ in groups) for i in range(repeats)])
+
+    served = all(len(values) == repeats for values in spent.values())
     return {
         "repeats": repeats,
         "round_trip_median": statistics.median(floor),
         "groups": {name: {"rules": len(exprs), **summary(seen[name])} for name, exprs in groups},
-        "all_groups_median": statistics.median([sum(seen[name][i] for name, _ in groups) for i in range(repeats)]),
+        "all_groups_median": total(seen),
+        "server_groups": {name: summary(spent[name]) for name, _ in groups} if served else None,
+        "server_all_groups_median": total(spent) if served else None,
     }
 
 
@@ -298,30 +316,38 @@ def table(results: list[dict]) -> str:
         "| engine | shards (nodes) | round trip | " + " | ".join(short) + " | all groups | load before → after |",
         "|---|---|---|" + "---|" * len(groups) + "---|---|",
     ]
-    for r in results:
-        timed = r["queries_timed"]
-        cells = [f"{timed['groups'][g]['median'] * 1000:.2f}" if g in timed["groups"] else "–" for g in groups]
-        lines.append(
-            f"| {r['path']} | {r['shards']} ({r['nodes']:,}) | {timed['round_trip_median'] * 1000:.2f} | "
-            + " | ".join(cells)
-            + f" | {timed['all_groups_median'] * 1000:.2f} | {r['loadavg']['before'][0]:.1f} → "
-            f"{r['loadavg']['after'][0]:.1f} |"
-        )
-    for path in sorted({r["path"] for r in results}):
-        by_shards = {r["shards"]: r["queries_timed"] for r in results if r["path"] == path}
-        if len(by_shards) < 2:
-            continue
-        low, high = min(by_shards), max(by_shards)
-        ratios = [
-            by_shards[high]["groups"][g]["median"] / by_shards[low]["groups"][g]["median"]
-            if g in by_shards[high]["groups"] and g in by_shards[low]["groups"]
-            else float("nan")
-            for g in groups
-        ]
-        total = by_shards[high]["all_groups_median"] / by_shards[low]["all_groups_median"]
-        lines.append(
-            f"| {path} | {high} ÷ {low} shards | | " + " | ".join(f"{x:.2f}" for x in ratios) + f" | {total:.2f} | |"
-        )
+    # The client's times through HTTP, and (Prometheus) the server's own: the same columns, ms.
+    for kind, key, all_key in (
+        ("client", "groups", "all_groups_median"),
+        ("server", "server_groups", "server_all_groups_median"),
+    ):
+        rows = [r for r in results if r["queries_timed"].get(key)]
+        for r in rows:
+            timed = r["queries_timed"]
+            cells = [f"{timed[key][g]['median'] * 1000:.2f}" if g in timed[key] else "–" for g in groups]
+            lines.append(
+                f"| {r['path']} ({kind}) | {r['shards']} ({r['nodes']:,}) | {timed['round_trip_median'] * 1000:.2f} | "
+                + " | ".join(cells)
+                + f" | {timed[all_key] * 1000:.2f} | {r['loadavg']['before'][0]:.1f} → "
+                f"{r['loadavg']['after'][0]:.1f} |"
+            )
+        for path in sorted({r["path"] for r in rows}):
+            by_shards = {r["shards"]: r["queries_timed"] for r in rows if r["path"] == path}
+            if len(by_shards) < 2:
+                continue
+            low, high = min(by_shards), max(by_shards)
+            ratios = [
+                by_shards[high][key][g]["median"] / by_shards[low][key][g]["median"]
+                if g in by_shards[high][key] and g in by_shards[low][key] and by_shards[low][key][g]["median"]
+                else float("nan")
+                for g in groups
+            ]
+            total = by_shards[high][all_key] / by_shards[low][all_key]
+            lines.append(
+                f"| {path} ({kind}) | {high} ÷ {low} shards | | "
+                + " | ".join(f"{x:.2f}" for x in ratios)
+                + f" | {total:.2f} | |"
+            )
     return "\n".join(lines)
 
 
