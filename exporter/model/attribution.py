@@ -275,11 +275,13 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: b
     if view.tokens_per_second == 0:
         return "stalled", "no token progress over the MFU window"
     wait = view.data_wait
-    if wait is not None and wait.ratio is not None and wait.ratio >= limits.input_wait_ratio:
+    # The recent share too: a loader that waits now shows at once, as the job's recent progress does.
+    shares = [] if wait is None else [r for r in (wait.ratio, wait.recent_ratio) if r is not None]
+    if wait is not None and shares and max(shares) >= limits.input_wait_ratio:
         reads = dataset_reads(view.name, signals.mounts)
         return "input", (
-            f"waiting for its next batch {100 * wait.ratio:.0f}% of wall time ({_wait_source(wait.source)}), over the "
-            f"{100 * limits.input_wait_ratio:.0f}% line" + (f"; {reads}" if reads else "")
+            f"waiting for its next batch {100 * max(shares):.0f}% of wall time ({_wait_source(wait.source)}), over "
+            f"the {100 * limits.input_wait_ratio:.0f}% line" + (f"; {reads}" if reads else "")
         )
     if stopped:
         return "stalled", "no progress report since one was due"

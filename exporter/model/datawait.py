@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 RESOLUTION_SECONDS = 1.0
 # Points kept for the share, at least: enough for a window of any length at one point per resolution.
 MAX_POINTS = 4096
+# The recent share, over the last figures this far apart (or the last interval when figures are sparser). It tells
+# the attribution that a loader waits now, as a drop in recent progress tells it the job slowed: the share over the
+# MFU window would cross the line only a fraction of a window later.
+RECENT_SECONDS = 2.0
 
 
 @dataclass
@@ -65,18 +69,20 @@ class DataWaitMeter:
 
 @dataclass(frozen=True)
 class DataWaitView:
-    """A job's data wait at one instant: GPU-seconds so far, its share of wall time over the MFU window (None
-    until two figures are a second apart), and where it came from."""
+    """A job's data wait at one instant: GPU-seconds so far, its share of wall time over the MFU window and over the
+    last seconds (None until two figures are a second apart), and where it came from."""
 
     gpu_seconds: float
     rank_seconds: float
     ratio: float | None
     source: str
+    recent_ratio: float | None = None  # over the last RECENT_SECONDS of figures (None as ratio is)
 
     def as_json(self) -> dict:
         return {
             "gpu_seconds_total": self.gpu_seconds,
             "rank_seconds_total": self.rank_seconds,
             "ratio": self.ratio,
+            "recent_ratio": self.recent_ratio,
             "source": self.source,
         }

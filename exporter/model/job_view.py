@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from exporter.model import flops as mfu_math
-from exporter.model.datawait import DataWaitView
+from exporter.model.datawait import RECENT_SECONDS, DataWaitView
 from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
 from exporter.model.ledger import LedgerView
 from exporter.model.progress import FACT_DEFAULTS, FACT_KEYS, MODEL_KEYS, REPORT_RESOLUTION_SECONDS, RUNNING
@@ -270,12 +270,13 @@ class ViewBuilder:
         meter = job.data_wait
         if meter is None:
             return None
-        ratio = None
+        ratio = recent = None
         # A share only while figures keep coming: one from a window before the job's newest report is history.
         newest = meter.newest
         if running and newest is not None and job.last_report_time - newest <= self.window:
             ratio = meter.share(newest, self.window)
-        return DataWaitView(meter.gpu_seconds, meter.rank_seconds, ratio, meter.source)
+            recent = meter.share(newest, RECENT_SECONDS)
+        return DataWaitView(meter.gpu_seconds, meter.rank_seconds, ratio, meter.source, recent)
 
     def _implausible(
         self, facts: dict, gpus: list[GpuInfo] | None, count: int | None, achieved: float, peak: float

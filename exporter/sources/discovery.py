@@ -42,6 +42,7 @@ from exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 log = logging.getLogger(__name__)
 
 MAX_LISTED = 20  # unsupported devices and held-back pods shown in the status, per kind
+NAME_HOLD_TIMEOUTS = 2.0  # a Slurm job waits for its name at most this many name_timeouts
 
 
 def _node_gpus(nvml: Any) -> tuple[list[NodeGpu], Counter]:
@@ -340,11 +341,13 @@ class DiscoverySource:
                 names_seen.add(job_id)
                 looked = self.names.name(job_id)
                 if looked is None and self.names.pending(job_id):
-                    # Held back while its name is on its way (at most the lookup's timeout), as a pod is for its
-                    # labels: a job named by its ID first and by its name a sample later would be two jobs, the
-                    # first ending at once (seen with the real squeue, tests/e2e/test_slurm.py).
+                    # Held back while its name is on its way, as a pod is for its labels: a job named by its ID
+                    # first and by its name a sample later would be two jobs, the first ending at once (seen with
+                    # the real squeue, tests/e2e/test_slurm.py). The lookup's timeout ends the wait. The bound is
+                    # twice that timeout: on a loaded node the thread and the command's start add seconds to it,
+                    # and a lookup that lands within the bound must land before the job shows.
                     since = self._name_pending_since.setdefault(job_id, now)
-                    if now - since <= self.names.timeout + 1.0:
+                    if now - since <= NAME_HOLD_TIMEOUTS * self.names.timeout:
                         if len(held) < MAX_LISTED:
                             held.append(job_id)
                         continue

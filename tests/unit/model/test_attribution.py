@@ -210,6 +210,18 @@ def test_a_wait_under_the_line_is_not_input_and_idle_gpus_without_a_figure_are_i
     )
 
 
+def test_input_from_the_recent_share_before_the_windows_share_crosses_the_line():
+    """A loader that starts waiting now: over the MFU window the share is still under the line, over the last
+    seconds it is over it; the cause shows at once, with the recent figure as its evidence."""
+    view = job()
+    view.data_wait = DataWaitView(100.0, 12.5, ratio=0.06, source="client", recent_ratio=0.4)
+    _, found = verdict(view, NodeSignals(gpus=healthy_gpus()))
+    assert found.cause == "input"
+    assert found.evidence.startswith("waiting for its next batch 40% of wall time")
+    view.data_wait = DataWaitView(100.0, 12.5, ratio=0.06, source="client", recent_ratio=0.05)
+    assert verdict(view, NodeSignals(gpus=healthy_gpus()))[1].cause == "unknown"
+
+
 def test_input_comes_after_stalled_and_the_hardware_causes():
     throttled = NodeSignals(gpus=healthy_gpus(**{"1": {"throttle_reasons": ["sw_power_cap"]}}))
     assert verdict(waiting(0.5), throttled)[1].cause == "power"

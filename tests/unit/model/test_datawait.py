@@ -2,7 +2,7 @@
 
 import pytest
 
-from exporter.model.datawait import DataWaitMeter
+from exporter.model.datawait import RECENT_SECONDS, DataWaitMeter
 
 
 def test_running_totals_count_each_increase_once_per_gpu_and_a_lower_total_is_a_new_process():
@@ -31,3 +31,13 @@ def test_no_share_from_one_figure_or_figures_closer_than_a_second():
     assert meter.share(10.0, 60.0) is None
     meter.observe(10.5, 1.2, 1, "client")
     assert meter.share(10.5, 60.0) is None
+
+
+def test_the_recent_share_shows_a_loader_that_starts_waiting_before_the_windows_share_does():
+    meter = DataWaitMeter("client")
+    total = 0.0
+    for second in range(33):  # a figure each second: 5 % of wall time waited, then 40 % from second 30 on
+        total += 0.05 if second <= 30 else 0.4
+        meter.observe(float(second), total, 8, "client")
+    assert meter.share(32.0, 15.0) < 0.10  # the MFU window's share, still under the input line
+    assert meter.share(32.0, RECENT_SECONDS) == pytest.approx(0.4)

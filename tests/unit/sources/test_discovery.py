@@ -188,7 +188,7 @@ def test_slurm_job_held_back_while_its_name_is_on_its_way_then_named_or_given_it
     squeue = tmp_path / "squeue"
     # Job 41's name comes once the test lets it; job 42's lookup hangs until its timeout ends it.
     squeue.write_text(
-        f'#!/bin/sh\n[ "$1" = 42 ] && exec sleep 30\nwhile [ ! -e {gate} ]; do sleep 0.02; done\necho llama-sft\n'
+        f'#!/bin/sh\n[ "$1" = 42 ] && exec sleep 60\nwhile [ ! -e {gate} ]; do sleep 0.02; done\necho llama-sft\n'
     )
     squeue.chmod(0o755)
     now = [100.0]
@@ -199,7 +199,7 @@ def test_slurm_job_held_back_while_its_name_is_on_its_way_then_named_or_given_it
             "job_mapping_dir": str(mapping),
             "processes": False,
             "name_command": [str(squeue), "{job}"],
-            "name_timeout": "5s",
+            "name_timeout": "30s",  # far beyond the test's wall time: 42's lookup runs through every sample below
         },
     )
     source = DiscoverySource(cfg, nvml=nvml, clock=lambda: now[0])
@@ -215,7 +215,9 @@ def test_slurm_job_held_back_while_its_name_is_on_its_way_then_named_or_given_it
         named = second.readings.jobs
         assert list(named) == ["llama-sft"] and named["llama-sft"].pods[0].slurm_job_id == "41"
         assert second.status["slurm"]["names_pending"] == ["42"]
-        now[0] += 5.5  # past 42's name_timeout + 1 s, its lookup still running: named by its ID from now on
+        now[0] += 58.0  # 59 s held: within twice 42's name_timeout, its lookup still running, still held
+        assert list(source.sample().readings.jobs) == ["llama-sft"]
+        now[0] += 2.0  # past twice the timeout with the lookup still running: named by its ID from now on
         assert sorted(source.sample().readings.jobs) == ["42", "llama-sft"]
     finally:
         source.close()

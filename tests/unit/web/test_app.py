@@ -68,6 +68,7 @@ async def test_data_wait_reports_become_gpu_seconds_and_a_share_of_wall_time(mak
         "gpu_seconds_total": pytest.approx(80.0),
         "rank_seconds_total": pytest.approx(10.0),
         "ratio": pytest.approx(0.25),
+        "recent_ratio": pytest.approx(0.25),  # figures 10 s apart: the last interval's
         "source": "client",
     }
 
