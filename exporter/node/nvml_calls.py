@@ -49,6 +49,10 @@ class GpuState:
         self.integrated: dict[str, float] = {}  # byte counters integrated from GPM rates
         self.field_specs: tuple[tuple[str, str, int, int, float], ...] = ()  # (tag, key, field ID, scope, scale)
         self.field_request: list[tuple[int, int]] = []
+        # The same with the NVLink error fields after them: the request of a cycle that reads those too.
+        self.field_specs_nvlink: tuple[tuple[str, str, int, int, float], ...] = ()
+        self.field_request_nvlink: list[tuple[int, int]] = []
+        self.nvlink_read_at: float | None = None  # monotonic time NVLink errors were last read (NVLINK_READ_INTERVAL)
         self.planned = False
         # Throttle time: each reason's counter from its field (seconds), or its bit integrated over samples.
         self.throttle_field: dict[str, float] = {}

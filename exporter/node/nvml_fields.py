@@ -42,6 +42,10 @@ NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 NVLINK_ERRORS = (("crc_flit", 38), ("crc_data", 45), ("replay", 52), ("recovery", 59))
 NVLINK_ERRORS_NEWER = (("receive", 208), ("link_integrity", 211), ("link_recovery", 215))
 
+# Seconds between two reads of a GPU's NVLink error counters. They are 4 fields a link, 72 of the 78 in an 18-link
+# GPU's request at series: standard, and they rarely move; what reads them (MfuGpuNvlinkErrors: an increase over 10
+# minutes, the status page) loses nothing at 10 s, while each 1 s sample asks for 6 fields instead of 78.
+NVLINK_READ_INTERVAL = 10.0
 ALL_LINKS = 0xFFFFFFFF  # nvml.h: a scopeId of UINT_MAX sums an NVLink throughput field over all links
 # Cumulative byte counters read as NVML field values: (reading key, field ID, scope ID, bytes per unit).
 # IDs are nvml.h's NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB) and NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES.
@@ -76,15 +80,21 @@ class FieldValues(NvmlCalls):
             specs += [
                 ("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME
             ]
+        nvlink: list[FieldSpec] = []
         if self.read_nvlink_errors:
-            specs += [
+            nvlink = [
                 ("nvlink", kind, field_id, link, 1)
                 for link in range(self._nvlink_links(gpu))
                 for kind, field_id in gpu.nvlink_kinds
                 if (field_id, link) not in gpu.nvlink_absent
             ]
         gpu.field_specs = tuple(spec for spec in specs if field_key(spec) not in gpu.unsupported)
+        gpu.field_specs_nvlink = gpu.field_specs + tuple(
+            spec for spec in nvlink if field_key(spec) not in gpu.unsupported
+        )
         gpu.field_request = [(field_id, scope) for _, _, field_id, scope, _ in gpu.field_specs]
+        gpu.field_request_nvlink = [(field_id, scope) for _, _, field_id, scope, _ in gpu.field_specs_nvlink]
+        gpu.nvlink_read_at = None  # a new plan (a link found absent, the newer counters) is tried at once
 
     def _nvlink_links(self, gpu: GpuState) -> int:
         """How many NVLink links NVML reports for the GPU (0 without NVLink), asked once per open."""
@@ -104,20 +114,25 @@ class FieldValues(NvmlCalls):
                     gpu.unsupported.setdefault("nvlink_errors", "no NVLink links")
         return gpu.nvlink_links
 
-    def _read_fields(self, gpu: GpuState, reading: dict[str, Any]) -> None:
-        """This cycle's field values into ``reading`` (byte counters) and ``gpu`` (throttle time, NVLink errors)."""
-        if gpu.field_request:
+    def _read_fields(self, gpu: GpuState, reading: dict[str, Any], now: float) -> None:
+        """This cycle's field values into ``reading`` (byte counters) and ``gpu`` (throttle time, NVLink errors).
+        The NVLink error fields are asked every ``NVLINK_READ_INTERVAL`` seconds; between, their last values stand."""
+        specs, request = gpu.field_specs, gpu.field_request
+        if gpu.nvlink_read_at is None or not 0 <= now - gpu.nvlink_read_at < NVLINK_READ_INTERVAL:
+            gpu.nvlink_read_at = now
+            specs, request = gpu.field_specs_nvlink, gpu.field_request_nvlink
+        if request:
             try:
-                values = self._nvml.nvmlDeviceGetFieldValues(gpu.handle, gpu.field_request)
+                values = self._nvml.nvmlDeviceGetFieldValues(gpu.handle, request)
             except self._nvml.NVMLError as exc:
                 if exc.value in self._absent_codes:
-                    for spec in gpu.field_specs:
+                    for spec in specs:
                         self._refused(gpu, field_key(spec), exc)
                 else:
                     self._refused(gpu, "fields", exc)
                 return
             success = self._nvml.NVML_SUCCESS
-            for spec, value in zip(gpu.field_specs, values):
+            for spec, value in zip(specs, values):
                 tag, key, field_id, scope, scale = spec
                 code = _member(value, "nvmlReturn")
                 if code == success:

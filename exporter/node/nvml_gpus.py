@@ -198,7 +198,7 @@ class NvmlGpus(FieldValues, XidEvents):
             count = call(gpu, key, nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, nvml.NVML_VOLATILE_ECC)
             if count is not None:
                 reading[key] = float(count)
-        self._read_fields(gpu, reading)
+        self._read_fields(gpu, reading, now)
         throttle_seconds = self._throttle_time(gpu, mask, now) if reads.throttle_time else ()
         self._read_gpm(gpu, now, reading)
         tensor, sm_clock = reading["tensor_active"], reading["sm_clock_hz"]

@@ -12,7 +12,7 @@ from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
 from exporter.node import gpm as gpm_module
 from exporter.node import nvml_fields as fields_module
-from exporter.node.nvml_fields import decode_throttle_reasons
+from exporter.node.nvml_fields import NVLINK_READ_INTERVAL, decode_throttle_reasons
 from exporter.node.nvml_gpus import MIG_READ_INTERVAL
 from exporter.service import build_service
 from exporter.sim import nvml as fake
@@ -713,8 +713,25 @@ def test_nvlink_errors_are_summed_over_links_and_kinds_per_gpu():
     assert status[3]["nvlink_errors"] == {"receive": 0.0, "link_integrity": 0.0, "link_recovery": 4.0}
     assert status[2]["unsupported"]["nvlink_errors"]
     nvml.gpus[0].nvlink_errors[(45, 3)] = 1  # a new CRC data error: the counter grows
-    _, values = exposition(node.tick())
+    _, values = exposition(node.tick(NVLINK_READ_INTERVAL))
     assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 8.0
+
+
+def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
+    # 72 of an 18-link H100's 78 fields: a 1 s sample between two reads asks for the other 6 only.
+    node = h100_node(count=1)
+    node.tick()
+    node.tick()  # planned again (the fake H100 lacks the PCIe byte fields): NVLink read again, the plan settled
+    asked = []
+    real = node.nvml.nvmlDeviceGetFieldValues
+    node.nvml.nvmlDeviceGetFieldValues = lambda handle, request: asked.append(len(request)) or real(handle, request)
+    node.nvml.gpus[0].nvlink_errors = {(38, 4): 3}
+    for _ in range(int(NVLINK_READ_INTERVAL) - 1):
+        _, values = exposition(node.tick())
+        assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 0.0  # the last read's total stands, still a series
+    _, values = exposition(node.tick())
+    assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 3.0  # 10 s after the last read: read again
+    assert asked == [6] * (int(NVLINK_READ_INTERVAL) - 1) + [78]
 
 
 def test_an_unknown_error_on_one_field_degrades_that_series_only(caplog):
