@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, TypeVar
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from exporter import __version__
@@ -31,6 +31,7 @@ from exporter.render.attribution import attribution_families
 from exporter.render.collectives import collective_families
 from exporter.render.collector import ExporterCollector
 from exporter.render.encode import MetricsCache
+from exporter.render.process import DaemonProcessCollector
 from exporter.render.restore import restore_families
 from exporter.scheduler import Scheduler
 from exporter.sources.base import Paths, Source
@@ -165,13 +166,13 @@ class Service:
         return {"job": name, **view.ledger.as_json(), "data_wait": data_wait_beside_kinds(view)}
 
     def export_process_metrics(self) -> None:
-        """Add client_python's ProcessCollector to /metrics: the daemon's own CPU seconds, resident and virtual
-        memory, open and maximum file descriptors and start time, under its standard ``process_`` names. The daemon
-        calls this (``web.app.serve``); build_service does not, so the golden rendering of the fixture node stays
-        the same from run to run. It reads this process's own /proc/self, never ``--path.procfs`` (the host's), once a
-        second at most: listing /proc/self/fd was a third of a fresh scrape's CPU (docs/benchmarks.md)."""
+        """Add client_python's ProcessCollector families to /metrics (``DaemonProcessCollector``): the daemon's own
+        CPU seconds, resident and virtual memory, open and maximum file descriptors and start time, under their
+        standard ``process_`` names. The daemon calls this (``web.app.serve``); build_service does not, so the golden
+        rendering of the fixture node stays the same from run to run. It reads this process's own /proc/self, never
+        ``--path.procfs`` (the host's), once a second at most (docs/benchmarks.md)."""
         if self.collector is not None and not self._process_metrics:
-            self.collector.add(once_a_second(ProcessCollector(registry=None).collect))
+            self.collector.add(once_a_second(DaemonProcessCollector().collect))
             self._process_metrics = True
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
