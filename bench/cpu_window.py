@@ -7,7 +7,9 @@ job, a checkpoint event each, 20 scrapes per format), then runs ``--runs`` windo
 CPU window runs: the fabric moving, every job reporting and both scraped once a second (OpenMetrics + gzip). Prints
 each window's CPU (% of a core, /proc user + system) of both and their ratio, the minimum and the load average; a
 few minutes instead of ``make bench``'s fifteen, for measuring a change to the daemon's steady cost.
-``--profile DIR`` records the daemon with py-spy (``--threads --idle`` off) over the windows into DIR.
+``--profile DIR`` records the daemon with py-spy (``--threads --idle`` off) over the windows into DIR; ``--parts
+FILE`` runs ``bench.cpu_parts`` instead of ``bench.node`` and prints the CPU of the daemon's named parts over the
+windows (kept in FILE as JSON): where its CPU went, measured in the daemon as it runs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import fixture, loadgen
+from bench import cpu_parts, fixture, loadgen
 from bench.run import (
     CLOCK_TICKS,
     Process,
@@ -201,7 +203,15 @@ def main() -> int:
         "--mark-start", action="store_true", help="send the daemon SIGUSR1 as the first window starts (a wrapper's cue)"
     )
     parser.add_argument("--profile", type=Path, help="record the daemon with py-spy into this folder")
-    return asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument("--parts", type=Path, help="time the daemon's named parts (bench.cpu_parts) into this file")
+    args = parser.parse_args()
+    if args.parts:
+        args.exporter = ["-m", "bench.cpu_parts", "--parts-out", str(args.parts)]
+        args.mark_start = True
+    code = asyncio.run(main_async(args))
+    if args.parts:
+        print(cpu_parts.table(str(args.parts)))
+    return code
 
 
 if __name__ == "__main__":
