@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from bench import fixture, loadgen
-from bench.run import Process, Reporters, all_sources_sampled, free_port, wait_until, warm_up
+from bench.run import Process, Reporters, all_sources_sampled, free_port, scratch, start_exporter, wait_until, warm_up
 
 MODES = ("sampling", "scrape", "report", "both")
 
@@ -64,13 +61,9 @@ async def window(process: Process, seconds: int, mode: str, fabric, reporters: R
 
 
 async def main_async(seconds: int) -> int:
-    root = Path(tempfile.mkdtemp(prefix="mfu-cpu-modes-"))
-    processes: list[Process] = []
-    try:
+    with scratch("mfu-cpu-modes-") as (root, processes):
         fabric = fixture.build_fabric(root)
-        address = f"127.0.0.1:{free_port()}"
-        command = [sys.executable, "-m", "bench.node", "--fixture", str(root), "--web.listen-address", address]
-        daemon = Process("exporter", command, address, root / "exporter.log")
+        daemon = start_exporter(root)
         processes.append(daemon)
         await wait_until(daemon, "/api/v1/status", all_sources_sampled)
         reporters = Reporters(daemon.address)
@@ -97,10 +90,6 @@ async def main_async(seconds: int) -> int:
         await warm.close()
         print(f"bare aiohttp, both {await window(bare, seconds, 'both', fabric, bare_reporters):5.2f} %", flush=True)
         return 0
-    finally:
-        for process in processes:
-            process.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> int:

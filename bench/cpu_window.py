@@ -19,11 +19,9 @@ import asyncio
 import collections
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,8 +31,9 @@ from bench.run import (
     Process,
     Reporters,
     all_sources_sampled,
-    free_port,
     node_exporter_binary,
+    scratch,
+    start_exporter,
     start_node_exporter,
     wait_until,
     warm_up,
@@ -117,18 +116,10 @@ async def window(
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    root = Path(tempfile.mkdtemp(prefix="mfu-cpu-window-"))
-    processes: list[Process] = []
     profiler = None
-    try:
+    with scratch("mfu-cpu-window-") as (root, processes):
         fabric = fixture.build_fabric(root)
-        address = f"127.0.0.1:{free_port()}"
-        exporter = Process(
-            "exporter",
-            [sys.executable, *args.exporter, "--fixture", str(root), "--web.listen-address", address],
-            address,
-            root / "exporter.log",
-        )
+        exporter = start_exporter(root, args.exporter)
         processes.append(exporter)
         node_exporter = start_node_exporter(node_exporter_binary(), root)
         processes.append(node_exporter)
@@ -183,10 +174,6 @@ async def main_async(args: argparse.Namespace) -> int:
         if profiler is not None:
             profiler.wait()
         return 0
-    finally:
-        for process in processes:
-            process.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
@@ -43,7 +44,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
@@ -238,6 +239,28 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[tuple[Path, list[Process]]]:
+    """A folder for a fixture and the list of processes started on it: at exit each process still running is
+    stopped and the folder removed."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    processes: list[Process] = []
+    try:
+        yield root, processes
+    finally:
+        for process in processes:
+            process.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def start_exporter(root: Path, command: list[str] | None = None, extra: list[str] | None = None) -> Process:
+    """``bench.node`` (or ``command``, a wrapper of it, after the interpreter) on the fixture under ``root``, on a free
+    loopback port, with ``extra`` arguments."""
+    address = f"127.0.0.1:{free_port()}"
+    argv = [sys.executable, *(command or ["-m", "bench.node"]), "--fixture", str(root), "--web.listen-address", address]
+    return Process("exporter", [*argv, *(extra or [])], address, root / "exporter.log")
 
 
 async def wait_until(process: Process, path: str, ok: Callable[[loadgen.Response], bool]) -> None:
@@ -728,9 +751,7 @@ async def run(plan: Plan) -> dict[str, Any]:
     phases = Phases()
     binary = node_exporter_binary()
     info = {**machine(), "node_exporter": node_exporter_version(binary), "plan": asdict(plan)}
-    root = Path(tempfile.mkdtemp(prefix="mfu-bench-"))
-    processes: list[Process] = []
-    try:
+    with scratch("mfu-bench-") as (root, processes):
         fabric = fixture.build_fabric(root)
         figures.set("fixture.gpus", fixture.GPUS)
         figures.set("fixture.rdma_ports", len(fabric.nics))
@@ -745,23 +766,7 @@ async def run(plan: Plan) -> dict[str, Any]:
         phases.done("rendering")
 
         hang_switch = root / f"hang-{HUNG_SOURCE}"
-        exporter_address = f"127.0.0.1:{free_port()}"
-        exporter = Process(
-            "exporter",
-            [
-                sys.executable,
-                "-m",
-                "bench.node",
-                "--fixture",
-                str(root),
-                "--web.listen-address",
-                exporter_address,
-                "--hang-switch",
-                str(hang_switch),
-            ],
-            exporter_address,
-            root / "exporter.log",
-        )
+        exporter = start_exporter(root, extra=["--hang-switch", str(hang_switch)])
         processes.append(exporter)
         node_exporter = start_node_exporter(binary, root)
         processes.append(node_exporter)
@@ -801,10 +806,6 @@ async def run(plan: Plan) -> dict[str, Any]:
 
         await measure_demo(plan, root, figures)
         phases.done("demo")
-    finally:
-        for process in processes:
-            process.stop()
-        shutil.rmtree(root, ignore_errors=True)
     info["loadavg_1m_end"], info["loadavg_5m_end"] = os.getloadavg()[:2]
     info["phase_seconds"] = phases.seconds
     figures.set("series.per_1000_nodes", figures.median("series.total") * 1000)
