@@ -1,6 +1,6 @@
 """The CPU window of ``make bench`` alone: the daemon's and node_exporter's CPU over the same seconds, repeated.
 
-    python -m bench.cpu_window [--seconds 60] [--runs 3] [--profile DIR]
+    python -m bench.cpu_window [--seconds 60] [--runs 3] [--interval SECONDS] [--profile DIR] [--parts FILE]
 
 Starts ``bench.node`` and node_exporter on one fixture as ``bench.run`` does, warms up as it does (two reports per
 job, a checkpoint event each, 20 scrapes per format), then runs ``--runs`` windows of ``--seconds`` each of what its
@@ -9,7 +9,8 @@ each window's CPU (% of a core, /proc user + system) of both and their ratio, th
 few minutes instead of ``make bench``'s fifteen, for measuring a change to the daemon's steady cost.
 ``--profile DIR`` records the daemon with py-spy (``--threads --idle`` off) over the windows into DIR; ``--parts
 FILE`` runs ``bench.cpu_parts`` instead of ``bench.node`` and prints the CPU of the daemon's named parts over the
-windows (kept in FILE as JSON): where its CPU went, measured in the daemon as it runs.
+windows (kept in FILE as JSON): where its CPU went, measured in the daemon as it runs. ``--interval`` has the
+sources that sample every second by default sample at that interval instead (``bench.node --interval``).
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ async def main_async(args: argparse.Namespace) -> int:
     profiler = None
     with scratch("mfu-cpu-window-") as (root, processes):
         fabric = fixture.build_fabric(root)
-        exporter = start_exporter(root, args.exporter)
+        exporter = start_exporter(
+            root, args.exporter, extra=[] if args.interval is None else ["--interval", f"{args.interval:g}"]
+        )
         processes.append(exporter)
         node_exporter = start_node_exporter(node_exporter_binary(), root)
         processes.append(node_exporter)
@@ -188,6 +191,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--mark-start", action="store_true", help="send the daemon SIGUSR1 as the first window starts (a wrapper's cue)"
+    )
+    parser.add_argument(
+        "--interval", type=float, metavar="SECONDS", help="sampling interval of the sources that sample each second"
     )
     parser.add_argument("--profile", type=Path, help="record the daemon with py-spy into this folder")
     parser.add_argument("--parts", type=Path, help="time the daemon's named parts (bench.cpu_parts) into this file")

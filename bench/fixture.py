@@ -60,11 +60,22 @@ def build_gpus() -> fake_nvml.FakeNvml:
     return nvml
 
 
-def node_config(listen_address: str = "127.0.0.1:9495") -> dict:
+# The sources that sample every second by default: what ``node_config(interval=...)`` slows down.
+ONE_SECOND_SOURCES = ("gpu", "rdma", "ethtool", "checkpoint", "logs")
+
+
+def node_config(listen_address: str = "127.0.0.1:9495", interval: float | None = None) -> dict:
     """Every default, as a node runs with an empty config file, on a loopback address, except job discovery: the
-    fixture has no kubelet and no Slurm, and discovery would read this machine's (its socket, its processes)."""
+    fixture has no kubelet and no Slurm, and discovery would read this machine's (its socket, its processes).
+    ``interval`` (seconds) replaces the 1 s default of every source that samples each second."""
     off = {"enabled": False}
-    return validate({"web": {"listen_address": listen_address}, "discovery": {"kubernetes": off, "slurm": off}})
+    document: dict[str, Any] = {
+        "web": {"listen_address": listen_address},
+        "discovery": {"kubernetes": off, "slurm": off},
+    }
+    if interval is not None:
+        document["sources"] = {name: {"interval": f"{interval:g}s"} for name in ONE_SECOND_SOURCES}
+    return validate(document)
 
 
 def node_context(

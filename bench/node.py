@@ -35,10 +35,13 @@ def main() -> int:
     parser.add_argument(
         "--hang-switch", type=Path, metavar="FILE", help="the GPU source's sample blocks while FILE exists"
     )
+    parser.add_argument(
+        "--interval", type=float, metavar="SECONDS", help="sampling interval of the sources that sample each second"
+    )
     args = parser.parse_args()
     setup_logging("warning")
     nvml = fixture.build_gpus()
-    config = fixture.node_config(args.listen_address)
+    config = fixture.node_config(args.listen_address, args.interval)
     sources = fixture.node_sources(config, args.fixture, nvml)
     if args.hang_switch:
         sources = [fixture.Hangable(s, args.hang_switch) if s.name == "gpu" else s for s in sources]
