@@ -115,8 +115,9 @@ class Scheduler:
         self.first_cycle_done: asyncio.Event | None = None  # created in start(), inside the running loop
         self._listeners: list[Callable[[str], None]] = []
 
-    def on_sample(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(source_name)`` on the event loop after each sample cycle."""
+    def on_sample(self, listener: Callable[[str, float], None]) -> None:
+        """Call ``listener(source_name, next_in)`` on the event loop after each sample cycle: ``next_in`` is the
+        seconds of wall time until the source's next cycle is due (its interval at the scheduler's speed)."""
         self._listeners.append(listener)
 
     async def start(self) -> None:
@@ -198,8 +199,9 @@ class Scheduler:
         self.generation += 1
         if self.first_cycle_done is not None:
             self.first_cycle_done.set()
+        next_in = state.interval / self.speed
         for listener in self._listeners:
-            listener(state.name)
+            listener(state.name, next_in)
 
     async def _loop(self, source: Source) -> None:
         # Each cycle is due one delay after the previous one was due, not after it started: the event loop wakes

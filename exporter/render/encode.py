@@ -235,10 +235,10 @@ class MetricsCache:
     """``parts``, when given, returns the registry's families in parts (``ExporterCollector.parts``): a source
     snapshot's families are then encoded once per format and kept while the snapshot is the latest, so a render
     after a state change encodes only what changed; and ``sampled`` (a ``Scheduler.on_sample`` listener) encodes each
-    new snapshot right away, off the loop, in every format a scraper comes back for, so its next scrape finds it
-    done and encodes only the jobs' and the exporter's own few series. A format counts as scraped periodically until
-    twice its last interval between scrapes has passed (at most ``WARM_FOR``): a Prometheus keeps its format warm,
-    a one-off curl or a burst of scrapes does not."""
+    new snapshot that a scraper's next scrape will find the latest right away, off the loop, in every format a
+    scraper comes back for, so that scrape finds it done and encodes only the jobs' and the exporter's own series.
+    A format counts as scraped periodically until twice its last interval between scrapes has passed (at most
+    ``WARM_FOR``): a Prometheus keeps its format warm, a one-off curl or a burst of scrapes does not."""
 
     WARM_FOR = 300.0  # longer than any scrape interval in use
     WARM_MARGIN = 1.0  # seconds of a scraper's jitter
@@ -312,8 +312,13 @@ class MetricsCache:
             return body, headers
         return await asyncio.shield(pending), headers
 
-    def sampled(self, source: str | None = None) -> None:
-        """Encode the sources' new snapshots ahead of the next scrape, in the formats scraped periodically."""
+    def sampled(self, source: str | None = None, next_in: float | None = None) -> None:
+        """Encode the sources' new snapshots ahead of the next scrape, in the formats scraped periodically.
+
+        ``next_in`` is the seconds until the source samples again. A snapshot the source will replace before a
+        format's next scrape is due (with ``WARM_MARGIN`` to spare) is not encoded ahead for it: the one that
+        replaces it will be. A Prometheus scraping every 15 s then finds the 1 s sources' snapshots of the last
+        second or two encoded, not fifteen rounds of encodings it never reads."""
         if self._parts is None:
             return
         now = self._monotonic()
@@ -323,6 +328,7 @@ class MetricsCache:
             elif (
                 interval is not None
                 and now - scraped_at <= 2 * interval + self.WARM_MARGIN
+                and (next_in is None or now + next_in + self.WARM_MARGIN >= scraped_at + interval)
                 and _plain_openmetrics(content_type) is not None
                 and content_type not in self._ahead_due
             ):

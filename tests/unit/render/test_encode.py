@@ -376,6 +376,33 @@ async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_sc
         await scheduler.stop()
 
 
+async def test_a_snapshot_replaced_before_the_next_scrape_is_not_encoded_ahead():
+    """A 1 s source and a Prometheus scraping every 15 s: only the snapshots of the second or two before the scrape is
+    due are encoded ahead, and the scrape finds the latest one done."""
+    source, clock = CountingSource(), Clock()
+    scheduler, jobs, registry, cache = await cached_node(source, clock)
+    # What on_sample reports as the source's next sample; the loop's own next cycle stays an hour away.
+    scheduler.states[source.name].interval = 1.0
+    try:
+        await cache.render(OPENMETRICS_ACCEPT, None)
+        clock.now += 15
+        await cache.render(OPENMETRICS_ACCEPT, None)  # every 15 s: the next one is due 15 s from now
+        assert source.renders == 1
+        for _ in range(12):
+            clock.now += 1
+            await sample_and_settle(scheduler, cache, source)
+        assert source.renders == 1  # each replaced by the next second's before the scrape
+        for expected in (2, 3):  # 2 s and 1 s before the scrape: the next sample might come after it
+            clock.now += 1
+            await sample_and_settle(scheduler, cache, source)
+            assert source.renders == expected
+        clock.now += 1
+        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
+        assert source.renders == 3 and b'mfu_test_events_total{interface="ens1np0"} 15.0' in body
+    finally:
+        await scheduler.stop()
+
+
 async def test_a_burst_of_scrapes_does_not_keep_encoding_ahead():
     source, clock = CountingSource(), Clock()
     scheduler, jobs, registry, cache = await cached_node(source, clock)
