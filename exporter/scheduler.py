@@ -113,11 +113,12 @@ class Scheduler:
         self._tasks: list[asyncio.Task] = []
         self.generation = 0
         self.first_cycle_done: asyncio.Event | None = None  # created in start(), inside the running loop
-        self._listeners: list[Callable[[str], None]] = []
+        self._listeners: list[Callable[[str, float], None]] = []
 
     def on_sample(self, listener: Callable[[str, float], None]) -> None:
         """Call ``listener(source_name, next_in)`` on the event loop after each sample cycle: ``next_in`` is the
-        seconds of wall time until the source's next cycle is due (its interval at the scheduler's speed)."""
+        seconds of wall time until the source's next snapshot is expected (its interval at the scheduler's speed, or
+        the last sample's duration when that is longer)."""
         self._listeners.append(listener)
 
     async def start(self) -> None:
@@ -199,7 +200,8 @@ class Scheduler:
         self.generation += 1
         if self.first_cycle_done is not None:
             self.first_cycle_done.set()
-        next_in = state.interval / self.speed
+        # A sample slower than the interval delays the next one's end by as much: the next cycle starts at once.
+        next_in = max(state.interval / self.speed, state.last_duration)
         for listener in self._listeners:
             listener(state.name, next_in)
 
