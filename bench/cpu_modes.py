@@ -21,7 +21,17 @@ import sys
 import time
 
 from bench import fixture, loadgen
-from bench.run import Process, Reporters, all_sources_sampled, free_port, scratch, start_exporter, wait_until, warm_up
+from bench.run import (
+    Process,
+    Reporters,
+    all_sources_sampled,
+    free_port,
+    positive_seconds,
+    scratch,
+    start_exporter,
+    wait_until,
+    warm_up,
+)
 
 MODES = ("sampling", "scrape", "report", "both")
 
@@ -107,7 +117,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=30)
     parser.add_argument(
-        "--interval", type=float, metavar="SECONDS", help="sampling interval of the sources that sample each second"
+        "--interval",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="sampling interval of the sources that sample each second",
     )
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument(

@@ -33,6 +33,7 @@ from bench.run import (
     Reporters,
     all_sources_sampled,
     node_exporter_binary,
+    positive_seconds,
     scratch,
     start_exporter,
     start_node_exporter,
@@ -193,7 +194,10 @@ def main() -> int:
         "--mark-start", action="store_true", help="send the daemon SIGUSR1 as the first window starts (a wrapper's cue)"
     )
     parser.add_argument(
-        "--interval", type=float, metavar="SECONDS", help="sampling interval of the sources that sample each second"
+        "--interval",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="sampling interval of the sources that sample each second",
     )
     parser.add_argument("--profile", type=Path, help="record the daemon with py-spy into this folder")
     parser.add_argument("--parts", type=Path, help="time the daemon's named parts (bench.cpu_parts) into this file")

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from bench import fixture
+from bench.run import positive_seconds
 from exporter.cli import setup_logging
 from exporter.service import build_service
 from exporter.web.app import serve
@@ -36,7 +37,10 @@ def main() -> int:
         "--hang-switch", type=Path, metavar="FILE", help="the GPU source's sample blocks while FILE exists"
     )
     parser.add_argument(
-        "--interval", type=float, metavar="SECONDS", help="sampling interval of the sources that sample each second"
+        "--interval",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="sampling interval of the sources that sample each second",
     )
     args = parser.parse_args()
     setup_logging("warning")

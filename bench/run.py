@@ -184,6 +184,17 @@ class Figures:
 # --- processes ----------------------------------------------------------------------------------------------
 
 
+def positive_seconds(value: str) -> float:
+    """An argparse type: a number of seconds above 0 (``--interval``)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds above 0, such as 5")
+    return seconds
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
