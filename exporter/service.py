@@ -280,7 +280,7 @@ class Service:
             self.restores.observe_mounts(state.last_success, counters)
         for view in views:
             if view.ledger is not None:
-                self.restores.observe_job(view.name, view.ledger.bands, tuple(mounts.get(view.name, ())), now)
+                self.restores.observe_job(view.name, view.ledger.loads, tuple(mounts.get(view.name, ())), now)
         self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
 
 

@@ -45,6 +45,7 @@ STALL_MIN_SECONDS = 10.0  # and never shorter than this: a report a few seconds 
 STEADY_INTERVALS = 256  # recent steady per-step durations kept for the ideal step time
 MAX_RUNS = 32  # runs kept for the API and the timeline; the counters count every run
 MAX_BANDS = 256  # timeline bands kept per job (consecutive bands of one kind merge)
+MAX_LOADS = 16  # closed checkpoint loads kept for the restore meter, which takes each by its number within a tick
 HEARTBEAT_MISSES = 3  # a run whose client sends heartbeats is lost after this many intervals without one
 
 
@@ -116,6 +117,9 @@ class LedgerView:
     step_buckets: tuple[int, ...]  # cumulative, last is +Inf
     step_sum: float
     step_count: int
+    # The checkpoint loads that ended, newest last: (number, run, start, end), Unix times. The number counts the
+    # job's loads here from 1 and identifies each load, whatever the clocks do.
+    loads: tuple[tuple[int, int, float, float], ...]
     ideal_step_seconds: float | None
     over_ideal_seconds: float
     pending_seconds: float
@@ -155,6 +159,8 @@ class Ledger:
     runs: deque = field(default_factory=lambda: deque(maxlen=MAX_RUNS))
     run_count: int = 0
     bands: deque = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
+    loads: deque = field(default_factory=lambda: deque(maxlen=MAX_LOADS))  # (number, run, start, end), monotonic
+    load_count: int = 0
     high_water: float | None = None  # the highest position ever reached
     position: float | None = None  # the current run's latest position
     position_at: float | None = None  # when it was reached (monotonic)
@@ -408,6 +414,7 @@ class Ledger:
             step_buckets=tuple(cumulative),
             step_sum=self.step_sum,
             step_count=self.step_count,
+            loads=tuple((n, run, start + offset, end + offset) for n, run, start, end in self.loads),
             ideal_step_seconds=self.ideal_step(),
             over_ideal_seconds=self.over_ideal,
             pending_seconds=max(now - self.settled, 0.0) if self.settled is not None and self.phase != "none" else 0.0,
@@ -486,6 +493,10 @@ class Ledger:
         if self.bands and self.bands[-1][:2] == (number, kind) and self.bands[-1][3] == start:
             self.bands[-1] = (number, kind, self.bands[-1][2], end)
             return
+        if self.bands and self.bands[-1][1] == "checkpoint_load":
+            # A band after a load's band: that load ended.
+            self.load_count += 1
+            self.loads.append((self.load_count, *self.bands[-1][:1], *self.bands[-1][2:]))
         self.bands.append((number, kind, start, end))
 
     def _commit_steps(self, at: float, start: float | None, end: float, offset: float) -> None:

@@ -2,7 +2,7 @@
 bytes the mounts holding the job's checkpoints read meanwhile (the storage source's counters): the read side of
 the checkpoint plane, beside the writes the checkpoint tracker counts.
 
-A load counts once its band is closed (a later band of the run follows it). Its bytes are the growth of the
+A load counts once its band is closed (the ledger's band after it began), once, by its number in the job's ledger. Its bytes are the growth of the
 checkpoint mounts' read counters from the last storage sample at or before the band's start to the first at or after
 its end: the whole load is inside, whatever the sampling interval, and a mount's reads just before and after it
 (within one interval) count too; interpolating instead would split a short load's bytes with the idle time around
@@ -47,7 +47,7 @@ class RestoreMeter:
     def __init__(self, history_seconds: float = HISTORY_SECONDS):
         self._history_seconds = history_seconds
         self._samples: dict[str, deque[tuple[float, float]]] = {}  # mount point -> (Unix time, read bytes)
-        self._counted: dict[str, set[tuple[int, float]]] = {}  # job -> (run, start) of the loads counted
+        self._counted: dict[str, int] = {}  # job -> the number of its newest load counted
         self._totals: dict[str, RestoreTotals] = {}
 
     def observe_mounts(self, at: float, read_bytes: Mapping[str, float]) -> None:
@@ -63,25 +63,20 @@ class RestoreMeter:
                 samples.popleft()
 
     def observe_job(
-        self, job: str, bands: Iterable[tuple[int, str, float, float]], mounts: tuple[str, ...], now: float
+        self, job: str, loads: Iterable[tuple[int, int, float, float]], mounts: tuple[str, ...], now: float
     ) -> None:
-        """The job's ledger bands (run, kind, start, end); ``mounts``: the mount points holding its checkpoints."""
-        bands = tuple(bands)
-        if not any(band[1] == LOAD for band in bands):
-            return  # most ticks of most jobs: nothing to pair
-        ordered = sorted(bands, key=lambda band: (band[2], band[3]))
-        counted = self._counted.setdefault(job, set())
-        for index, (run, kind, start, end) in enumerate(ordered):
-            if kind != LOAD or (run, start) in counted:
+        """The job's ended loads from its ledger (number, run, start, end); ``mounts``: the mount points holding its
+        checkpoints. Each load counts once, by its number; a load waiting for its storage sample holds later ones."""
+        counted = self._counted.get(job, 0)
+        for number, _run, start, end in sorted(loads):
+            if number <= counted:
                 continue
-            if not any(later[0] == run and later[2] >= end for later in ordered[index + 1 :]):
-                continue  # still loading, or its end not settled yet
             read = self._read_between(mounts, start, end)
             if read is _PENDING:
                 if now - end < GIVE_UP_SECONDS:
-                    continue  # the storage sample after its end has not come yet
+                    break  # the storage sample after its end has not come yet
                 read = None  # the storage source stopped sampling: the load counts without its bytes
-            counted.add((run, start))
+            counted = self._counted[job] = number
             self._count(job, end - start, read if isinstance(read, float) else None)
 
     def totals(self) -> dict[str, RestoreTotals]:

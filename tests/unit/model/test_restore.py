@@ -7,7 +7,7 @@ from exporter.model.ledger import Ledger
 from exporter.model.restore import RestoreMeter
 from tests.support.known_truth import END, play
 
-LOAD = [(1, "productive", 0.0, 100.0), (2, "checkpoint_load", 200.0, 215.0), (2, "startup", 215.0, 220.0)]
+LOAD = [(1, 2, 200.0, 215.0)]  # (number, run, start, end): the ledger's ended loads
 
 
 def test_a_loads_bytes_are_the_mounts_reads_from_the_sample_before_it_to_the_one_after():
@@ -26,7 +26,7 @@ def test_a_loads_bytes_are_the_mounts_reads_from_the_sample_before_it_to_the_one
 def test_a_load_waits_for_its_end_and_for_the_sample_after_it():
     meter = RestoreMeter()
     meter.observe_mounts(190.0, {"/ckpt": 0.0})
-    meter.observe_job("llama", LOAD[:2], ("/ckpt",), now=216.0)  # still loading: no band after it
+    meter.observe_job("llama", [], ("/ckpt",), now=216.0)  # still loading: the ledger has not ended it
     meter.observe_job("llama", LOAD, ("/ckpt",), now=216.0)  # ended, but no sample after 215 yet
     assert meter.totals() == {}
     meter.observe_mounts(216.0, {"/ckpt": 26000.0})
@@ -63,13 +63,40 @@ def test_the_known_truth_runs_load_from_a_real_ledger():
     ledger = Ledger(gpus=4)
     offset = 1_800_000_000.0
     play(ledger, offset)
-    bands = ledger.view(END, offset).bands
-    (load,) = [band for band in bands if band[1] == "checkpoint_load"]
+    view = ledger.view(END, offset)
+    (load,) = [band for band in view.bands if band[1] == "checkpoint_load"]
+    assert view.loads == ((1, load[0], load[2], load[3]),)
     meter = RestoreMeter()
     rate = 3e9
     for second in range(int(load[2]) - 10, int(load[3]) + 10, 5):
         meter.observe_mounts(float(second), {"/ckpt": rate * max(0.0, min(second, load[3]) - load[2])})
-    meter.observe_job("llama", bands, ("/ckpt",), now=load[3] + 20)
+    meter.observe_job("llama", view.loads, ("/ckpt",), now=load[3] + 20)
     total = meter.totals()["llama"]
     assert total.loads == 1 and total.seconds == load[3] - load[2]
     assert total.last_bandwidth == pytest.approx(rate)
+
+
+def test_one_load_counts_once_however_the_clocks_move_between_ticks():
+    # Each view converts the ledger's monotonic times with the clocks' offset of that instant, which moves by a
+    # little every tick and by a lot when the wall clock steps: the load's number, not its start, identifies it.
+    ledger = Ledger(gpus=8)
+    ledger.start_run(0.0, 1e9, "client")
+    ledger.load("started", 10.0, 1e9)
+    ledger.load("finished", 40.0, 1e9)
+    ledger.progress(60.0, 1e9, 101.0, "client")
+    meter = RestoreMeter()
+    for tick in range(300):
+        offset = 1e9 + tick * 1e-4 + (3600.0 if tick > 200 else 0.0)
+        ledger.tick(100.0 + tick, offset)
+        meter.observe_job("llama", ledger.view(100.0 + tick, offset).loads, (), now=1e9 + 100.0 + tick)
+    assert meter.totals()["llama"].loads == 1
+    assert meter.totals()["llama"].seconds == pytest.approx(30.0)
+
+
+def test_the_loads_a_meter_remembers_are_one_number_per_job():
+    meter = RestoreMeter()
+    loads = [(n, 1, 100.0 * n, 100.0 * n + 5) for n in range(1, 40)]
+    for upto in range(1, 40):
+        meter.observe_job("llama", loads[max(upto - 16, 0) : upto], (), now=1e6)
+    assert meter.totals()["llama"].loads == 39
+    assert meter._counted == {"llama": 39}
