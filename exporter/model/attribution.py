@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from exporter.config import AttributionConfig
-from exporter.model.job_view import JobView
+from exporter.model.job_view import NOT_TRAINING, JobView
 from exporter.model.progress import REPORT_RESOLUTION_SECONDS
 from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, MountSignal, PortSignal
 
@@ -79,8 +79,8 @@ SOCKET_FALLBACK = "NCCL uses sockets, not RDMA"
 # the gap. The rest (no progress, idle GPUs, nothing) are what is left when none does.
 SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "power", "straggler", "input"})
 PRECEDENCE = {cause: rank for rank, cause in enumerate(CAUSES)}
-# A job's report counts as overdue (its progress stopped) this many of its own report intervals after the last.
-OVERDUE_INTERVALS = 1.5
+# An evaluation this much later than its period is a busy process, not the job: no report is overdue for it.
+LATE_EVALUATIONS = 1.5
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
 # hw_counters that mean the transport retransmitted or timed out: traffic the collective waited for.
@@ -273,6 +273,8 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: b
     if collectives.straggler:
         return "straggler", collectives.straggler
     if view.tokens_per_second == 0:
+        if view.ledger is not None and view.ledger.state in NOT_TRAINING:
+            return "stalled", NOT_TRAINING[view.ledger.state]
         return "stalled", "no token progress over the MFU window"
     wait = view.data_wait
     # The recent share too: a loader that waits now shows at once, as the job's recent progress does.
@@ -346,21 +348,22 @@ class _JobAttribution:
 
 
 def _recent(view: JobView, state: _JobAttribution, now: float, elapsed: float) -> tuple[float | None, float, bool]:
-    """The job's recent MFU (over its newest report interval at least a second long), its report interval, and
-    whether its next report is overdue (then the recent MFU is 0: it is not progressing). None when it has not
-    reported twice, or its FLOPs per token or peak are unknown."""
+    """The job's recent MFU (over its newest report interval at least a second long), its cadence, and whether its
+    next report is overdue (then the recent MFU is 0: it is not progressing). A report is overdue once the job's
+    silence passes its ``stall_after`` (a few of its own intervals): between two of its lines a job is neither
+    stalled nor slow. None when it has not reported twice, or its FLOPs per token or peak are unknown."""
     if view.reported and (not state.reports or state.reports[-1][0] != view.last_report_time):
         if state.reports and view.tokens_processed < state.reports[-1][1]:
             state.reports.clear()  # a new count (a new exporter view of a restarted job): rates start over
         state.reports.append((view.last_report_time, view.tokens_processed, now))
     if len(state.reports) < 2 or not view.flops_per_token or not view.peak_flops:
         return None, 0.0, False
-    last, previous = state.reports[-1], state.reports[-2]
-    interval = max(last[0] - previous[0], 0.0)
+    last = state.reports[-1]
+    interval = view.cadence_seconds or 0.0
     # Since it arrived (our clock), else since an evaluation first saw it (a second later at most).
     arrived = view.progress_arrival if view.progress_arrival is not None else last[2]
-    # As many evaluation intervals at least: a pass that comes late (a busy process) is no sign of the job's.
-    if now - arrived > OVERDUE_INTERVALS * max(interval, elapsed) and now - arrived > REPORT_RESOLUTION_SECONDS:
+    overdue = view.stall_after_seconds
+    if overdue is not None and now - arrived > max(overdue, LATE_EVALUATIONS * elapsed):
         return 0.0, interval, True
     reference = next((p for p in reversed(state.reports) if last[0] - p[0] >= REPORT_RESOLUTION_SECONDS), None)
     if reference is None:
@@ -449,7 +452,8 @@ class Attributor:
         lost = max(baseline - value, 0.0) / baseline  # the window's gap: what the MFU shows and each second books
         recent_lost = max(baseline - recent, 0.0) / baseline if recent is not None else 0.0
         # A hardware figure is the last sample's, no window behind it: its cause holds a couple of evaluations.
-        hold = (self.window if signal == "mfu" else 0.0) + 2 * max(interval, elapsed, 1.0)
+        window = (view.window_seconds or self.window) if signal == "mfu" else 0.0
+        hold = window + 2 * max(interval, elapsed, 1.0)
         for cause in [cause for cause, seen in state.held.items() if now - seen.seen > hold]:
             del state.held[cause]  # the window no longer holds the seconds it slowed
         found: tuple[str, str] | None = None
@@ -470,7 +474,7 @@ class Attributor:
             elif lost >= self.limits.tolerance:  # shown while the job recovers; within the tolerance, none
                 found = (
                     held.cause,
-                    f"{held.evidence} (cleared {now - held.seen:.0f} s ago; the {self.window:g} s MFU window still"
+                    f"{held.evidence} (cleared {now - held.seen:.0f} s ago; the {window:g} s MFU window still"
                     " holds its slow seconds)",
                 )
             else:

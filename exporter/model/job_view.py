@@ -17,11 +17,27 @@ from exporter.model import flops as mfu_math
 from exporter.model.datawait import RECENT_SECONDS, DataWaitView
 from exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
 from exporter.model.ledger import LedgerView
-from exporter.model.progress import FACT_DEFAULTS, FACT_KEYS, MODEL_KEYS, REPORT_RESOLUTION_SECONDS, RUNNING
+from exporter.model.progress import (
+    FACT_DEFAULTS,
+    FACT_KEYS,
+    MODEL_KEYS,
+    REPORT_RESOLUTION_SECONDS,
+    RUNNING,
+    rate_window,
+    stall_after,
+)
 from exporter.model.readings import GpuReading
 
 if TYPE_CHECKING:  # the job's state holds a builder of its views; the views read that state
     from exporter.model.jobs import Job
+
+
+# The ledger's states in which no step of the job runs on this node, and what each means for its MFU (0).
+NOT_TRAINING = {
+    "down": "no run of the job is alive on this node (its process ended)",
+    "startup": "a new run of the job is starting (no step yet)",
+    "checkpoint_load": "a new run of the job is loading its checkpoint",
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,9 @@ class JobView:
     ledger: LedgerView | None = None  # None until a run of it shows progress (or its client says it started)
     data_wait: DataWaitView | None = None  # None until its client or log gives a data-wait figure
     progress_arrival: float | None = None  # our clock, when its newest token count arrived: a stop shows as none since
+    cadence_seconds: float | None = None  # the job's own time between token counts, learned (median of recent ones)
+    window_seconds: float | None = None  # the MFU window its rate is over: mfu.window, or its cadence when longer
+    stall_after_seconds: float | None = None  # silence longer than this is a stall; None until its cadence is known
 
     @property
     def running(self) -> bool:
@@ -98,6 +117,9 @@ class JobView:
             "framework_tflops_per_gpu": self.framework_tflops_per_gpu,
             "ledger": self.ledger.as_json() if self.ledger is not None else None,
             "data_wait": self.data_wait.as_json() if self.data_wait is not None else None,
+            "cadence_seconds": self.cadence_seconds,
+            "window_seconds": self.window_seconds,
+            "stall_after_seconds": self.stall_after_seconds,
             "model": {k: self.facts.get(k) for k in MODEL_KEYS},
             **{k: self.facts.get(k) for k in FACT_KEYS},
         }
@@ -122,15 +144,19 @@ class ViewBuilder:
         self._gpu_readings = gpu_readings
 
     def _rate(self, job: Job, now: float) -> float | None:
+        """Tokens/s between the job's own counts over its MFU window; 0 once its silence is a stall (``stall_after``
+        of its cadence), and never before it has a cadence: the time between two of its lines is neither."""
         if not job.reported:
             return None
-        if now - job.last_arrival > max(self.window, 2 * job.interval):
-            # No report for a whole window (or twice the job's own cadence, for one that reports less often, like
-            # a log printed every few minutes): the job is not progressing.
+        cadence = job.cadence
+        overdue = stall_after(cadence)
+        arrival = job.progress_arrival if job.progress_arrival is not None else job.last_arrival
+        if overdue is not None and now - arrival > overdue:
             return 0.0
-        points = [p for p in job.window if p[0] >= job.last_report_time - self.window]
+        window = rate_window(self.window, cadence)
+        points = [p for p in job.window if p[0] >= job.last_report_time - window]
         if len(points) < 2 and len(job.window) >= 2:
-            points = [job.window[-2], job.window[-1]]  # reports sparser than the window: use the last interval
+            points = [job.window[-2], job.window[-1]]  # a cadence that changed since: its last interval
         if len(points) < 2:
             return None
         (t0, n0), (t1, n1) = points[0], points[-1]
@@ -194,6 +220,10 @@ class ViewBuilder:
         facts = {**FACT_DEFAULTS, **job.facts}
         running = job.state == RUNNING
         rate = self._rate(job, now) if running else None
+        if running and job.reported and ledger is not None and ledger.state in NOT_TRAINING:
+            # Its process is gone, or a new one starts or loads its checkpoint: no step runs, whatever the window
+            # of the last run held.
+            rate = 0.0
         reason = None
         fpt = flops_per_token(facts)
         if fpt is None:
@@ -236,6 +266,9 @@ class ViewBuilder:
             step=job.step,
             last_report_time=job.last_report_time,
             progress_arrival=job.progress_arrival,
+            cadence_seconds=job.cadence,
+            window_seconds=rate_window(self.window, job.cadence),
+            stall_after_seconds=stall_after(job.cadence),
             tokens_per_second=rate,
             flops_per_token=fpt,
             gpus=count,
@@ -273,8 +306,9 @@ class ViewBuilder:
         ratio = recent = None
         # A share only while figures keep coming: one from a window before the job's newest report is history.
         newest = meter.newest
-        if running and newest is not None and job.last_report_time - newest <= self.window:
-            ratio = meter.share(newest, self.window)
+        window = rate_window(self.window, job.cadence)
+        if running and newest is not None and job.last_report_time - newest <= window:
+            ratio = meter.share(newest, window)
             recent = meter.share(newest, RECENT_SECONDS)
         return DataWaitView(meter.gpu_seconds, meter.rank_seconds, ratio, meter.source, recent)
 

@@ -25,13 +25,15 @@ from exporter.model.datawait import DataWaitMeter
 from exporter.model.discovery_jobs import DiscoveredJob
 from exporter.model.errors import TooManyJobs
 from exporter.model.job_view import GpuInfo, JobView, ViewBuilder, flops_per_token, gpu_facts
-from exporter.model.ledger import Ledger, LedgerView
+from exporter.model.ledger import Ledger, LedgerView, RecentValues
 from exporter.model.progress import (
+    CADENCE_INTERVALS,
     FACT_DEFAULTS,
     MAX_FUTURE_SECONDS,
     REPORT_RESOLUTION_SECONDS,
     RUNNING,
     ProgressReport,
+    rate_window,
 )
 from exporter.model.readings import GpuReading
 
@@ -55,6 +57,7 @@ class Job:
     restarts: int = 0
     replayed_tokens: float = 0.0  # tokens re-trained after restarts from checkpoints
     window: deque = field(default_factory=deque)  # (report time, tokens_total)
+    window_run: int = 0  # the ledger's run the window's counts belong to: a new run's rate starts afresh
     reported: bool = False
     state: str = RUNNING
     ended: float | None = None  # our clock, when a report said the job ended
@@ -68,6 +71,7 @@ class Job:
     framework_tflops_per_gpu: float | None = None
     feed_reason: str | None = None
     interval: float = 0.0  # the job's own time between its last two reports
+    intervals: RecentValues = field(default_factory=lambda: RecentValues(CADENCE_INTERVALS))  # its recent intervals
     touched: bool = False  # created by another API (checkpoints, a log): counts against ingest.max_jobs like a report
     discovered: DiscoveredJob | None = None  # what discovery found of it on this node, while it finds it
     ledger: Ledger = field(default_factory=Ledger)  # where its time here went (exporter.model.ledger)
@@ -79,6 +83,11 @@ class Job:
     @property
     def tokens_processed(self) -> float:
         return self.carried_tokens + self.tokens_total + self.replayed_tokens
+
+    @property
+    def cadence(self) -> float | None:
+        """The job's own time between token counts (the median of its recent intervals); None before its second."""
+        return self.intervals.median() if self.intervals else None
 
 
 @dataclass(frozen=True)
@@ -179,13 +188,14 @@ class JobTracker:
             at = job.window[-1][0]  # reports out of order by the job's clock: keep the window monotonic
         if job.window and at > job.window[-1][0]:
             job.interval = at - job.window[-1][0]
+            job.intervals.append(job.interval)
         if len(job.window) >= 2 and at - job.window[-2][0] < REPORT_RESOLUTION_SECONDS:
             # Jobs may report every step: the rate needs only the window's ends, so reports closer than the
             # resolution replace the newest point and a window holds ~one point per second, not per step.
             job.window[-1] = (at, report.tokens_total)
         else:
             job.window.append((at, report.tokens_total))
-        while len(job.window) > 2 and job.window[1][0] < at - self.window:
+        while len(job.window) > 2 and job.window[1][0] < at - rate_window(self.window, job.cadence):
             job.window.popleft()
         job.tokens_total = report.tokens_total
         if report.data_wait_seconds is not None:
@@ -198,6 +208,11 @@ class JobTracker:
         job.feed_reason = None  # a total arrived: a log's word on why it had none (another feed's) is over
         self._count_flops(job)
         self._ledger_report(job, report, at, now, before)
+        if job.ledger.run_count != job.window_run:
+            # A new process since the window's first count (this report's included): the last run's counts say
+            # nothing of this one's speed, and its old figure must not come back.
+            job.window = deque([job.window[-1]])
+            job.window_run = job.ledger.run_count
         if report.state != job.state:
             self._end(job, report.state, now)
         self._changed(job)

@@ -9,7 +9,8 @@ From the job's first run here until it ends, every second × the job's GPUs here
 - ``checkpoint_save``: a checkpoint save under way (the job, its log or the watcher says so);
 - ``checkpoint_load``: a checkpoint being restored (the job or its log says so);
 - ``down``: no run of the job is alive here, between a crash and the restart;
-- ``stalled``: a run is alive but made no progress for longer than a few of its own report intervals.
+- ``stalled``: a run is alive but made no progress for longer than a few of its own report intervals (never before
+  it has shown one interval: a job that logs every few minutes is not stalled before its second line).
 
 The ledger is a state machine on the exporter's monotonic clock. An event says what the job does from its time on
 (a run starts, a load or a save starts or ends, a step is reached, a run ends); the time since the last event is
@@ -385,7 +386,7 @@ class Ledger:
 
     def stall_after(self) -> float:
         if not self.intervals:
-            return STALL_MIN_SECONDS
+            return math.inf  # no cadence yet: a wait before its second report is not known to be a stall
         return max(STALL_MIN_SECONDS, STALL_FACTOR * self.intervals.median())
 
     def restarts(self) -> int:

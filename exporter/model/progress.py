@@ -21,6 +21,27 @@ MAX_STEP = 2**53  # the largest integer a double (and so a Prometheus sample) ho
 # Reports closer together than this are merged in the MFU window, and a rate needs at least this much time between
 # the window's ends: over a zero or nanosecond step any token count would be an infinite or absurd rate.
 REPORT_RESOLUTION_SECONDS = 1.0
+# A job's cadence is the median of its recent intervals between token counts (a report, a log's progress line). Real
+# jobs log every N steps, so a line every minute or more is normal: silence is a stall only after this many of the
+# job's own intervals, and never before it has shown one (two counts).
+STALL_CADENCES = 3.0
+STALL_MIN_SECONDS = 3.0  # a job reporting every step (a fraction of a second) is not stalled by a hiccup of a second
+CADENCE_INTERVALS = 16  # recent intervals the cadence is the median of
+
+
+def stall_after(cadence: float | None) -> float | None:
+    """Seconds of silence after which a job with this cadence is stalled; None while its cadence is unknown."""
+    if cadence is None:
+        return None
+    return max(STALL_CADENCES * cadence, STALL_MIN_SECONDS)
+
+
+def rate_window(window: float, cadence: float | None) -> float:
+    """The MFU window for a job of this cadence: the configured one, or the job's own interval when that is longer,
+    so the window always holds the job's last interval and a rate is taken between its own lines."""
+    return max(window, cadence or 0.0)
+
+
 STATES = ("running", "finished", "failed", "cancelled")
 RUNNING = "running"
 FACT_KEYS = ("dtype", "gpus", "target_tokens", "peak_tflops", "expected_mfu")

@@ -2,13 +2,14 @@
 bytes the mounts holding the job's checkpoints read meanwhile (the storage source's counters): the read side of
 the checkpoint plane, beside the writes the checkpoint tracker counts.
 
-A load counts once its band is closed (the ledger's band after it began), once, by its number in the job's ledger. Its bytes are the growth of the
-checkpoint mounts' read counters from the last storage sample at or before the band's start to the first at or after
-its end: the whole load is inside, whatever the sampling interval, and a mount's reads just before and after it
-(within one interval) count too; interpolating instead would split a short load's bytes with the idle time around
-it. A load the samples do not cover (the exporter started during it, no checkpoint mount configured) counts with its
-time and without bytes. The counters count every reader of the mount: a restore's bytes are the mount's reads
-around the load, which are the restore's own on a node where nothing else reads that mount then.
+A load counts once its band is closed (the ledger's band after it began), once, by its number in the job's ledger.
+Its bytes are the growth of the checkpoint mounts' read counters from the last storage sample at or before the
+band's start to the first at or after its end: the whole load is inside, whatever the sampling interval, and a
+mount's reads just before and after it (within one interval) count too; interpolating instead would split a short
+load's bytes with the idle time around it. A load the samples do not cover (the exporter started during it, no
+checkpoint mount configured) counts with its time and without bytes. The counters count every reader of the mount: a
+restore's bytes are the mount's reads around the load, which are the restore's own on a node where nothing else
+reads that mount then.
 
 Pure: no I/O, no clock of its own, no Prometheus types (rendered in ``exporter.render.restore``).
 """

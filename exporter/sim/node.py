@@ -748,8 +748,11 @@ class DemoNode:
 def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
     """The demo's own config, as a YAML file would say it: its job, its checkpoint directory and training log, its
     kubelet for discovery, and settings that make changes show within seconds rather than minutes."""
-    # From a log, the model is what the log prints (parameters, sequence length): nothing configured about it.
-    model = MODEL if node.training_log is None else {"target_tokens": NODE_TARGET_TOKENS}
+    # From a log, the parameters and sequence length are what the log prints. Its shape (layers, heads, head size)
+    # torchtitan's lines leave out, though its own MFU counts the attention's FLOPs with it: configured, so both
+    # count the same FLOPs per token.
+    shape = {key: MODEL[key] for key in ("layers", "heads", "head_dim")}
+    model = MODEL if node.training_log is None else {**shape, "target_tokens": NODE_TARGET_TOKENS}
     watch = {"path": str(node.checkpoints.root), "job": JOB, "done_marker": ".metadata"}
     # The job's NCCL_DEBUG_FILE: the transport NCCL chose. It reports progress through its ProgressReporter, or
     # (--progress logs) through its training log too.

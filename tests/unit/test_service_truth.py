@@ -45,3 +45,111 @@ def test_one_checkpoint_load_is_counted_once_over_many_ticks():
     totals = service.restores.totals()["llama"]
     assert totals.loads == 1
     assert abs(totals.seconds - 30.0) < 0.01
+
+
+PEAK_PER_GPU = 989e12
+LLAMA = {"params": 7e9, "gpus": 8, "peak_tflops": 989, "expected_mfu": 0.45}
+# Tokens/s at 45 % MFU on 8 GPUs of 989 TFLOP/s with 6 × 7e9 FLOPs per token.
+HEALTHY = 0.45 * 8 * PEAK_PER_GPU / (6 * 7e9)
+
+
+def job_json(service, name="llama"):
+    (view,) = [v for v in service.jobs.views() if v.name == name]
+    return service.job_json(view)
+
+
+def test_a_job_that_reports_every_36_s_has_its_mfu_from_its_own_lines_and_is_never_stalled_between_them():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    start = clocks.time()
+    tokens = 0.0
+    seen = []
+    for second in range(1, 400):
+        clocks.advance(1.0)
+        if second % 36 == 0:
+            tokens += 36 * HEALTHY
+            service.ingest_progress({"job": "llama", "tokens_total": tokens, "time": start + second})
+        service.evaluate_once()
+        if second > 72:  # from the second line on
+            data = job_json(service)
+            seen.append((second, data["mfu"], (data["bottleneck"] or {}).get("cause")))
+    assert all(mfu is not None and abs(mfu - 0.45) < 0.01 for _, mfu, _ in seen), seen[:5]
+    assert {cause for _, _, cause in seen} == {"none"}
+    data = job_json(service)
+    assert data["cadence_seconds"] == 36.0 and data["stall_after_seconds"] == 108.0
+    assert data["window_seconds"] >= 36.0
+
+
+def test_a_job_read_at_its_own_cadence_is_stalled_after_three_of_its_intervals_of_silence():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    start = clocks.time()
+    tokens = 0.0
+    for second in range(1, 181):
+        clocks.advance(1.0)
+        if second % 36 == 0:
+            tokens += 36 * HEALTHY
+            service.ingest_progress({"job": "llama", "tokens_total": tokens, "time": start + second})
+        service.evaluate_once()
+    # The last line came at second 180: silence is a stall after 3 × 36 s, at second 288, not before.
+    for second in range(181, 300):
+        clocks.advance(1.0)
+        service.evaluate_once()
+        data = job_json(service)
+        cause = (data["bottleneck"] or {}).get("cause")
+        if second < 288:
+            assert cause == "none" and data["mfu"] > 0.4, (second, data["mfu"], cause)
+        elif second > 289:
+            assert cause == "stalled" and data["mfu"] == 0.0, (second, data["mfu"], cause)
+
+
+def test_a_job_with_one_count_is_never_called_stalled():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    service.ingest_progress({"job": "llama", "tokens_total": 1000.0})
+    for _ in range(600):
+        clocks.advance(1.0)
+        service.evaluate_once()
+    data = job_json(service)
+    assert data["mfu"] is None and data["stall_after_seconds"] is None
+    assert (data["bottleneck"] or {}).get("cause") != "stalled"
+
+
+def test_a_crashed_job_serves_no_live_mfu_and_a_restarted_one_no_old_figure_while_it_loads():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    tokens = 0.0
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r1", "heartbeat_seconds": 1})
+    for second in range(60):
+        clocks.advance(1.0)
+        tokens += HEALTHY
+        service.ingest_progress({"job": "llama", "tokens_total": tokens, "run": "r1", "heartbeat_seconds": 1})
+        service.evaluate_once()
+    assert abs(job_json(service)["mfu"] - 0.45) < 0.01
+    shown = []
+    for second in range(30):  # the process is killed: nothing more comes
+        clocks.advance(1.0)
+        service.evaluate_once()
+        data = job_json(service)
+        shown.append((second, data["mfu"], (data["bottleneck"] or {}).get("cause"), data["ledger"]["state"]))
+    # Gone once its heartbeats are missed (3 s) or its silence is a stall (3 of its intervals): never a live figure.
+    assert all(mfu == 0.0 and cause == "stalled" for _, mfu, cause, _ in shown[4:]), shown
+    assert shown[-1][3] == "down"
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r2"})
+    service.ingest_progress({"job": "llama", "event": "checkpoint_load_started", "run": "r2", "step": 40})
+    for second in range(20):
+        clocks.advance(1.0)
+        service.evaluate_once()
+        data = job_json(service)
+        assert data["mfu"] == 0.0 and data["ledger"]["state"] == "checkpoint_load", (second, data["mfu"])
+        assert "loading its checkpoint" in data["bottleneck"]["evidence"]
+    service.ingest_progress({"job": "llama", "event": "checkpoint_load_finished", "run": "r2", "step": 40})
+    tokens = 40 * HEALTHY
+    for second in range(30):
+        clocks.advance(1.0)
+        tokens += HEALTHY * 0.5  # the new run trains at half speed: only its own counts may say so
+        service.ingest_progress({"job": "llama", "tokens_total": tokens, "run": "r2"})
+        service.evaluate_once()
+        mfu = job_json(service)["mfu"]
+        assert mfu is None or abs(mfu - 0.225) < 0.01, (second, mfu)
+    assert abs(job_json(service)["mfu"] - 0.225) < 0.01

@@ -37,6 +37,9 @@ def job(mfu=0.2, rate=1000.0, expected=0.45, gpus=8, indices=tuple(range(8)), na
         facts={"expected_mfu": expected},
         restarts=0,
         gpu_indices=list(indices),
+        cadence_seconds=1.0,  # a report a second, as the job model learns it: stalled after 3 s of silence
+        window_seconds=15.0,
+        stall_after_seconds=3.0,
     )
 
 
@@ -428,8 +431,8 @@ def test_a_cleared_cause_keeps_the_seconds_its_window_still_shows():
 
 
 def test_a_job_whose_reports_stop_with_a_lost_gpu_is_gpu_lost_at_once():
-    """GPU 3 falls off the bus at second 10 and the job's reports stop: the next one overdue (1.5 of its intervals)
-    is enough, though the window's MFU still shows the rate before the stop."""
+    """GPU 3 falls off the bus at second 10 and the job's reports stop: a GPU off the bus is enough, though the
+    window's MFU still shows the rate before the stop."""
     attributor = Attributor(Thresholds(), window=15.0)
     lost_gpu = NodeSignals(gpus=healthy_gpus(**{"3": {"up": False}}))
     tokens = 0.0
@@ -445,8 +448,10 @@ def test_a_job_whose_reports_stop_with_a_lost_gpu_is_gpu_lost_at_once():
     for second in range(10):
         tokens += HEALTHY_RATE
         stopped.evaluate(float(second), [reporting(0.45, second, tokens)], COOL)
-    for second in range(10, 12):
+    for second in range(10, 13):
         stopped.evaluate(float(second), [reporting(0.45, 9.0, tokens)], COOL)
+    assert stopped.verdict("llama").cause == "none"  # within three of its intervals: a report may still come
+    stopped.evaluate(13.0, [reporting(0.45, 9.0, tokens)], COOL)
     assert stopped.verdict("llama").cause == "stalled"  # and with nothing else seen: no progress
     assert "no progress report since one was due" in stopped.verdict("llama").evidence
 
