@@ -404,7 +404,12 @@ def build_service(
     collector = ExporterCollector(
         scheduler,
         jobs,
-        extra=[kept_while(lambda: attribution.evaluations, lambda: attribution_families(attribution.standings()))],
+        extra=[
+            kept_while(
+                lambda: attribution.evaluations,
+                lambda: attribution_families(attribution.standings(), attribution.unobserved_seconds),
+            )
+        ],
         clock=clock,
     )
     registry.register(collector)

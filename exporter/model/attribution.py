@@ -81,6 +81,9 @@ SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "powe
 PRECEDENCE = {cause: rank for rank, cause in enumerate(CAUSES)}
 # An evaluation this much later than its period is a busy process, not the job: no report is overdue for it.
 LATE_EVALUATIONS = 1.5
+# Evaluations further apart than this mean the exporter itself did not run (stopped, starved, suspended): what the
+# jobs did meanwhile was not observed, so that time is booked to no job's cause but to the exporter's own counter.
+TICK_GAP_SECONDS = 5.0
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
 # hw_counters that mean the transport retransmitted or timed out: traffic the collective waited for.
@@ -397,6 +400,8 @@ class Attributor:
         self._jobs: dict[str, _JobAttribution] = {}
         self._lock = threading.Lock()
         self.evaluations = 0  # passes done: the standings change only with it (their families are kept between)
+        self.unobserved_seconds = 0.0  # the exporter's own gaps between evaluations (``TICK_GAP_SECONDS``)
+        self._last_evaluation: float | None = None
 
     def baseline(self, view: JobView, state: _JobAttribution) -> float | None:
         if view.facts.get("expected_mfu") and state.signal == "mfu":
@@ -408,6 +413,11 @@ class Attributor:
 
     def evaluate(self, now: float, views: Iterable[JobView], signals: NodeSignals) -> None:
         with self._lock:
+            gap = self._last_evaluation is not None and now - self._last_evaluation > TICK_GAP_SECONDS
+            if gap:
+                assert self._last_evaluation is not None
+                self.unobserved_seconds += now - self._last_evaluation
+            self._last_evaluation = max(now, self._last_evaluation or now)
             seen = set()
             for view in views:
                 seen.add(view.name)
@@ -415,13 +425,15 @@ class Attributor:
                 if state is None:
                     size = int(self.limits.baseline_window / self.limits.baseline_interval)
                     state = self._jobs[view.name] = _JobAttribution(history=deque(maxlen=max(size, 1)))
-                self._evaluate(now, view, state, signals)
+                self._evaluate(now, view, state, signals, gap)
                 state.judged = state.judged or state.verdict is not None
             for name in set(self._jobs) - seen:
                 del self._jobs[name]
             self.evaluations += 1
 
-    def _evaluate(self, now: float, view: JobView, state: _JobAttribution, signals: NodeSignals) -> None:
+    def _evaluate(
+        self, now: float, view: JobView, state: _JobAttribution, signals: NodeSignals, gap: bool = False
+    ) -> None:
         elapsed = 0.0 if state.last_evaluated is None else max(now - state.last_evaluated, 0.0)
         state.last_evaluated = now
         signal, value = _signal(view)
@@ -479,7 +491,8 @@ class Attributor:
                 )
             else:
                 found = None
-        amount = (view.gpus or 0) * min(lost, 1.0) * elapsed
+        # After a gap of the exporter's own, the seconds since the last evaluation were not observed: none is booked.
+        amount = 0.0 if gap else (view.gpus or 0) * min(lost, 1.0) * elapsed
         if booked == "unknown":
             state.unexplained += amount
             state.unexplained_since = now if state.unexplained_since is None else state.unexplained_since

@@ -208,7 +208,15 @@ class CheckpointTracker:
         ``admit(job)`` runs once the event is known to apply and before anything changes (the job cap: it raises
         to refuse the job), so a rejected event changes nothing here or there.
         """
-        at = event.time if event.time is not None else self._clock()
+        now = self._clock()
+        at = event.time if event.time is not None else now
+        if event.phase == "started" and now - at > self.started_timeout:
+            # A write that started before the timeout would be failed at once, its age counted as its duration.
+            raise ValidationError(
+                "time",
+                f"time is {now - at:.0f} s ago, before sources.checkpoint.started_timeout "
+                f"({self.started_timeout:g} s): a write that started then has timed out; send its time, or none",
+            )
         answer: dict[str, Any] = {"job": event.job, "checkpoint": event.checkpoint}
         with self._lock:
             if event.phase != "started":

@@ -77,6 +77,7 @@ class Job:
     ledger: Ledger = field(default_factory=Ledger)  # where its time here went (exporter.model.ledger)
     pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
     data_wait: DataWaitMeter | None = None  # its wait for input, once its client or log gives one
+    stale_reports: int = 0  # reports of an ended run, left out
     version: int = 0  # counts the changes to the job, so its kept view is known to be stale
     view: tuple[int, float, JobView] | None = None  # (version, clock, the view then), shared by reads until stale
 
@@ -166,6 +167,11 @@ class JobTracker:
         elif job.state != RUNNING and report.state == RUNNING:
             self._admit()
             self._new_run(job, now)
+        if report.run is not None and job.ledger.is_past_run(report.run):
+            # A late report of a run that has ended (its process is gone, a newer one runs): neither a restart nor
+            # progress of the run alive.
+            job.stale_reports += 1
+            return job
         job.facts.update(report.facts)
         at = report.time if report.time is not None else now
         if report.tokens_total is None:

@@ -389,6 +389,10 @@ class Ledger:
             return math.inf  # no cadence yet: a wait before its second report is not known to be a stall
         return max(STALL_MIN_SECONDS, STALL_FACTOR * self.intervals.median())
 
+    def is_past_run(self, run_id: str) -> bool:
+        """Whether ``run_id`` names a run of the job that ended (a late report of it is no new run)."""
+        return any(run.run_id == run_id and run is not self.run for run in self.runs)
+
     def restarts(self) -> int:
         return max(self.run_count - 1, 0)
 

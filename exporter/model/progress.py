@@ -16,7 +16,11 @@ from typing import Any, Iterable
 from exporter.config import JOB_NAME_FORM, JOB_NAME_PATTERN, MAX_TOKENS, ConfigError, validate_job_facts
 from exporter.model.errors import ValidationError
 
-MAX_FUTURE_SECONDS = 86400.0
+MAX_FUTURE_SECONDS = 86400.0  # the longest duration a report may give (a load, a heartbeat interval)
+# How far ahead of this node's clock a report's or a line's time may be: a job runs on the node it reports to, so
+# its clock is this node's, give or take NTP. A time further ahead would hold the job's window and ledger in the
+# future, so every honest report after it would read as out of order.
+MAX_CLOCK_SKEW_SECONDS = 60.0
 MAX_STEP = 2**53  # the largest integer a double (and so a Prometheus sample) holds exactly
 # Reports closer together than this are merged in the MFU window, and a rate needs at least this much time between
 # the window's ends: over a zero or nanosecond step any token count would be an infinite or absurd rate.
@@ -66,8 +70,12 @@ def validate_time(value: Any, now: float, field_name: str = "time") -> float | N
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValidationError(field_name, f"{field_name} must be a Unix time in seconds")
-    if value > now + MAX_FUTURE_SECONDS:
-        raise ValidationError(field_name, f"{field_name} is more than a day in the future")
+    if value > now + MAX_CLOCK_SKEW_SECONDS:
+        raise ValidationError(
+            field_name,
+            f"{field_name} is {value - now:.0f} s ahead of this node's clock (at most {MAX_CLOCK_SKEW_SECONDS:g} s is "
+            "accepted): check the job's clock, or leave time out to use the time the report arrives",
+        )
     return float(value)
 
 

@@ -10,7 +10,7 @@ from prometheus_client.metrics_core import Metric
 from exporter.model.attribution import CAUSES, JobStanding
 
 
-def attribution_families(standings: Iterable[JobStanding]) -> Iterable[Metric]:
+def attribution_families(standings: Iterable[JobStanding], unobserved_seconds: float = 0.0) -> Iterable[Metric]:
     label = ["training_job", "cause"]
     bottleneck = GaugeMetricFamily(
         "mfu_job_bottleneck",
@@ -38,4 +38,9 @@ def attribution_families(standings: Iterable[JobStanding]) -> Iterable[Metric]:
             bottleneck.add_metric([name, cause], 1.0 if cause == verdict.cause else 0.0)
         if verdict.baseline is not None:
             baseline.add_metric([name], verdict.baseline)
-    return (bottleneck, lost, baseline)
+    unobserved = CounterMetricFamily(
+        "mfu_exporter_unobserved_seconds",
+        "Seconds the exporter did not run its 1 s evaluation (stopped, starved, suspended), booked to no job's cause.",
+        value=unobserved_seconds,
+    )
+    return (bottleneck, lost, baseline, unobserved)

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from exporter.config import MAX_TOKENS, LogsConfig
@@ -39,7 +39,7 @@ from exporter.logs.straggler import StragglerFinding, StragglerScanner
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.errors import TooManyJobs, ValidationError
 from exporter.model.jobs import JobTracker
-from exporter.model.progress import MAX_FUTURE_SECONDS, REPORT_RESOLUTION_SECONDS, ProgressReport
+from exporter.model.progress import MAX_CLOCK_SKEW_SECONDS, REPORT_RESOLUTION_SECONDS, ProgressReport
 from exporter.nccl.debug import TransportFinding, TransportScanner
 from exporter.node.tail import HEAD, Follower, Lines
 from exporter.sources.base import Snapshot, SourceContext
@@ -289,6 +289,12 @@ class LogsSource:
         self._scanners.setdefault(job, _JobScanners()).feed(batch.lines)
         out: list = []
         events = stream.feed_many(batch.lines, batch.read_time)
+        ahead = batch.read_time + MAX_CLOCK_SKEW_SECONDS
+        if any(event.time > ahead for event in events):
+            # A line dated ahead of this node's clock (a time zone the line does not name, a wrong clock) is read
+            # as of when it was read: a time in the future would hold the job's counts there.
+            self._counts["line_time_ahead"] += sum(event.time > ahead for event in events)
+            events = [replace(e, time=batch.read_time) if e.time > ahead else e for e in events]
         if batch.kind == HEAD:  # the file's head, read at a restart: its start-up facts, not old progress
             events = [e for e in events if isinstance(e.record, Startup)]
         if events:
@@ -359,7 +365,7 @@ class LogsSource:
         if self._jobs is None:
             return
         at = update.time
-        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_FUTURE_SECONDS:
+        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_CLOCK_SKEW_SECONDS:
             at = read_time  # a log clock far off (a time zone the line does not name): when we read it
         facts = self._model_facts(job, joblog)
         mfu = update.framework_mfu
@@ -390,7 +396,7 @@ class LogsSource:
         if self._jobs is None:
             return
         at = action.time
-        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_FUTURE_SECONDS:
+        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_CLOCK_SKEW_SECONDS:
             at = read_time
         try:
             if job in self._fed:
@@ -407,7 +413,7 @@ class LogsSource:
         if self._jobs is None or not math.isfinite(action.seconds) or action.seconds < 0:
             return
         at = action.time
-        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_FUTURE_SECONDS:
+        if not math.isfinite(at) or at <= 0 or at > read_time + MAX_CLOCK_SKEW_SECONDS:
             at = read_time
         self._jobs.data_wait(job, action.seconds, at, f"log:{action.framework}")
 

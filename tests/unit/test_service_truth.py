@@ -1,6 +1,10 @@
 """The service's figures for a job that behaves as real ones do: loads, restarts and clocks, tick by tick."""
 
+import pytest
+
 from exporter.config import validate
+from exporter.model.checkpoints import CheckpointTracker
+from exporter.model.errors import ValidationError
 from exporter.service import build_service
 
 
@@ -153,3 +157,68 @@ def test_a_crashed_job_serves_no_live_mfu_and_a_restarted_one_no_old_figure_whil
         mfu = job_json(service)["mfu"]
         assert mfu is None or abs(mfu - 0.225) < 0.01, (second, mfu)
     assert abs(job_json(service)["mfu"] - 0.225) < 0.01
+
+
+def train(service, clocks, seconds, tokens=0.0, rate=HEALTHY, **extra):
+    """The job reports every second for ``seconds`` at ``rate``, the service ticking; the token total after."""
+    for _ in range(seconds):
+        clocks.advance(1.0)
+        tokens += rate
+        service.ingest_progress({"job": "llama", "tokens_total": tokens, "time": clocks.time(), **extra})
+        service.evaluate_once()
+    return tokens
+
+
+def test_a_report_dated_ahead_is_refused_and_honest_reports_keep_their_mfu():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    tokens = train(service, clocks, 30)
+    with pytest.raises(ValidationError) as refused:
+        service.ingest_progress({"job": "llama", "tokens_total": tokens + HEALTHY, "time": clocks.time() + 3600})
+    assert refused.value.field == "time"
+    train(service, clocks, 30, tokens)
+    assert abs(job_json(service)["mfu"] - 0.45) < 0.01
+
+
+def test_a_pause_of_the_exporter_books_no_job_time_to_a_cause():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    tokens = train(service, clocks, 60)
+    # The exporter is stopped for 30 s: the job goes on and its reports wait in the socket, then arrive at once.
+    queued = []
+    for _ in range(30):
+        clocks.advance(1.0)
+        tokens += HEALTHY
+        queued.append({"job": "llama", "tokens_total": tokens, "time": clocks.time()})
+    service.evaluate_once()  # the tick may run before the queued reports are read
+    for body in queued:
+        service.ingest_progress(body)
+    train(service, clocks, 30, tokens)
+    lost = {cause: seconds for cause, seconds in service.attribution.standings()[0].lost_seconds}
+    assert sum(lost.values()) < 1.0, lost
+    assert 29.0 <= service.attribution.unobserved_seconds <= 31.0
+
+
+def test_a_late_report_of_an_ended_run_is_no_restart():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r1"})
+    old = train(service, clocks, 20, run="r1")
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r2"})
+    tokens = train(service, clocks, 20, 0.0, run="r2")
+    service.ingest_progress({"job": "llama", "tokens_total": old, "run": "r1", "time": clocks.time()})
+    train(service, clocks, 5, tokens, run="r2")
+    data = job_json(service)
+    assert data["ledger"]["restarts"] == 1 and data["restarts"] == 1  # r2 only
+    assert len(data["ledger"]["runs"]) == 2
+
+
+def test_a_checkpoint_started_before_the_write_timeout_is_refused():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    service.checkpoints = CheckpointTracker(clock=clocks.time)
+    with pytest.raises(ValidationError) as refused:
+        service.ingest_checkpoint({"job": "llama", "checkpoint": "step-1", "phase": "started", "time": 1})
+    assert refused.value.field == "time"
+    service.checkpoints.tick()
+    assert service.checkpoints.totals().get("llama") is None or service.checkpoints.totals()["llama"].failures == 0

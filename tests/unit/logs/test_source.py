@@ -588,3 +588,31 @@ def test_megatron_timers_give_the_jobs_data_wait_in_gpu_seconds_and_its_share(tm
     assert view.data_wait.gpu_seconds == pytest.approx(waited * NODE_GPUS)
     assert view.data_wait.ratio == pytest.approx(0.25)
     assert view.data_wait.source == "log:megatron"
+
+
+def test_a_line_dated_ahead_of_the_clock_is_read_as_of_when_it_was_read(tmp_path):
+    """A line an hour ahead (a wrong clock, a time zone the line does not name) must not hold the job's counts in
+    the future: read as of when it was read, the honest lines after it keep the MFU."""
+    path = tmp_path / "train.log"
+    lines = torchtitan_log()
+    ahead = next(i for i, line in enumerate(lines) if "step: 40" in line)
+    lines[ahead] = lines[ahead].replace(
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t(40))),
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t(40) + 3600)),
+    )
+    assert lines[ahead] != torchtitan_log()[ahead]
+    clock = Clock(t(40) + 0.5)
+    write(path, lines[: ahead + 1])
+    source, tracker, _ = build([{"path": str(tmp_path / "*.log"), "job": "llm"}], {"llm": {"params": PARAMS}}, clock)
+    try:
+        first = source.sample()
+        with open(path, "a") as out:
+            out.write("".join(line + "\n" for line in lines[ahead + 1 :]))
+        clock.now = END + 1
+        source.follower.poll()
+        second = source.sample()
+    finally:
+        source.close()
+    (view,) = tracker.views()
+    assert view.step == 60 and view.mfu == pytest.approx(EXPECTED_MFU, rel=0.02)
+    assert (first.errors + second.errors)["line_time_ahead"] == 1
