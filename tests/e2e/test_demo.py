@@ -198,17 +198,18 @@ def log_job(base: str) -> dict:
 
 
 def test_log_only_demo_gets_mfu_from_the_training_log_alone():
-    """--progress logs: no reporter; the job prints torchtitan's lines, the logs source reads MFU from them."""
+    """--progress logs: no reporter; the job prints torchtitan's lines (one per ~18 s step), the logs source reads MFU
+    from them: from the second line on, within a point of the log's own figure, and no cause while healthy."""
     with running_demo("--progress", "logs", speed=20) as base:
-        wait_until(lambda: (log_job(base).get("step") or 0) >= 4, 30, "4 steps")
-        wait_until(lambda: mfu(base) is not None, 30, "MFU from the log")
-        values = metric_samples(base)
-        # The log gives the parameter count and sequence length, not the attention shape: 6·P alone, which is
-        # 4.24e11 of the 4.88e11 FLOPs per token the API mode counts; torchtitan's own MFU counts attention.
-        assert mfu(base) == pytest.approx(0.45 * 6 * 70.6e9 / (6 * 70.6e9 + 12 * 80 * 64 * 128 * 8192), rel=0.1)
-        assert values[("mfu_job_framework_mfu_ratio", JOB)] == pytest.approx(0.45, rel=0.1)
+        wait_until(lambda: mfu(base) is not None, 60, "MFU from the log")
         job = log_job(base)
-        assert job["step"] > 0 and job["framework_mfu"] is not None
+        # The first line opens the rate (torchtitan's tps is over the interval before it): MFU by the second.
+        assert job["step"] <= 3, job["step"]
+        assert abs(job["mfu"] - job["framework_mfu"]) <= 0.01, (job["mfu"], job["framework_mfu"])
+        assert job["bottleneck"]["cause"] == "none", job["bottleneck"]  # healthy until the rotation's first incident
+        assert job["cadence_seconds"] > 10 and job["stall_after_seconds"] == 3 * job["cadence_seconds"]
+        values = metric_samples(base)
+        assert values[("mfu_job_framework_mfu_ratio", JOB)] == pytest.approx(0.45, rel=0.1)
         assert values[("mfu_exporter_source_up", (("source", "logs"),))] == 1
 
 
