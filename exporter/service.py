@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import operator
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from exporter.model.jobs import JobTracker
 from exporter.model.progress import parse_progress
 from exporter.model.readings import GpuReading, JobCollectives
 from exporter.model.restore import RestoreMeter
+from exporter.model.resume import SavedCounters
 from exporter.node.pci import nearest_devices
 from exporter.render.attribution import attribution_families
 from exporter.render.collectives import collective_families
@@ -44,9 +46,12 @@ from exporter.sources.logs import LogCollectives, LogsSample, LogsSource, discov
 from exporter.sources.nccl import NcclSample, NcclSource
 from exporter.sources.rdma import RdmaSample
 from exporter.sources.storage import StorageReading
+from exporter.statefile import read_json, write_json
 
 log = logging.getLogger(__name__)
 
+STATE_FILE = "jobs.json"  # the job counters under state.dir
+STATE_VERSION = 1
 CHECKPOINTS_OFF = "checkpoint events are off: the checkpoint source is disabled (sources.checkpoint.enabled: false)"
 # The service API's refusals, for the server to answer: each carries its HTTP status and the field at fault.
 __all__ = ["IngestError", "NotFound", "Service", "ValidationError", "build_service"]
@@ -71,6 +76,8 @@ class Service:
     restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
     speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
     ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it, so their families are kept
+    saved_at: float = float("-inf")  # when the job counters were last written to state.dir
+    save_failures: int = 0
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
     # The readings collective_families joins, and its families from them (kept while the readings are the latest).
@@ -78,7 +85,9 @@ class Service:
     _joined: tuple[tuple, list[Metric]] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> None:
-        """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop."""
+        """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop.
+        The counters an earlier exporter saved come back first, before a source feeds a job a count."""
+        self.load_counters()
         await self.scheduler.start()
         self._ticking = asyncio.create_task(self.evaluate_jobs(), name="evaluate-jobs")
 
@@ -90,6 +99,7 @@ class Service:
                 await self._ticking
             self._ticking = None
         await self.scheduler.stop()
+        self.save_counters()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Service]:
@@ -255,6 +265,44 @@ class Service:
                 log.exception("the 1 s job evaluation failed; trying again in a second")
             await asyncio.sleep(max(1.0 / self.speed, 0.05))
 
+    def state_path(self) -> str | None:
+        directory = self.settings.state.dir
+        return os.path.join(directory, STATE_FILE) if directory else None
+
+    def load_counters(self) -> None:
+        """The job counters an earlier exporter saved under ``state.dir``: each job's resume at its first count. A
+        file that cannot be read is left for the next save to replace; the counters then begin at 0."""
+        path = self.state_path()
+        if path is None:
+            return
+        try:
+            data = read_json(path)
+        except (OSError, ValueError) as error:
+            log.warning("state.dir: cannot read %s (%s): job counters begin at 0", path, error)
+            return
+        jobs = data.get("jobs") if isinstance(data, dict) and data.get("version") == STATE_VERSION else None
+        if data is not None and not isinstance(jobs, dict):
+            log.warning("state.dir: %s is not a job counters file of this version: job counters begin at 0", path)
+            return
+        saved = {name: SavedCounters.from_json(value) for name, value in (jobs or {}).items()}
+        self.jobs.restore({name: counters for name, counters in saved.items() if counters is not None})
+        log.info("state.dir: %d jobs' counters resume from %s", len(saved), path)
+
+    def save_counters(self) -> None:
+        """The job counters to ``state.dir``, atomically (exporter.statefile); a failure keeps the last file."""
+        path = self.state_path()
+        if path is None:
+            return
+        counters = {name: saved.as_json() for name, saved in self.jobs.counters().items()}
+        try:
+            write_json(path, {"version": STATE_VERSION, "saved": self.clock(), "jobs": counters})
+        except (OSError, ValueError) as error:
+            self.save_failures += 1
+            if self.save_failures == 1 or self.save_failures % 100 == 0:
+                log.warning("state.dir: cannot write %s (%s); %d failed saves", path, error, self.save_failures)
+            return
+        self.saved_at = self.clock()
+
     def evaluate_once(self) -> None:
         """One tick of ``evaluate_jobs``."""
         self.apply_discovery()
@@ -263,6 +311,8 @@ class Service:
         self.history.record(now, views)
         self.observe_restores(now, views)
         self.ticks += 1  # after the restores moved: their families are collected again
+        if self.settings.state.dir and not 0 <= now - self.saved_at < self.settings.state.save_interval:
+            self.save_counters()
 
     def observe_restores(self, now: float, views: list[JobView]) -> None:
         """Each job's finished checkpoint loads (its ledger's bands) with the reads of its checkpoint mounts."""

@@ -354,6 +354,14 @@ class IngestConfig:
 
 
 @dataclass(frozen=True)
+class StateConfig:
+    # Where the job counters are kept across exporter restarts (exporter.statefile); none: they begin at 0 at each
+    # start, never resuming at a lower value.
+    dir: str | None = setting(optional(string))
+    save_interval: float = setting(duration, 10.0)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole file, every key optional."""
 
@@ -364,6 +372,7 @@ class Config:
     jobs: Mapping[str, JobConfig] = items(MapOfConfig(_job_name, JOB_NAME_FORM, JobConfig))
     discovery: DiscoveryConfig = subsection(DiscoveryConfig)
     ingest: IngestConfig = subsection(IngestConfig)
+    state: StateConfig = subsection(StateConfig)
 
 
 def schema_of(cls: type) -> Section:

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from exporter.logs.records import PER_STEP, SINCE_LAST, Checkpoint, DataWait, Progress, Restore, Startup
 from exporter.logs.stream import Event
 
+INTEGRATED = "rate integrated between lines"  # how a total was derived when the log gives only a rate
+
 
 @dataclass(frozen=True)
 class Facts:
@@ -291,7 +293,7 @@ class JobLog:
         if tokens is None:
             rate = self._rate(record, facts, seq_len, share)
             if rate is not None:
-                tokens, how, reason = self._integrate(rate, record.step, at), "rate integrated between lines", None
+                tokens, how, reason = self._integrate(rate, record.step, at), INTEGRATED, None
             elif reason is None:
                 reason = self._rate_reason(record, seq_len, share, need_share)
         return Update(record.step, at, tokens, how, reason, record.mfu, record.tflops_per_gpu)

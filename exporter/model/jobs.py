@@ -36,6 +36,7 @@ from exporter.model.progress import (
     rate_window,
 )
 from exporter.model.readings import GpuReading
+from exporter.model.resume import SavedCounters, counters_start
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Job:
     carried_tokens: float = 0.0  # tokens processed by the earlier runs, so the counters continue across runs
     flops_total: float = 0.0  # model FLOPs counted so far: each token at the FLOPs/token known when it was reported
     counted_tokens: float = 0.0  # of carried + processed tokens, those already in flops_total
+    counter_created: float | None = None  # Unix time its counters began (its first count here, or a saved one)
     # Log-fed jobs (sources.logs): what the framework printed about its own speed, and why the log's lines give
     # no token total yet (a missing world size or sequence length), shown as the job's reason.
     framework_mfu: float | None = None
@@ -133,6 +135,7 @@ class JobTracker:
         self._born = monotonic()  # a ledger counts no time before this exporter started
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
+        self._saved: dict[str, SavedCounters] = {}  # an earlier exporter's counters, until each job counts again
         self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
         self.generation = 0
         self._expiry_bound = (float("inf"), 0.0)  # (clock of the last pass over the jobs, their oldest arrival then)
@@ -184,7 +187,9 @@ class JobTracker:
             self._changed(job)
             return job
         before = job.tokens_total if job.reported else report.tokens_total
-        if job.reported and report.tokens_total < job.tokens_total:
+        if not job.reported:
+            self._first_count(job, report.tokens_total, continues=report.continues)
+        elif report.tokens_total < job.tokens_total:
             # Restarted from a checkpoint: a new window, never a negative rate; the exported counters keep
             # counting up (re-trained tokens are work done again), so rate() sees no false reset spike.
             job.window.clear()
@@ -223,6 +228,26 @@ class JobTracker:
             self._end(job, report.state, now)
         self._changed(job)
         return job
+
+    def _first_count(self, job: Job, total: float, continues: bool) -> None:
+        """The job's first token count here: its counters begin at 0, or where an earlier exporter left them."""
+        start = counters_start(self._saved.pop(job.name, None), total, continues, self._clock())
+        job.carried_tokens, job.flops_total, job.counted_tokens, job.counter_created = start
+
+    def counters(self) -> dict[str, SavedCounters]:
+        """Each counting job's counters, for an exporter after this one to resume (``restore``)."""
+        with self._lock:
+            kept = dict(self._saved)  # restored and not counting yet: kept for a later exporter still
+            for job in self._jobs.values():
+                if job.reported:
+                    created = job.counter_created if job.counter_created is not None else job.created
+                    kept[job.name] = SavedCounters(job.tokens_processed, job.tokens_total, job.flops_total, created)
+            return kept
+
+    def restore(self, saved: dict[str, SavedCounters]) -> None:
+        """What an earlier exporter counted (``counters``): each job's counters resume at its first count here."""
+        with self._lock:
+            self._saved = {name: counters for name, counters in saved.items() if name not in self._jobs}
 
     def _answer(self, job: Job, now: float) -> JobView:
         answer = self._view(job, now)

@@ -128,7 +128,10 @@ class ProgressReport:
     event: str | None = None
     heartbeat: float | None = None  # seconds between the client's heartbeats, when it sends them
     duration: float | None = None  # of a finished checkpoint load, timed by the job
-    data_wait_seconds: float | None = None  # running total of one rank's seconds waiting for input (issue 34)
+    data_wait_seconds: float | None = None  # running total of one rank's seconds waiting for input
+    # Whether tokens_total is the job's own running total, the same after an exporter restart (a client's count, a
+    # log's tokens seen or steps), rather than a rate a log's reader integrated since it began reading.
+    continues: bool = True
 
 
 def parse_progress(body: Any, now: float) -> ProgressReport:

@@ -20,7 +20,8 @@ def job_families(views: list[JobView]) -> Iterable:
     label = ["training_job"]
     tokens = CounterMetricFamily(
         "mfu_job_tokens",
-        "Tokens this job has processed on this node: its reported total, plus tokens trained again after restarts from checkpoints.",
+        "Tokens this job has processed on this node since this exporter (or one before it, with state.dir) first "
+        "counted it, tokens trained again after restarts from checkpoints included.",
         labels=label,
     )
     flops = CounterMetricFamily(

@@ -34,7 +34,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from exporter.config import MAX_TOKENS, LogsConfig
-from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update, WaitAction
+from exporter.logs import (
+    INTEGRATED,
+    PARSERS,
+    Facts,
+    JobLog,
+    LogStream,
+    RunAction,
+    SaveAction,
+    Startup,
+    Update,
+    WaitAction,
+)
 from exporter.logs.straggler import StragglerFinding, StragglerScanner
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.errors import TooManyJobs, ValidationError
@@ -382,7 +393,11 @@ class LogsSource:
             )
             tokens = update.tokens_total
             if tokens is not None and math.isfinite(tokens) and 0 <= tokens <= MAX_TOKENS:
-                self._jobs.report(ProgressReport(job, float(tokens), update.step, at, facts), view=False)
+                # A rate integrated since this reader began is no running total of the job's own: after a restart
+                # of the exporter it starts again from the lines read then.
+                continues = update.how != INTEGRATED
+                report = ProgressReport(job, float(tokens), update.step, at, facts, continues=continues)
+                self._jobs.report(report, view=False)
                 self._fed.add(job)
             elif tokens is not None:
                 self._counts["tokens_out_of_range"] += 1

@@ -1,10 +1,13 @@
 """The service's figures for a job that behaves as real ones do: loads, restarts and clocks, tick by tick."""
 
+from dataclasses import replace
+
 import pytest
 
 from exporter.config import validate
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.errors import ValidationError
+from exporter.model.progress import parse_progress
 from exporter.service import build_service
 
 
@@ -222,3 +225,66 @@ def test_a_checkpoint_started_before_the_write_timeout_is_refused():
     assert refused.value.field == "time"
     service.checkpoints.tick()
     assert service.checkpoints.totals().get("llama") is None or service.checkpoints.totals()["llama"].failures == 0
+
+
+def stateful(clocks: Clocks, directory) -> object:
+    config = validate({"jobs": {"llama": LLAMA}, "state": {"dir": str(directory)}})
+    return build_service(config, [], clock=clocks.time, monotonic=clocks.monotonic)
+
+
+def exported(service, name="llama"):
+    (view,) = [v for v in service.jobs.views() if v.name == name]
+    return view.tokens_processed, view.model_flops
+
+
+def test_a_jobs_counters_begin_at_0_at_its_first_count_here():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    train(service, clocks, 10, tokens=5e9)  # a job seen mid-run: its own total is already 5e9
+    tokens, flops = exported(service)
+    assert abs(tokens - 9 * HEALTHY) < 1 and abs(flops - 6 * 7e9 * tokens) < 1e6
+
+
+@pytest.mark.parametrize("continues", [True, False], ids=["running-total", "integrated-rate"])
+def test_an_exporter_restart_resumes_the_counters_never_lower(tmp_path, continues):
+    clocks = Clocks()
+    first = stateful(clocks, tmp_path)
+    first.load_counters()
+    total = train(first, clocks, 30)
+    before, flops_before = exported(first)
+    first.save_counters()
+    # The exporter is down 20 s; the job trains on. A log read from its tail again integrates its rate from there:
+    # a total of its own frame, lower than the one the last exporter saw.
+    clocks.advance(20.0)
+    total += 20 * HEALTHY
+    second = stateful(clocks, tmp_path)
+    second.load_counters()
+    again = total if continues else 3 * HEALTHY
+    report = {"job": "llama", "tokens_total": again, "time": clocks.time()}
+    second.jobs.report(replace(parse_progress(report, clocks.time()), continues=continues))
+    after, flops_after = exported(second)
+    assert after >= before and flops_after >= flops_before
+    # A running total says what the job did meanwhile; an integrated rate cannot, and resumes where it was.
+    assert abs(after - (before + 20 * HEALTHY if continues else before)) < 1
+    third = stateful(clocks, tmp_path)
+    third.load_counters()
+    assert third.jobs.counters()["llama"].tokens == before  # the file is the last save's
+
+
+def test_without_a_state_dir_a_restarted_exporter_begins_the_counters_at_0():
+    clocks = Clocks()
+    first = service_with(clocks, {"llama": LLAMA})
+    total = train(first, clocks, 30)
+    second = service_with(clocks, {"llama": LLAMA})
+    train(second, clocks, 5, tokens=total)
+    assert abs(exported(second)[0] - 4 * HEALTHY) < 1
+
+
+def test_a_state_dir_that_cannot_be_written_loses_no_count(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    clocks = Clocks()
+    service = stateful(clocks, blocker / "state")
+    service.load_counters()
+    train(service, clocks, 30)
+    assert service.save_failures >= 2 and exported(service)[0] > 0

@@ -212,10 +212,12 @@ def test_the_mfu_comes_back_when_the_facts_are_fixed():
 def test_the_flops_counter_never_goes_back_when_the_model_facts_change():
     clock = Clock()
     jobs = JobTracker(window=60, clock=clock)
-    jobs.report(report(tokens=1000, time=NOW, model={"params": 70e9}, gpus=8, peak_tflops=1000))
+    jobs.report(report(tokens=0, time=NOW, model={"params": 70e9}, gpus=8, peak_tflops=1000))
+    clock.now += 5
+    jobs.report(report(tokens=1000, time=NOW + 5))
     before = jobs.views()[0].model_flops
     assert before == 6 * 70e9 * 1000
-    clock.now += 10
+    clock.now += 5
     after = jobs.report(report(tokens=2000, time=NOW + 10, model={"params": 7e9})).model_flops
     assert after == before + 6 * 7e9 * 1000  # the first 1,000 tokens keep the FLOPs they were counted with
 
@@ -266,9 +268,10 @@ def test_an_ended_job_frees_its_slot_under_the_cap_and_reporting_again_is_a_new_
     clock.now += 10
     view = jobs.report(report("a", 500, time=NOW + 20))
     assert (view.state, view.runs, view.tokens_total, view.restarts) == ("running", 2, 500, 0)
-    assert view.tokens_processed == 2500  # the counters carry on from the first run: no reset
+    # The counters began at 0 at a's first count (1,000) and carry on from the first run: no reset.
+    assert view.tokens_processed == 1500
     assert view.facts.get("params") is None and view.mfu is None  # a new run says its facts again
-    assert view.model_flops == 6 * 7e9 * 2000
+    assert view.model_flops == 6 * 7e9 * 1000
 
 
 def test_ended_jobs_are_bounded_by_the_cap_oldest_forgotten_first():

@@ -81,8 +81,9 @@ def test_repeated_report_double_counts_nothing_and_backwards_total_starts_new_wi
     clock.now += 5
     view = jobs.report(report(tokens=1500, time=NOW + 15))
     assert view.tokens_per_second == pytest.approx(200)
-    # the exported counter never goes backwards: 2000 before the restart, then 1000 more tokens trained
-    assert view.tokens_processed == 3000 and view.replayed_tokens == 1500
+    # the exported counter began at 0 at the first count (1000) and never goes backwards: 1000 before the restart,
+    # then 1000 more tokens trained
+    assert view.tokens_processed == 2000 and view.replayed_tokens == 1500
 
 
 def test_no_report_for_a_window_means_zero_rate():

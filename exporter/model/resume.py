@@ -1,0 +1,57 @@
+"""What one exporter leaves for the next on the same node, so a job's counters resume instead of restarting.
+
+Prometheus reads a counter that comes back lower as a reset and adds its whole value again: a job's token and FLOPs
+counters must resume where they were after an exporter restart, or begin at 0. ``JobTracker.counters`` gives them,
+the service writes them to ``state.dir`` (``exporter.statefile``), and ``JobTracker.restore`` takes them back at the
+next start. Pure: the JSON form only, no files.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SavedCounters:
+    """A job's counters as an exporter left them: the exported tokens and FLOPs, the job's own running total then
+    (``raw_tokens``), and when the series began (Unix time, its OpenMetrics ``_created``)."""
+
+    tokens: float
+    raw_tokens: float
+    flops: float
+    created: float
+
+    def as_json(self) -> dict[str, float]:
+        return {"tokens": self.tokens, "raw_tokens": self.raw_tokens, "flops": self.flops, "created": self.created}
+
+    @classmethod
+    def from_json(cls, data: Any) -> SavedCounters | None:
+        """The saved counters, or None when ``data`` is not what ``as_json`` writes (a damaged or foreign file)."""
+        if not isinstance(data, dict):
+            return None
+        values = [data.get(key) for key in ("tokens", "raw_tokens", "flops", "created")]
+        if not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in values
+        ):
+            return None
+        tokens, raw, flops, created = (float(v) for v in values if v is not None)
+        return cls(tokens, raw, flops, created)
+
+
+def counters_start(
+    saved: SavedCounters | None, total: float, continues: bool, now: float
+) -> tuple[float, float, float, float]:
+    """Where a job's counters start at its first count here (``total``, the job's own running total): (tokens to add
+    to its total, FLOPs counted, tokens counted in them, Unix time the series began). At 0 with nothing saved. Saved
+    by an earlier exporter: a total at or above the saved one, in a frame that survives a restart (``continues``: a
+    running total of the job's own), adds what the job did meanwhile; otherwise the counters resume where they were
+    and count from this total on. Never lower than saved: Prometheus would read a reset."""
+    if saved is None:
+        return -total, 0.0, 0.0, now
+    if continues and total >= saved.raw_tokens:
+        carried = saved.tokens - saved.raw_tokens
+    else:
+        carried = saved.tokens - total
+    return carried, saved.flops, saved.tokens, saved.created
