@@ -113,6 +113,7 @@ class Verdict:
     lost_fraction: float  # (baseline − MFU) ÷ baseline, 0 when healthy
     signal: str = "mfu"  # what the baseline is of: the formula MFU, or a hardware figure for a job that reports none
     since: float | None = None  # when this cause became the job's verdict (the clock of ``evaluate``)
+    baseline_from: str | None = None  # what the baseline was learned from, for people
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +123,7 @@ class Verdict:
             "lost_fraction": self.lost_fraction,
             "signal": self.signal,
             "since": self.since,
+            "baseline_from": self.baseline_from,
         }
 
 
@@ -348,6 +350,7 @@ class _JobAttribution:
     unexplained: float = 0.0
     unexplained_since: float | None = None
     held: dict[str, _Held] = field(default_factory=dict)  # cause -> when its signal was last seen
+    expected: bool = False  # the baseline is the job's expected_mfu, not learned
 
 
 def _recent(view: JobView, state: _JobAttribution, now: float, elapsed: float) -> tuple[float | None, float, bool]:
@@ -404,7 +407,8 @@ class Attributor:
         self._last_evaluation: float | None = None
 
     def baseline(self, view: JobView, state: _JobAttribution) -> float | None:
-        if view.facts.get("expected_mfu") and state.signal == "mfu":
+        state.expected = bool(view.facts.get("expected_mfu")) and state.signal == "mfu"
+        if state.expected:
             return view.facts["expected_mfu"]
         if len(state.history) < self.limits.baseline_min_samples:
             return None
@@ -453,7 +457,10 @@ class Attributor:
             state.signal = signal
         shown = "MFU" if signal == "mfu" else signal.replace("_", " ")
         baseline = self.baseline(view, state)
-        if now - state.last_recorded >= self.limits.baseline_interval and value > 0:
+        # The baseline learns only from health: no cause now or held (an incident's slow seconds would lower it
+        # until the incident looked healthy), frozen while one lasts.
+        healthy = not state.held and (state.verdict is None or state.verdict.cause == "none")
+        if healthy and now - state.last_recorded >= self.limits.baseline_interval and value > 0:
             state.history.append(value)
             state.last_recorded = now
         if not baseline:
@@ -516,12 +523,21 @@ class Attributor:
             return
         self._judge(state, now, Verdict(found[0], found[1], baseline, lost, signal))
 
-    @staticmethod
-    def _judge(state: _JobAttribution, now: float, verdict: Verdict) -> None:
-        """The job's verdict now, with when its cause began."""
+    def _judge(self, state: _JobAttribution, now: float, verdict: Verdict) -> None:
+        """The job's verdict now, with when its cause began and what its baseline was learned from."""
+        if verdict.baseline is not None:
+            verdict.baseline_from = self._baseline_from(state, verdict)
         previous = state.verdict
         verdict.since = previous.since if previous is not None and previous.cause == verdict.cause else now
         state.verdict = verdict
+
+    def _baseline_from(self, state: _JobAttribution, verdict: Verdict) -> str:
+        if state.expected:
+            return "expected_mfu (configured)"
+        return (
+            f"the {100 * self.limits.baseline_percentile:g}th percentile of {len(state.history)} healthy samples, "
+            f"one per {self.limits.baseline_interval:g} s (none taken while a cause lasts)"
+        )
 
     def verdict(self, job: str) -> Verdict | None:
         with self._lock:

@@ -98,6 +98,8 @@ function jobCard(job, history) {
       : ["GPUs here", "discovered.gpus", job.discovered.gpus, num(job.discovered.gpus.length)],
     ["peak", "peak_flops", job.peak_flops, si(job.peak_flops, "FLOP/s")],
     ["ETA", "eta_seconds", job.eta_seconds, duration(job.eta_seconds)],
+    // The job's own rhythm, learned from its counts: the time between two of them is neither a stall nor a slowdown.
+    ["cadence", "cadence_seconds", job.cadence_seconds, job.cadence_seconds != null ? `a count every ${duration(job.cadence_seconds)}, stalled after ${duration(job.stall_after_seconds)}` : "learning (two counts needed)"],
     ["found by", "found_by", job.found_by, esc((job.found_by || []).join(", ") || "—")],
     ["GPU indices", "gpu_indices", job.gpu_indices, esc((job.gpu_indices || []).join(", ") || "—")],
     ["hardware FLOPs", "hardware.hardware_flops_utilization", hw.hardware_flops_utilization, job.hardware ? pct(hw.hardware_flops_utilization) : "—"],
@@ -108,6 +110,7 @@ function jobCard(job, history) {
     ["data wait", "data_wait.ratio", job.data_wait.ratio, job.data_wait.ratio != null ? pct(job.data_wait.ratio) : "—"],
     ["data wait from", "data_wait.source", job.data_wait.source, esc(job.data_wait.source)],
   );
+  if (job.bottleneck && job.bottleneck.baseline_from) facts.push(["baseline from", "bottleneck.baseline_from", job.bottleneck.baseline_from, esc(job.bottleneck.baseline_from)]);
   if (job.checkpoint) facts.push(["checkpoint", "checkpoint", job.checkpoint, esc(job.checkpoint.in_progress ? `writing ${job.checkpoint.in_progress} for ${duration(job.checkpoint.elapsed_seconds)}` : (job.checkpoint.last_duration_seconds != null ? `last took ${duration(job.checkpoint.last_duration_seconds)}` : "none yet"))]);
   const cause = job.bottleneck && job.bottleneck.cause && job.bottleneck.cause !== "none"
     ? `<div class="cause" data-cause="${esc(job.bottleneck.cause)}"><b>Why ${job.bottleneck.signal && job.bottleneck.signal !== "mfu" ? "utilization" : "MFU"} is low: ${esc(job.bottleneck.cause)}</b><br>${esc(job.bottleneck.evidence || "")}</div>` : "";

@@ -478,3 +478,25 @@ def test_a_gap_explained_within_the_window_is_the_causes_not_unknown():
     never = Attributor(Thresholds(), window=15.0)
     run(never, lambda t: COOL, [1.0] * 10 + [0.5] * 30, lambda t: 0.45 if t < 10 else 0.30)
     assert lost_by_cause(never)["unknown"] > 0
+
+
+def test_a_learned_baseline_learns_only_from_health_and_holds_through_an_incident():
+    """No expected_mfu: 20 s healthy at 54 %, then a throttle to 26 % for five minutes. The baseline is frozen while
+    the cause lasts, so the incident never becomes the job's healthy figure."""
+    attributor = Attributor(Thresholds(baseline_interval=1.0, baseline_min_samples=10), window=15.0)
+    tokens = 0.0
+    for second in range(20):
+        tokens += HEALTHY_RATE * 0.54 / 0.45
+        view = reporting(0.54, second, tokens)
+        view.facts = {}
+        attributor.evaluate(float(second), [view], COOL)
+    assert attributor.verdict("llama").baseline == pytest.approx(0.54)
+    for second in range(20, 320):
+        tokens += HEALTHY_RATE * 0.26 / 0.45
+        view = reporting(0.26, second, tokens)
+        view.facts = {}
+        attributor.evaluate(float(second), [view], HOT)
+    verdict = attributor.verdict("llama")
+    assert verdict.cause == "thermal" and verdict.baseline == pytest.approx(0.54)
+    assert "healthy samples" in verdict.baseline_from
+    assert attributor.verdict("llama").as_json()["baseline_from"] == verdict.baseline_from
