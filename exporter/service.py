@@ -78,6 +78,7 @@ class Service:
     ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it, so their families are kept
     saved_at: float = float("-inf")  # when the job counters were last written to state.dir
     save_failures: int = 0
+    saved_jobs: frozenset = frozenset()  # the jobs whose counters the last save held
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
     # The readings collective_families joins, and its families from them (kept while the readings are the latest).
@@ -288,12 +289,18 @@ class Service:
         self.jobs.restore({name: counters for name, counters in saved.items() if counters is not None})
         log.info("state.dir: %d jobs' counters resume from %s", len(saved), path)
 
-    def save_counters(self) -> None:
-        """The job counters to ``state.dir``, atomically (exporter.statefile); a failure keeps the last file."""
+    def save_counters(self, due: bool = True) -> None:
+        """The job counters to ``state.dir``, atomically (exporter.statefile); a failure keeps the last file. When
+        not ``due``, only if a job began counting since the last save: a crash before the next save then resumes
+        its counters (from the job's total then) instead of beginning them again."""
         path = self.state_path()
         if path is None:
             return
-        counters = {name: saved.as_json() for name, saved in self.jobs.counters().items()}
+        saved = self.jobs.counters()
+        if not due and saved.keys() <= self.saved_jobs:
+            return
+        self.saved_jobs = frozenset(saved)
+        counters = {name: counters.as_json() for name, counters in saved.items()}
         try:
             write_json(path, {"version": STATE_VERSION, "saved": self.clock(), "jobs": counters})
         except (OSError, ValueError) as error:
@@ -311,8 +318,8 @@ class Service:
         self.history.record(now, views)
         self.observe_restores(now, views)
         self.ticks += 1  # after the restores moved: their families are collected again
-        if self.settings.state.dir and not 0 <= now - self.saved_at < self.settings.state.save_interval:
-            self.save_counters()
+        if self.settings.state.dir:
+            self.save_counters(due=not 0 <= now - self.saved_at < self.settings.state.save_interval)
 
     def observe_restores(self, now: float, views: list[JobView]) -> None:
         """Each job's finished checkpoint loads (its ledger's bands) with the reads of its checkpoint mounts."""

@@ -1,5 +1,6 @@
 """Restart without loss: kill -9 of a real exporter process, a restart on the same port, and the training-side client
-brings the job back, because it sends the model facts and cumulative totals with every report."""
+brings the job back, because it sends the model facts and cumulative totals with every report. The job's counters
+resume from state.dir, or begin at 0 without one: never at a lower non-zero value, which Prometheus would count again."""
 
 import json
 import os
@@ -70,8 +71,8 @@ class ExporterProcess:
             self.process.stdout.close()
 
 
-@pytest.fixture
-def exporter(tmp_path):
+@pytest.fixture(params=["state-dir", "no-state-dir"])
+def exporter(tmp_path, request):
     port = free_port()
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
@@ -81,9 +82,14 @@ def exporter(tmp_path):
         "ingest": {"token_file": str(token_file)},
         "sources": {name: {"enabled": "false"} for name in defaults()["sources"]},
     }
+    if request.param == "state-dir":
+        config["state"] = {"dir": str(tmp_path / "state")}
+    state_file = tmp_path / "state" / "jobs.json"
     config_path = tmp_path / "config.yaml"
     config_path.write_text(json.dumps(config))  # JSON is YAML
     process = ExporterProcess(config_path, port)
+    process.resumes = request.param == "state-dir"
+    process.saved = lambda: state_file.exists() and "llama" in json.loads(state_file.read_text())["jobs"]
     process.start()
     yield process
     process.stop()
@@ -114,6 +120,8 @@ def test_kill_9_and_restart_loses_no_job(exporter):
         report(1e6)
         report(2e6)
         assert exporter.job()["mfu"] == pytest.approx(expected_mfu)
+        if exporter.resumes:
+            wait_until(exporter.saved, timeout=20)  # the tick after a job's first count saves it
 
         exporter.kill()
         failures = reporter.failures
@@ -129,11 +137,15 @@ def test_kill_9_and_restart_loses_no_job(exporter):
         assert job["mfu"] is None  # one report: no rate yet
         assert job["flops_per_token"] == pytest.approx(FLOPS_PER_TOKEN)
         assert job["peak_flops"] == pytest.approx(GPUS * PEAK_TFLOPS * 1e12)
-        assert exporter.metric("mfu_job_tokens_total") == 3e6  # the counter continues from the job's own total
+        # The counters began at 0 at the first count (1e6). The killed exporter saved them (state.dir) at its
+        # first tick and every 10 s: the new one resumes them, adding what the job's running total grew meanwhile;
+        # without a state.dir they begin at 0 again.
+        counted = 2e6 if exporter.resumes else 0.0
+        assert exporter.metric("mfu_job_tokens_total") == counted
 
         report(4e6)  # one report interval later, MFU is back
         assert exporter.job()["mfu"] == pytest.approx(expected_mfu)
-        assert exporter.metric("mfu_job_tokens_total") == 4e6
-        assert exporter.metric("mfu_job_model_flops_total") == pytest.approx(FLOPS_PER_TOKEN * 4e6)
+        assert exporter.metric("mfu_job_tokens_total") == counted + 1e6
+        assert exporter.metric("mfu_job_model_flops_total") == pytest.approx(FLOPS_PER_TOKEN * (counted + 1e6))
     finally:
         reporter.close(timeout=1)
