@@ -140,7 +140,7 @@ async def get_ledger(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].status())
+    return web.json_response({**request.app[SERVICE].status(), "web_config": request.app[WEB_SECURITY].status()})
 
 
 STATIC = Path(__file__).parent / "static"

@@ -34,7 +34,15 @@ from exporter.config import (
     ConfigError,
     typed_config,
 )
-from exporter.web.webconfig import NO_WEB_CONFIG, Reloading, TlsSettings, WebConfig, load_ingest_token, load_web_config
+from exporter.web.webconfig import (
+    NO_WEB_CONFIG,
+    RETRY_SECONDS,
+    Reloading,
+    TlsSettings,
+    WebConfig,
+    load_ingest_token,
+    load_web_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +175,7 @@ class WebSecurity:
         self._clock = clock
         self._checkpw = checkpw
         self._tls_at_start: bool | None = None
-        self._web = Reloading(web_config_file, self._load_web, self._web_changed) if web_config_file else None
+        self._web = Reloading(web_config_file, self._load_web, self._web_changed, clock) if web_config_file else None
         web_config = self._web.value if self._web else NO_WEB_CONFIG
         self._tls_at_start = web_config.tls is not None
         self._tls: TlsSettings | None = web_config.tls
@@ -192,6 +200,13 @@ class WebSecurity:
     @property
     def ingest_in_flight(self) -> int:
         return self._ingest_active
+
+    def status(self) -> dict[str, Any]:
+        """The web config's state for the status document: its file, and why it is refused when it is."""
+        if self._web is None:
+            return {"file": None, "error": None}
+        self._web.current()
+        return {"file": self._web.path, "error": self._web.error}
 
     @property
     def tls_enabled(self) -> bool:
@@ -259,7 +274,14 @@ class WebSecurity:
     async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         config = self._web.current() if self._web else NO_WEB_CONFIG
         if config is None:
-            return web.Response(status=500, text="the exporter's web config is invalid; see the exporter's log\n")
+            # Liveness stays up: a restart would not mend the file, and it reveals nothing.
+            if request.path == "/healthz":
+                return await handler(request)
+            return web.Response(
+                status=503,
+                text="the exporter's web config is invalid; see the exporter's log\n",
+                headers={"Retry-After": str(int(RETRY_SECONDS))},
+            )
         if self._bucket is not None and not self._bucket.allow():
             return web.Response(status=429, text="Too Many Requests\n")
         if config.tls is not None and config.tls.allowed_sans and not self._client_allowed(request, config.tls):

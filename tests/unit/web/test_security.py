@@ -7,6 +7,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 from unittest import mock
 
 import aiohttp
@@ -323,10 +324,10 @@ async def test_web_config_changes_apply_without_restart_and_a_broken_file_fails_
     write(path, "basic_auth_users: {bob: 'not a hash'}\n")
     with caplog.at_level(logging.ERROR, logger="exporter.web.security"):
         broken = await client.get("/metrics", headers=bob)
-    assert broken.status == 500
+    assert broken.status == 503
     assert "web config is invalid" in await broken.text()
     assert "basic_auth_users.bob" in caplog.text
-    assert (await client.post("/api/v1/progress", json=REPORT)).status == 500
+    assert (await client.post("/api/v1/progress", json=REPORT)).status == 503
     assert client.service.jobs.names() == []
     write(path, f"basic_auth_users: {{bob: '{ALICE_HASH}'}}\n")
     assert (await client.get("/metrics", headers=bob)).status == 200
@@ -571,3 +572,70 @@ async def test_a_rotated_certificate_and_policy_reach_new_connections_without_re
         assert (await fetch(port, client_context(pki["other_ca"])))[0] == 200  # this request reloads the config
         with pytest.raises(aiohttp.ClientError):
             await fetch(port, client_context(pki["other_ca"], maximum=tls12))
+
+
+# --- failing closed: any failed load refuses requests --------------------------------------------------------------
+
+
+async def test_a_reload_that_fails_with_an_io_error_refuses_requests_until_a_good_config_loads(
+    secured, tmp_path, caplog
+):
+    path = tmp_path / "web.yml"
+    write(path, f"basic_auth_users: {{alice: '{ALICE_HASH}'}}\n")
+    clock = FakeClock()
+    client = await secured(WebSecurity(str(path), clock=clock))
+    alice, bob = basic("alice", PASSWORD.decode()), basic("bob", PASSWORD.decode())
+    assert (await client.get("/metrics", headers=alice)).status == 200
+    write(path, f"basic_auth_users: {{bob: '{ALICE_HASH}'}}\n")
+    full = OSError(28, "No space left on device")
+    with mock.patch.object(websecurity, "load_web_config", side_effect=full):
+        with caplog.at_level(logging.ERROR, logger="exporter.web.webconfig"):
+            answers = [await client.get("/metrics", headers=who) for who in (alice, alice, bob)]
+        assert [a.status for a in answers] == [503, 503, 503]  # never the removed user's old access
+        assert answers[0].headers["Retry-After"] == "5"
+        assert (await client.get("/healthz")).status == 200  # liveness: a restart would not mend the file
+        assert (await client.get("/readyz")).status == 503
+        assert [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()] == [
+            f"{path}: OSError: [Errno 28] No space left on device; refusing requests until it loads"
+        ]  # one line, however many requests were refused
+        clock.now += 5
+        assert (await client.get("/metrics", headers=bob)).status == 503  # retried, failed again
+    clock.now += 5  # the disk has room again: the next retry loads the file
+    assert (await client.get("/metrics", headers=bob)).status == 200
+    assert (await client.get("/metrics", headers=alice)).status == 401
+    status = await (await client.get("/api/v1/status", headers=bob)).json()
+    assert status["web_config"] == {"file": str(path), "error": None}
+
+
+def test_the_status_entry_says_why_the_web_config_is_refused(tmp_path):
+    path = tmp_path / "web.yml"
+    write(path, f"basic_auth_users: {{alice: '{ALICE_HASH}'}}\n")
+    security = WebSecurity(str(path))
+    write(path, "basic_auth_users: {alice: 'not a hash'}\n")
+    status = security.status()
+    assert status["file"] == str(path)
+    assert "basic_auth_users.alice" in status["error"]
+
+
+def test_tls_loads_with_a_read_only_temp_directory(pki, tmp_path, monkeypatch):
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    monkeypatch.setenv("TMPDIR", str(read_only))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))  # nothing may be written under TMPDIR
+    cert = (pki["dir"] / "server-a.crt").read_text()
+    key = (pki["dir"] / "server-a.key").read_text()
+    path = tmp_path / "web.yml"
+    path.write_text(
+        f"tls_server_config: {{cert_file: {pki['dir'] / 'server-a.crt'}, key_file: {pki['dir'] / 'server-a.key'}}}\n"
+    )
+    assert load_web_config(str(path)).tls is not None
+    inline = tmp_path / "inline.yml"
+    inline.write_text(
+        "tls_server_config:\n  cert: |\n"
+        + "".join(f"    {line}\n" for line in cert.splitlines())
+        + "  key: |\n"
+        + "".join(f"    {line}\n" for line in key.splitlines())
+    )
+    assert load_web_config(str(inline)).tls is not None
+    assert list(read_only.iterdir()) == []
