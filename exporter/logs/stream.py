@@ -186,27 +186,30 @@ class LogStream:
         events: list[Event] = []
         unwrap = self.peeler.unwrap
         for raw in raws:
-            for text, stamp in unwrap(raw):
-                self.lines += 1
-                keywords = self._keywords  # narrows once a format is detected
-                if keywords is not None and keywords.search(text) is None:
-                    # Nothing any parser reads (or, while detecting, could decide on): skipped before any regex.
-                    if not self.active:
-                        self._undecided()
-                    continue
-                for line in split_line(text, parse_rfc3339(stamp) if stamp else None):
-                    if WAIT_PATTERN.search(line.text) is not None and self._wait(line, read_time, events):
+            try:
+                for text, stamp in unwrap(raw):
+                    self.lines += 1
+                    keywords = self._keywords  # narrows once a format is detected
+                    if keywords is not None and keywords.search(text) is None:
+                        # Nothing any parser reads (or, while detecting, could decide on): skipped before any regex.
+                        if not self.active:
+                            self._undecided()
                         continue
-                    # A line an active parser reads as progress is no other framework's; any other line may make
-                    # one more framework detected (a mixed log), tried only when it holds one of their anchors' words.
-                    if self.active and self._parse(line, read_time, events):
-                        continue
-                    detect = self._detect_keywords
-                    if detect is not None and detect.search(line.text) and self._detect(line, read_time, events):
-                        self._parse(line, read_time, events)
-                    elif not self.active:
-                        self._pending.append((line, read_time))
-                        self._undecided()
+                    for line in split_line(text, parse_rfc3339(stamp) if stamp else None):
+                        if WAIT_PATTERN.search(line.text) is not None and self._wait(line, read_time, events):
+                            continue
+                        # A line an active parser reads as progress is no other framework's; any other line may make
+                        # one more framework detected (a mixed log), tried only when it holds one of their anchors' words.
+                        if self.active and self._parse(line, read_time, events):
+                            continue
+                        detect = self._detect_keywords
+                        if detect is not None and detect.search(line.text) and self._detect(line, read_time, events):
+                            self._parse(line, read_time, events)
+                        elif not self.active:
+                            self._pending.append((line, read_time))
+                            self._undecided()
+            except Exception:  # noqa: BLE001 - a line that breaks a parser is skipped; the rest of the chunk is read
+                self.errors["unreadable_line"] += 1
         if not self.auto and self.unrecognised is None and self.lines >= self.detect_lines and not self.progress_lines:
             if not self.candidate_lines:  # a named format none of whose progress lines is in the log
                 self.unrecognised = NAMED_UNSEEN.format(format=self.active[0].name, lines=self.lines)
