@@ -8,6 +8,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 from unittest import mock
 
 import aiohttp
@@ -639,3 +640,78 @@ def test_tls_loads_with_a_read_only_temp_directory(pki, tmp_path, monkeypatch):
     )
     assert load_web_config(str(inline)).tls is not None
     assert list(read_only.iterdir()) == []
+
+
+# --- auth under attack: bounded, fair password checking -----------------------------------------------------------
+
+
+class GatedCheckpw:
+    """bcrypt that holds every wrong password until ``release``: the flood's checks stay queued or running while
+    the test asks what a valid scraper gets meanwhile."""
+
+    def __init__(self):
+        self.calls, self.held = 0, 0
+        self.gate = threading.Event()
+
+    def __call__(self, password, hashed):
+        self.calls += 1
+        if bcrypt.checkpw(password, hashed):
+            return True
+        self.held += 1
+        self.gate.wait(30)
+        return False
+
+
+async def test_a_wrong_password_flood_gets_429_and_valid_scrapes_are_answered_meanwhile(secured, tmp_path):
+    web_config = write(tmp_path / "web.yml", f"basic_auth_users: {{alice: '{ALICE_HASH}', bob: '{ALICE_HASH}'}}\n")
+    clock, checkpw = FakeClock(), GatedCheckpw()
+    client = await secured(WebSecurity(web_config, clock=clock, checkpw=checkpw))
+    url = client.make_url("/metrics")
+    alice, bob = basic("alice", PASSWORD.decode()), basic("bob", PASSWORD.decode())
+    assert (await client.get("/metrics", headers=alice)).status == 200  # verified once, then cached
+
+    attacker = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=("127.0.0.2", 0), limit=0))
+    try:
+
+        async def guess():
+            async with attacker.get(url, headers=basic("alice", "wrong")) as response:
+                return response.status
+
+        flood = [asyncio.create_task(guess()) for _ in range(50)]
+        await wait_for(lambda: sum(task.done() for task in flood) == 49, what="49 of 50 guesses answered")
+        assert [task.result() for task in flood if task.done()] == [429] * 49
+        assert checkpw.held == 1  # one check of that address at a time: the other bcrypt worker stays free
+        # While the flood's check is held: a cached scrape and an uncached one from another address are answered.
+        assert (await client.get("/metrics", headers=alice)).status == 200
+        assert (await client.get("/metrics", headers=bob)).status == 200
+        checkpw.gate.set()
+        assert sorted(await asyncio.gather(*flood)) == [401] + [429] * 49
+
+        # Failed checks are limited per address: after the allowance, 429 without a bcrypt check.
+        statuses = []
+        for _ in range(websecurity.FAILURES_BURST):
+            async with attacker.get(url, headers=basic("alice", "wrong")) as response:
+                statuses.append(response.status)
+        assert statuses == [401] * (websecurity.FAILURES_BURST - 1) + [429]  # the flood's failure counted too
+        calls = checkpw.calls
+        async with attacker.get(url, headers=basic("mallory", "wrong")) as response:
+            assert response.status == 429 and response.headers["Retry-After"] == "6"
+        assert checkpw.calls == calls
+        assert (await client.get("/metrics", headers=basic("alice", "wrong"))).status == 401  # its own allowance
+        clock.now += websecurity.FAILURE_INTERVAL  # one more failure allowed
+        async with attacker.get(url, headers=basic("alice", "wrong")) as response:
+            assert response.status == 401
+    finally:
+        checkpw.gate.set()
+        await attacker.close()
+
+
+async def test_the_password_cache_is_refreshed_on_each_hit(secured, tmp_path):
+    web_config = write(tmp_path / "web.yml", f"basic_auth_users: {{alice: '{ALICE_HASH}'}}\n")
+    clock, spy = FakeClock(), CheckpwSpy()
+    client = await secured(WebSecurity(web_config, clock=clock, checkpw=spy))
+    alice = basic("alice", PASSWORD.decode())
+    for _ in range(4):  # a scrape every 50 s: each inside the minute since the last one
+        assert (await client.get("/metrics", headers=alice)).status == 200
+        clock.now += 50
+    assert len(spy.hashes) == 1
