@@ -65,9 +65,9 @@ CONFIGURABLE_HEADERS: dict[str, tuple[str, ...] | None] = {
     "X-Frame-Options": ("deny", "sameorigin"),
     "X-XSS-Protection": None,
 }
-BCRYPT_HASH = re.compile(r"^\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}$")
+BCRYPT_HASH = re.compile(r"^\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}\Z")
 HASH_FORM = "a bcrypt hash like $2y$10$... (make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')"
-TOKEN_FORM = re.compile(r"^[\x21-\x7e]+$")
+TOKEN_FORM = re.compile(r"^[\x21-\x7e]+\Z")
 
 
 def _client_auth_type(value: Any) -> str:
