@@ -157,7 +157,7 @@ async def test_a_wrong_password_flood_does_not_delay_valid_scrapes(secured, tmp_
 
         try:
             guesses = [asyncio.create_task(guess()) for _ in range(50)]
-            await wait_for(lambda: sum(task.done() for task in guesses) == 49, what="the flood answered 429")
+            await wait_for(lambda: sum(task.done() for task in guesses) == 49, 30, "the flood answered 429")
             assert (await client.get("/metrics", headers=basic("alice", PASSWORD))).status == 200  # cached
             assert (await client.get("/metrics", headers=basic("bob", PASSWORD))).status == 200  # a free worker
         finally:
@@ -266,9 +266,9 @@ async def test_held_malformed_and_huge_requests_get_a_4xx_naming_the_field(make_
 async def test_held_a_hung_source_never_blocks_a_scrape(make_client, scripted_source):
     client = await make_client(sources=[scripted_source])
     state = client.service.scheduler.states["fake"]
-    await wait_for(lambda: state.up)
+    await wait_for(lambda: state.up, 30)
     scripted_source.release.clear()
-    await wait_for(lambda: not state.up)
+    await wait_for(lambda: not state.up, 30)
     body = await (await client.get("/metrics")).text()
     assert samples(body)[("mfu_exporter_source_up", (("source", "fake"),))] == 0
 
