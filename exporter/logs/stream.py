@@ -24,9 +24,10 @@ status page and as the job's reason, counted as ``no_progress_read``); after pro
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from exporter.logs.base import Parser
 from exporter.logs.datawait import KEYWORD_PATTERN as WAIT_PATTERN
@@ -114,6 +115,23 @@ class Event:
     time: float
     origin: str
     framework: str = ""
+
+
+# A progress line's figures past this (a step, a token or sample count, a rate) are no training run's: 2^53 is also
+# the largest integer a double holds exactly, so a line with one is skipped, never turned into a sample.
+MAX_FIGURE = 2**53
+
+
+def _in_bounds(record: Progress) -> bool:
+    """Whether every number of the record is finite and no larger than ``MAX_FIGURE`` either way."""
+    for value in (getattr(record, f.name) for f in fields(record)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, int) and not -MAX_FIGURE <= value <= MAX_FIGURE:
+            return False
+        if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= MAX_FIGURE):
+            return False
+    return True
 
 
 class LogStream:
@@ -263,6 +281,9 @@ class LogStream:
             if record is not None:
                 break
         progress = isinstance(record, Progress)
+        if progress and not _in_bounds(record):
+            self.errors["value_out_of_range"] += 1  # skipped whole: one absurd figure makes the line untrustworthy
+            return True
         if not progress:
             if any(p.candidate.search(line.text) for p in self.active):
                 self._unread(line)

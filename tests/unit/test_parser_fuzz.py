@@ -14,7 +14,7 @@ from collections import Counter
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from exporter.logs.stream import LogStream
+from exporter.logs.stream import MAX_FIGURE, LogStream
 from exporter.nccl import inspector
 from exporter.nccl.debug import TransportScanner
 from exporter.nccl.perf import MAX_BUSBW_GBPS, read_text
@@ -190,10 +190,15 @@ PROGRESS = "[rank0]: [titan] 2025-01-01 00:00:00,000 - root - INFO - step: {step
 )
 @example(step="1", tps="9" * 5000, noise=[])
 @example(step="1e400", tps="1e308", noise=[DEEP])
+@example(step="9" * 400, tps="1", noise=[])
+@example(step=str(2**60), tps="1", noise=[])
 def test_training_log_lines_are_read_one_by_one_and_never_raise(step, tps, noise):
     stream = LogStream()
     events = stream.feed_many([PROGRESS.format(step=step, tps=tps), *noise, PROGRESS.format(step=2, tps=1)], 1.0)
-    assert isinstance(events, list)
+    for event in events:
+        for value in vars(event.record).values():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert math.isfinite(value) and abs(value) <= MAX_FIGURE
 
 
 MOUNT = "device srv:/data mounted on /data with fstype nfs4 statvers=1.1"
