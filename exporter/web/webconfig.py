@@ -294,7 +294,9 @@ def _load_tls(file: str, base: str, tls: dict) -> tuple[TlsSettings, list[str]]:
         ) from None
     except OSError as exc:
         raise ConfigError(
-            file, key + ("cert_file" if tls["cert_file"] else "cert"), f"a certificate this process can load ({exc})"
+            file,
+            key + ("cert_file" if tls["cert_file"] else "cert"),
+            f"a certificate loaded from memory, which needs /proc mounted ({exc.strerror or exc})",
         ) from None
     if has_client_ca:
         client_ca = _read_pem(file, base, key, "client_ca_file", tls, "CERTIFICATE", watched)

@@ -716,3 +716,19 @@ async def test_the_password_cache_is_refreshed_on_each_hit(secured, tmp_path):
         assert (await client.get("/metrics", headers=alice)).status == 200
         clock.now += 50
     assert len(spy.hashes) == 1
+
+
+def test_tls_without_proc_or_memfd_is_a_config_error_naming_the_key(pki, tmp_path, monkeypatch):
+    def no_memfd(name, flags=0):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    path = tmp_path / "web.yml"
+    path.write_text(
+        f"tls_server_config: {{cert_file: {pki['dir'] / 'server-a.crt'}, key_file: {pki['dir'] / 'server-a.key'}}}\n"
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_web_config(str(path))
+    assert str(refused.value).startswith(
+        f"{path}: tls_server_config.cert_file: expected a certificate loaded from memory"
+    )
