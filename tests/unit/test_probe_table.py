@@ -179,7 +179,7 @@ def test_a_rotation_right_after_a_burst_is_read_in_bounded_chunks(tmp_path):
     path.write_text("step: new\n")
     for _ in range(60):
         follower.poll()
-    assert len(batches) > 20 and max(batches) <= (1 << 20)
+    assert len(batches) >= 10 and max(batches) <= (1 << 20)  # about 20 MB in 1 MiB reads, never one list
 
 
 def test_the_log_follower_never_opens_a_symlink_leading_outside(tmp_path):
