@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Callable
 
@@ -92,6 +93,23 @@ def run_flags_help(run: argparse.ArgumentParser) -> str:
     return formatter.format_help().strip() + "\n\nEach command's own flags: mfu-exporter COMMAND --help"
 
 
+def parser_of(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    """The subcommand's own parser (its usage and flags), or the top level's when there is none."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
+
+
+def quiet_closed_pipe(code: int) -> int:
+    """After stdout's reader went away (``| head``): stdout points at /dev/null, so the interpreter's last flush
+    at exit raises nothing and no traceback is printed; ``code`` is the exit status."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return code
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -100,13 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "run")
-    args = build_parser(argv[0] if argv[0] in COMMANDS else None).parse_args(argv)
+    parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # argparse hands a subcommand's unknown flags up to the top level, whose usage would not name them.
+        parser_of(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         for value in vars(args).values():
             if isinstance(value, BadEnv):
                 raise value.error()
         setup_logging(getattr(args, "log_level", None) or "info")
         return args.run(args)
+    except BrokenPipeError:
+        return quiet_closed_pipe(1)
     except ConfigError as exc:
         print(f"mfu-exporter: {exc}", file=sys.stderr)
         return EXIT_CONFIG

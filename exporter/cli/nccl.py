@@ -12,6 +12,7 @@ import json
 import sys
 from typing import IO
 
+from exporter.cli import quiet_closed_pipe
 from exporter.cli.flags import add_flag, positive
 from exporter.nccl.perf import Judgement, Reading, report
 from exporter.node.rdma import discover_ports
@@ -88,11 +89,16 @@ def run_nccl(args: argparse.Namespace, stdin: IO[bytes] | None = None, out: IO[s
             lines = read_lines(args.file)
     except Unreadable as exc:
         print(f"mfu-exporter nccl: {exc}", file=sys.stderr)
-        return 2
-    reading, judgement = verify(lines, expected)
-    if args.json:
-        json.dump(report(reading, judgement), out, indent=2)
-        out.write("\n")
+        if not args.json:
+            return EXIT["unreadable"]
+        # --json always answers in JSON: a missing or binary file is unreadable, with the reason, as an empty one.
+        reading, judgement = Reading(None, None), Judgement("unreadable", (str(exc),))
     else:
-        out.write(summary(reading, judgement) + "\n")
+        reading, judgement = verify(lines, expected)
+    text = json.dumps(report(reading, judgement), indent=2) if args.json else summary(reading, judgement)
+    try:
+        out.write(text + "\n")
+        out.flush()
+    except BrokenPipeError:  # the reader stopped (| head): what it read is all it wanted
+        return quiet_closed_pipe(EXIT[judgement.verdict]) if out is sys.stdout else EXIT[judgement.verdict]
     return EXIT[judgement.verdict]

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from exporter.quantities import parse_duration, parse_quantity
 
 DEFAULT_LISTEN_ADDRESS = ":9495"
-JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}\Z")
 JOB_NAME_FORM = "a job name of 1–128 letters, digits and _ . : @ + - starting with a letter or digit"
 
 
@@ -134,7 +134,7 @@ def regex_list(value: Any) -> list[str]:
 
 
 def listen_address(value: Any) -> str:
-    if not isinstance(value, str) or not re.match(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}$", value):
+    if not isinstance(value, str) or not re.match(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}\Z", value):
         raise Invalid('HOST:PORT such as ":9495" or "127.0.0.1:9495"')
     if not 0 < int(value.rsplit(":", 1)[1]) < 65536:
         raise Invalid("a port between 1 and 65535")

@@ -24,9 +24,10 @@ status page and as the job's reason, counted as ``no_progress_read``); after pro
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from exporter.logs.base import Parser
 from exporter.logs.datawait import KEYWORD_PATTERN as WAIT_PATTERN
@@ -116,6 +117,23 @@ class Event:
     framework: str = ""
 
 
+# A progress line's figures past this (a step, a token or sample count, a rate) are no training run's: 2^53 is also
+# the largest integer a double holds exactly, so a line with one is skipped, never turned into a sample.
+MAX_FIGURE = 2**53
+
+
+def _in_bounds(record: Progress) -> bool:
+    """Whether every number of the record is finite and no larger than ``MAX_FIGURE`` either way."""
+    for value in (getattr(record, f.name) for f in fields(record)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, int) and not -MAX_FIGURE <= value <= MAX_FIGURE:
+            return False
+        if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= MAX_FIGURE):
+            return False
+    return True
+
+
 class LogStream:
     def __init__(
         self,
@@ -186,27 +204,30 @@ class LogStream:
         events: list[Event] = []
         unwrap = self.peeler.unwrap
         for raw in raws:
-            for text, stamp in unwrap(raw):
-                self.lines += 1
-                keywords = self._keywords  # narrows once a format is detected
-                if keywords is not None and keywords.search(text) is None:
-                    # Nothing any parser reads (or, while detecting, could decide on): skipped before any regex.
-                    if not self.active:
-                        self._undecided()
-                    continue
-                for line in split_line(text, parse_rfc3339(stamp) if stamp else None):
-                    if WAIT_PATTERN.search(line.text) is not None and self._wait(line, read_time, events):
+            try:
+                for text, stamp in unwrap(raw):
+                    self.lines += 1
+                    keywords = self._keywords  # narrows once a format is detected
+                    if keywords is not None and keywords.search(text) is None:
+                        # Nothing any parser reads (or, while detecting, could decide on): skipped before any regex.
+                        if not self.active:
+                            self._undecided()
                         continue
-                    # A line an active parser reads as progress is no other framework's; any other line may make
-                    # one more framework detected (a mixed log), tried only when it holds one of their anchors' words.
-                    if self.active and self._parse(line, read_time, events):
-                        continue
-                    detect = self._detect_keywords
-                    if detect is not None and detect.search(line.text) and self._detect(line, read_time, events):
-                        self._parse(line, read_time, events)
-                    elif not self.active:
-                        self._pending.append((line, read_time))
-                        self._undecided()
+                    for line in split_line(text, parse_rfc3339(stamp) if stamp else None):
+                        if WAIT_PATTERN.search(line.text) is not None and self._wait(line, read_time, events):
+                            continue
+                        # A line an active parser reads as progress is no other framework's; any other line may make
+                        # one more framework detected (a mixed log), tried only when it holds one of their anchors' words.
+                        if self.active and self._parse(line, read_time, events):
+                            continue
+                        detect = self._detect_keywords
+                        if detect is not None and detect.search(line.text) and self._detect(line, read_time, events):
+                            self._parse(line, read_time, events)
+                        elif not self.active:
+                            self._pending.append((line, read_time))
+                            self._undecided()
+            except Exception:  # noqa: BLE001 - a line that breaks a parser is skipped; the rest of the chunk is read
+                self.errors["unreadable_line"] += 1
         if not self.auto and self.unrecognised is None and self.lines >= self.detect_lines and not self.progress_lines:
             if not self.candidate_lines:  # a named format none of whose progress lines is in the log
                 self.unrecognised = NAMED_UNSEEN.format(format=self.active[0].name, lines=self.lines)
@@ -260,6 +281,9 @@ class LogStream:
             if record is not None:
                 break
         progress = isinstance(record, Progress)
+        if progress and not _in_bounds(record):
+            self.errors["value_out_of_range"] += 1  # skipped whole: one absurd figure makes the line untrustworthy
+            return True
         if not progress:
             if any(p.candidate.search(line.text) for p in self.active):
                 self._unread(line)

@@ -42,7 +42,7 @@ MAX_OPEN_PER_JOB = 16  # started, not yet finished: async saves overlap a few, a
 MAX_ENDED_BY_US_PER_JOB = 64  # API writes we failed for the job (timeout, superseded), remembered to refuse late ends
 
 
-CHECKPOINT_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")
+CHECKPOINT_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,256}\Z")
 
 
 PHASES = ("started", "finished", "failed")

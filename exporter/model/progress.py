@@ -54,7 +54,7 @@ FACT_DEFAULTS = {"dtype": "bf16", "causal_attention": False}
 # What a run of the job says besides its totals (the ``event`` field; ``tokens_total`` is optional with one): its
 # process started, it is alive, or it loads a checkpoint (``step``: the step it resumes from).
 EVENTS = ("start", "heartbeat", "checkpoint_load_started", "checkpoint_load_finished")
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z")
 MAX_HEARTBEAT_SECONDS = 3600.0
 MAX_DATA_WAIT_SECONDS = 10 * 365 * 86400.0  # ten years of one rank's wall time: more is not a wait, it is a bug
 

@@ -43,6 +43,8 @@ _NODES = re.compile(r"\bnNodes (?P<n>\d+)")
 
 #: Cap on the remembered host names: enough to tell one host from several.
 _MAX_HOSTS = 2
+_MAX_NODES = 1 << 20  # a node count past this is no job's
+MAX_LINE_CHARS = 64 << 10  # of one line: NCCL's INFO lines are a few hundred characters
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,16 @@ class TransportScanner:
         self._link_layers: set[str] = set()
         self._hosts: set[str] = set()
         self._nodes = 0
+        self.skipped = 0  # lines that broke the parser, each skipped on its own
 
     def feed(self, line: str) -> None:
+        """One line; a line that breaks the parser is counted in ``skipped``, never raised, so the rest is read."""
+        try:
+            self._feed(line[:MAX_LINE_CHARS])
+        except Exception:  # noqa: BLE001 - one hostile or garbled line must not end the scan
+            self.skipped += 1
+
+    def _feed(self, line: str) -> None:
         info = _INFO.search(line)
         if info is None:
             return
@@ -130,7 +140,9 @@ class TransportScanner:
             return
         nodes = _NODES.search(message)
         if nodes is not None:
-            self._nodes = max(self._nodes, int(nodes.group("n")))
+            count = int(nodes.group("n"))
+            if count <= _MAX_NODES:
+                self._nodes = max(self._nodes, count)
 
     def _ib_flavour(self) -> Transport:
         if self._link_layers == {"RoCE"}:

@@ -75,55 +75,117 @@ class Collective:
     dump_time: float | None  # seconds since the epoch
 
 
+# What a value of Inspector's may be; a line with a number past these is skipped as ``value_out_of_range``, since no
+# GPU, job or clock reaches them and one such value would reach /metrics as an absurd or infinite figure.
+MAX_BUSBW_GBS = 1e4  # 10 TB/s: several times the fastest NVLink a GPU has
+MAX_EXEC_US = 3.6e9  # an hour for one collective
+MAX_SIZE_BYTES = 1 << 50  # 1 PiB in one collective
+MAX_RANKS = 1 << 24
+MAX_PID = 1 << 22  # Linux's largest pid_max
+MAX_SN = 1 << 63
+MAX_DUMP_US = 1e17  # the year 5000, in microseconds since the epoch
+MAX_TEXT = 256  # characters kept of a name (communicator, host, collective)
+
+
+class LineError(ValueError):
+    """A line that is not one of Inspector's, with the reason it is counted under (``unreadable_line``,
+    ``value_out_of_range``, ``nested_too_deep``) and the field at fault."""
+
+    def __init__(self, message: str, reason: str = "unreadable_line"):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _reject_constant(name: str) -> float:
+    raise LineError(f"{name} is not a number JSON allows", "value_out_of_range")
+
+
 def _finite(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None  # "nan" is a string in Inspector's JSON
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        return None
     return number if math.isfinite(number) and number >= 0 else None
 
 
+def _number(record: dict, key: str, upper: float, where: str) -> float:
+    """A required non-negative number no larger than ``upper``; LineError names the field."""
+    if key not in record:
+        raise LineError(f"{where}.{key} is missing")
+    value = _finite(record[key])
+    if value is None:
+        raise LineError(f"{where}.{key} is not a finite number: {str(record[key])[:40]}", "value_out_of_range")
+    if value > upper:
+        raise LineError(f"{where}.{key} is over {upper:g}: {value:g}", "value_out_of_range")
+    return value
+
+
+def _integer(record: dict, key: str, upper: int, where: str) -> int:
+    value = _number(record, key, upper, where)
+    if value != int(value):
+        raise LineError(f"{where}.{key} is not a whole number: {value:g}", "value_out_of_range")
+    return int(value)
+
+
+def _text(value: object) -> str:
+    return value[:MAX_TEXT] if isinstance(value, str) else str(value)[:MAX_TEXT] if isinstance(value, int) else ""
+
+
 def parse_line(line: str) -> Collective | None:
-    """A JSON line's collective; None for a P2P operation. Raises ValueError for a line that is not Inspector's."""
+    """A JSON line's collective; None for a P2P operation. Raises LineError (a ValueError) for a line that is not
+    Inspector's or holds a value past the bounds above, naming the field."""
     try:
-        record = json.loads(line)
+        record = json.loads(line, parse_constant=_reject_constant)
+    except LineError:
+        raise
     except json.JSONDecodeError as error:
-        raise ValueError(f"not JSON: {error.msg}") from None
+        raise LineError(f"not JSON: {error.msg}") from None
+    except ValueError as error:  # an integer literal of thousands of digits
+        raise LineError(f"not JSON: {str(error)[:80]}", "value_out_of_range") from None
+    except RecursionError:
+        raise LineError("not JSON: nested too deep", "nested_too_deep") from None
     if not isinstance(record, dict) or not isinstance(record.get("header"), dict):
-        raise ValueError("no header object")
+        raise LineError("no header object")
     perf = record.get("coll_perf")
     if perf is None:
         if isinstance(record.get("p2p_perf"), dict):
             return None
-        raise ValueError("neither coll_perf nor p2p_perf")
+        raise LineError("neither coll_perf nor p2p_perf")
     header, meta = record["header"], record.get("metadata") or {}
     if not isinstance(perf, dict) or not isinstance(meta, dict):
-        raise ValueError("coll_perf or metadata is not an object")
-    try:
-        size = int(perf["coll_msg_size_bytes"])
-        exec_us = _finite(perf["coll_exec_time_us"])
-        rank, n_ranks = int(header["rank"]), int(header["n_ranks"])
-        collective, sn = str(perf["coll"]), int(perf["coll_sn"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"coll_perf or header lacks {error}") from None
-    if exec_us is None or size < 0 or not 0 <= rank < max(n_ranks, 1):
-        raise ValueError("impossible size, time or rank")
-    busbw = _finite(perf.get("coll_busbw_gbs"))
+        raise LineError("coll_perf or metadata is not an object")
+    size = _integer(perf, "coll_msg_size_bytes", MAX_SIZE_BYTES, "coll_perf")
+    exec_us = _number(perf, "coll_exec_time_us", MAX_EXEC_US, "coll_perf")
+    rank = _integer(header, "rank", MAX_RANKS, "header")
+    n_ranks = _integer(header, "n_ranks", MAX_RANKS, "header")
+    sn = _integer(perf, "coll_sn", MAX_SN, "coll_perf")
+    if not isinstance(perf.get("coll"), str) or not perf["coll"]:
+        raise LineError("coll_perf.coll is not a name")
+    if not rank < max(n_ranks, 1):
+        raise LineError(f"header.rank {rank} is not under n_ranks {n_ranks}", "value_out_of_range")
+    busbw = None if isinstance(perf.get("coll_busbw_gbs"), str) else perf.get("coll_busbw_gbs")
+    if busbw is not None:
+        busbw = _number(perf, "coll_busbw_gbs", MAX_BUSBW_GBS, "coll_perf")
+    pid = _integer(meta, "pid", MAX_PID, "metadata") if meta.get("pid") is not None else 0
     nodes = header.get("nnodes")
     dump_us = _finite(meta.get("dump_timestamp_us"))
+    source = perf.get("coll_timing_source")
     return Collective(
-        comm=str(header.get("id", "")),
+        comm=_text(header.get("id", "")),
         rank=rank,
         n_ranks=n_ranks,
-        n_nodes=int(nodes) if isinstance(nodes, int) else None,
-        hostname=str(meta.get("hostname", "")),
-        pid=int(meta.get("pid") or 0),
-        collective=collective,
+        n_nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and 0 < nodes <= MAX_RANKS else None,
+        hostname=_text(meta.get("hostname", "")),
+        pid=pid,
+        collective=perf["coll"][:MAX_TEXT],
         sn=sn,
         size_bytes=size,
         exec_time_seconds=exec_us / 1e6,
         busbw_bytes_per_second=busbw * GBS if busbw is not None else None,
-        timing_source=perf.get("coll_timing_source"),
-        dump_time=dump_us / 1e6 if dump_us is not None else None,
+        timing_source=source[:MAX_TEXT] if isinstance(source, str) else None,
+        dump_time=dump_us / 1e6 if dump_us is not None and dump_us <= MAX_DUMP_US else None,
     )
 
 
@@ -147,7 +209,9 @@ def message_size_bytes(label: str) -> int | None:
     if label == "0B":
         return 0
     found = SIZE_RANGE.match(label)
-    return int(found.group(1)) * UNITS[found.group(2)] if found else None
+    if found is None or len(found.group(1)) > 12:  # past a PiB in any unit: not Inspector's
+        return None
+    return int(found.group(1)) * UNITS[found.group(2)]
 
 
 def parse_textfile(text: str) -> tuple[list[PromBucket], int]:
@@ -157,19 +221,14 @@ def parse_textfile(text: str) -> tuple[list[PromBucket], int]:
     for line in text.splitlines():
         if not line.strip() or line.startswith("#") or line.startswith("nccl_p2p_"):
             continue
-        found = PROM_LINE.match(line)
-        if found is None:
-            bad += 1
-            continue
-        labels = dict(PROM_LABEL.findall(found.group("labels")))
-        size = message_size_bytes(labels.get("message_size", ""))
         try:
-            value = float(found.group("value"))
-        except ValueError:
-            value = math.nan
-        if size is None or "collective" not in labels or not math.isfinite(value) or value < 0:
+            parsed = _prom_line(line)
+        except Exception:  # noqa: BLE001 - a line that breaks the parser is one bad line, never the file
+            parsed = None
+        if parsed is None:
             bad += 1
             continue
+        found, labels, size, value = parsed
         key = (labels.get("gpu", ""), labels.get("comm_name", ""), labels["collective"], size, labels.get("algo_proto"))
         entry = buckets.setdefault(key, {"labels": labels, "size": size})
         if found.group("name") == "nccl_bus_bandwidth_gbs":
@@ -197,8 +256,25 @@ def parse_textfile(text: str) -> tuple[list[PromBucket], int]:
     return result, bad
 
 
+def _prom_line(line: str) -> tuple[re.Match, dict[str, str], int, float] | None:
+    """A textfile line's match, labels, size bucket and value; None for one that is not Inspector's or whose value
+    is past the JSON lines' bounds."""
+    found = PROM_LINE.match(line)
+    if found is None:
+        return None
+    labels = dict(PROM_LABEL.findall(found.group("labels")))
+    size = message_size_bytes(labels.get("message_size", ""))
+    value = float(found.group("value"))
+    upper = MAX_BUSBW_GBS if found.group("name") == "nccl_bus_bandwidth_gbs" else MAX_EXEC_US
+    if size is None or size > MAX_SIZE_BYTES or "collective" not in labels or not 0 <= value <= upper:
+        return None
+    return found, labels, size, value
+
+
 def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
+    if text is None or not text.isascii() or not text.isdigit() or len(text) > 9:
+        return None
+    return int(text)
 
 
 # -- the per-job summary ------------------------------------------------------------------------------------------

@@ -186,13 +186,22 @@ def peel(line: str) -> str:
     return text
 
 
-def _number(token: str) -> float | None:
-    """A printed figure; None for N/A and for what is not finite (nan, inf)."""
+# What a figure of nccl-tests may be; a row with one past these is not read, since no fabric or run reaches them
+# and the verification exports them.
+MAX_BUSBW_GBPS = 1e4  # 10 TB/s: several times the fastest NVLink a GPU has
+MAX_TIME_US = 3.6e9  # an hour for one collective
+MAX_SIZE_DIGITS = 16  # sizes and counts up to 10^16 (beyond any GPU's memory)
+MAX_RANKS = 1 << 24
+MAX_LINE_CHARS = 64 << 10  # of one line: nccl-tests' rows are a few hundred characters
+
+
+def _number(token: str, upper: float = math.inf) -> float | None:
+    """A printed figure; None for N/A, for what is not finite (nan, inf) and for what is over ``upper``."""
     try:
         value = float(token)
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
+    return value if math.isfinite(value) and value <= upper else None
 
 
 def _is_number(token: str) -> bool:
@@ -201,6 +210,11 @@ def _is_number(token: str) -> bool:
     except ValueError:
         return token == "N/A"
     return True
+
+
+def _count(token: str) -> bool:
+    """A size or an element count as nccl-tests prints it: ASCII digits, no more than ``MAX_SIZE_DIGITS``."""
+    return token.isascii() and token.isdigit() and len(token) <= MAX_SIZE_DIGITS
 
 
 @dataclass
@@ -226,6 +240,9 @@ def _half(fields: list[str], layout: _Layout) -> Half | None:
     values = [_number(time), _number(algbw), _number(busbw)]
     if any(v is not None and v < 0 for v in values):
         return None
+    uppers = (MAX_TIME_US, math.inf, MAX_BUSBW_GBPS)  # algbw of an in-place copy on one GPU is any figure
+    if any(v is not None and v > upper for v, upper in zip(values, uppers)):
+        return None
     wrong_value = None if layout.wrong_column == "error" else _number(wrong)
     if wrong_value is not None and wrong_value < 0:
         return None
@@ -234,7 +251,7 @@ def _half(fields: list[str], layout: _Layout) -> Half | None:
 
 def _row(text: str, layout: _Layout) -> Row | None:
     tokens = text.split()
-    if len(tokens) < 7 or not (tokens[0].isdigit() and tokens[1].isdigit() and _WORD.match(tokens[2])):
+    if len(tokens) < 7 or not (_count(tokens[0]) and _count(tokens[1]) and _WORD.match(tokens[2])):
         return None
     i = 3
     redop = None
@@ -314,7 +331,7 @@ class _PerfReader:
             return
         m = _RANK.match(s)
         if m:
-            if not self.rows:
+            if not self.rows and int(m.group("rank")) < MAX_RANKS:
                 self.ranks.add(int(m.group("rank")))
             self.seen = True
             return
@@ -328,7 +345,7 @@ class _PerfReader:
         m = _AVG.match(s)
         if m:
             if self.avg is None:
-                self.avg, self.avg_check = _number(m.group("value")), m.group("check")
+                self.avg, self.avg_check = _number(m.group("value"), MAX_BUSBW_GBPS), m.group("check")
             self.seen = True
             return
         m = _OOB.match(s)
@@ -385,20 +402,24 @@ class Reading:
     perf: PerfRun | None
     transport: TransportFinding | None
     lines: int = 0
+    skipped: int = 0  # lines that broke the parser, each skipped on its own
 
 
 def read_text(lines: Iterable[str]) -> Reading:
     reader = _PerfReader()
     scanner = TransportScanner()
-    n = 0
+    n = skipped = 0
     for line in lines:
         n += 1
-        text = peel(line)
-        if "NCCL INFO" in text:
-            scanner.feed(text)
-            continue
-        reader.feed(text)
-    return Reading(reader.run(), scanner.finding(), n)
+        try:
+            text = peel(line[:MAX_LINE_CHARS])
+            if "NCCL INFO" in text:
+                scanner.feed(text)
+                continue
+            reader.feed(text)
+        except Exception:  # noqa: BLE001 - one line that breaks the reader is skipped; the rest is still read
+            skipped += 1
+    return Reading(reader.run(), scanner.finding(), n, skipped + scanner.skipped)
 
 
 Verdict = Literal["pass", "fail", "unreadable"]

@@ -48,7 +48,7 @@ _V1 = re.compile(
     r"/slurm(?:_[^/]+)?/uid_(?P<uid>\d+)/(?:job_(?P<job>\d+)|(?P<sluid>[A-Za-z0-9]+))/step_(?P<step>[A-Za-z0-9_]+)(?:/|$)"
 )
 _STEPD_TITLE = re.compile(rb"^slurmstepd: \[(\d+)(?:[._][^\]]*)?\]")
-_JOB_ID_LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+_JOB_ID_LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}\Z")
 _GPU_FILE = re.compile(r"^\d+$")
 _MIG_FILE = re.compile(r"^\d+\.\d+$")
 MAX_MAPPING_FILE_BYTES = 64 * 1024

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -113,8 +114,30 @@ class Mount:
     nfs: NfsStats | None = None
 
 
-def parse_mountstats(text: str) -> list[Mount]:
-    """Every mount of ``text`` (the kernel's ``/proc/self/mountstats``), in its order."""
+# The kernel's counters here are 64-bit: a figure past that is no counter of its, so its line is skipped rather
+# than exported as an absurd value.
+COUNTER_MAX = (1 << 64) - 1
+MAX_DIGITS = 20  # COUNTER_MAX's digits: int() of a longer string is never done
+
+
+_INTEGER = re.compile(r"-?[0-9]+\Z")
+
+
+def _counter(text: str) -> int:
+    """A kernel counter's decimal text; ValueError for anything else, a negative or one past ``COUNTER_MAX``."""
+    digits = text[1:] if text.startswith("-") else text
+    if not digits.isascii() or not digits.isdigit() or len(digits) > MAX_DIGITS:
+        raise ValueError(f"not a counter: {text[:40]!r}")
+    value = int(text)
+    if not 0 <= value <= COUNTER_MAX:
+        raise ValueError(f"a counter out of range: {text[:40]!r}")
+    return value
+
+
+def parse_mountstats(text: str, skipped: Counter | None = None) -> list[Mount]:
+    """Every mount of ``text`` (the kernel's ``/proc/self/mountstats``), in its order. Each line is read on its own:
+    one that breaks the parser is counted in ``skipped`` (as ``unreadable_line``) and the rest still read."""
+    skipped = Counter() if skipped is None else skipped
     mounts: list[Mount] = []
     current: dict | None = None
 
@@ -128,47 +151,57 @@ def parse_mountstats(text: str) -> list[Mount]:
 
     in_ops = False
     for line in text.splitlines():
-        header = _MOUNT_LINE.match(line)
-        if header is not None:
-            finish()
-            device, point, fstype, rest = header.groups()
-            statvers = None
-            if rest and rest.startswith("statvers="):
-                statvers = rest.split("=", 1)[1].strip()
-            current = {
-                "device": unescape(device),
-                "mount_point": unescape(point),
-                "fstype": fstype,
-                "statvers": statvers,
-                "bytes": {},
-                "ops": {},
-                "age": None,
-            }
-            in_ops = False
-            continue
-        if current is None or current["statvers"] is None:
-            continue
-        stripped = line.strip()
-        if not stripped:
-            continue
-        if stripped == "per-op statistics":
-            in_ops = True
-            continue
-        name, _, values = stripped.partition(":")
-        fields = values.split()
-        if in_ops:
-            numbers = _integers(fields)
-            if numbers is not None and len(numbers) >= len(NFS_OP_FIELDS):
-                errors = numbers[len(NFS_OP_FIELDS)] if len(numbers) > len(NFS_OP_FIELDS) else None
-                current["ops"][name.strip()] = NfsOp(**dict(zip(NFS_OP_FIELDS, numbers)), errors=errors)
-        elif name == "bytes":
-            numbers = _integers(fields)
-            if numbers is not None:
-                current["bytes"] = dict(zip(NFS_BYTES_FIELDS, numbers))
-        elif name == "age" and fields and fields[0].isdigit():
-            current["age"] = int(fields[0])
+        try:
+            header = _mount_header(line)
+            if header is not None:
+                finish()
+                current, in_ops = header, False
+            elif current is not None and current["statvers"] is not None:
+                in_ops = _nfs_line(line.strip(), current, in_ops)
+        except Exception:  # noqa: BLE001 - one garbled line is skipped, never the mounts after it
+            skipped["unreadable_line"] += 1
     finish()
     return mounts
+
+
+def _mount_header(line: str) -> dict | None:
+    """A ``device ... mounted on ...`` line as the mount it starts; None for any other line."""
+    header = _MOUNT_LINE.match(line)
+    if header is None:
+        return None
+    device, point, fstype, rest = header.groups()
+    statvers = rest.split("=", 1)[1].strip() if rest and rest.startswith("statvers=") else None
+    return {
+        "device": unescape(device),
+        "mount_point": unescape(point),
+        "fstype": fstype,
+        "statvers": statvers,
+        "bytes": {},
+        "ops": {},
+        "age": None,
+    }
+
+
+def _nfs_line(stripped: str, current: dict, in_ops: bool) -> bool:
+    """One line of an NFS mount's counters into ``current``; whether the per-op lines have begun."""
+    if not stripped:
+        return in_ops
+    if stripped == "per-op statistics":
+        return True
+    name, _, values = stripped.partition(":")
+    fields = values.split()
+    if in_ops:
+        numbers = _counters(fields)
+        if numbers is not None and len(numbers) >= len(NFS_OP_FIELDS):
+            errors = numbers[len(NFS_OP_FIELDS)] if len(numbers) > len(NFS_OP_FIELDS) else None
+            current["ops"][name.strip()] = NfsOp(**dict(zip(NFS_OP_FIELDS, numbers)), errors=errors)
+    elif name == "bytes":
+        numbers = _counters(fields)
+        if numbers is not None:
+            current["bytes"] = dict(zip(NFS_BYTES_FIELDS, numbers))
+    elif name == "age" and fields and fields[0].isascii() and fields[0].isdigit():
+        current["age"] = _counter(fields[0])
+    return in_ops
 
 
 def _integers(fields: list[str]) -> list[int] | None:
@@ -176,6 +209,14 @@ def _integers(fields: list[str]) -> list[int] | None:
         return [int(value) for value in fields]
     except ValueError:
         return None
+
+
+def _counters(fields: list[str]) -> list[int] | None:
+    """The line's counters; None for a line of other words (left alone, as the kernel adds lines), ValueError for
+    digits past ``COUNTER_MAX``."""
+    if not all(_INTEGER.match(value) for value in fields):
+        return None
+    return [_counter(value) for value in fields]
 
 
 # --- /proc/self/mountinfo ----------------------------------------------------------------------------------------
@@ -378,16 +419,23 @@ class NvfsStats:
     gpus: tuple[NvfsGpu, ...] = ()
 
 
-_KEY_VALUE = re.compile(r"([A-Za-z_\-()%/]+)=(-?\d+)")
+_KEY_VALUE = re.compile(r"([A-Za-z_\-()%/]+)=(-?[0-9]+)")
 _GPU_LINE = re.compile(r"^GPU\s+([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+uuid:(\S+)\s*:\s*(.*)$")
 
 
 def _pairs(text: str) -> dict[str, int]:
-    return {key: int(value) for key, value in _KEY_VALUE.findall(text)}
+    pairs = {}
+    for key, value in _KEY_VALUE.findall(text):
+        if len(value.lstrip("-")) > MAX_DIGITS or abs(int(value)) > COUNTER_MAX:
+            raise ValueError(f"{key} is out of range: {value[:40]}")
+        pairs[key] = int(value)
+    return pairs
 
 
-def parse_nvfs_stats(text: str) -> NvfsStats | None:
-    """The driver's statistics; None when ``text`` is not in the ``NVFS statistics`` layout."""
+def parse_nvfs_stats(text: str, skipped: Counter | None = None) -> NvfsStats | None:
+    """The driver's statistics; None when ``text`` is not in the ``NVFS statistics`` layout. Each line is read on
+    its own: one that breaks the parser is counted in ``skipped`` (as ``unreadable_line``) and the rest still read."""
+    skipped = Counter() if skipped is None else skipped
     version = None
     driver = None
     enabled = False
@@ -395,32 +443,14 @@ def parse_nvfs_stats(text: str) -> NvfsStats | None:
     gpus: list[NvfsGpu] = []
     scalars: dict[str, int] = {}
     for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("NVFS statistics(ver:"):
-            version = line[len("NVFS statistics(ver:") :].rstrip(")").strip()
-        elif line.startswith("NVFS Driver(version:"):
-            driver = line[len("NVFS Driver(version:") :].rstrip(")").strip()
-        elif line.startswith("IO stats:"):
-            enabled = line[len("IO stats:") :].strip().lower().startswith("enabled")
-        elif line.startswith("Active Process:"):
-            value = line.split(":", 1)[1].strip()
-            if value.isdigit():
-                scalars["active_processes"] = int(value)
-        elif (gpu := _GPU_LINE.match(line)) is not None:
-            values = _pairs(gpu.group(3))
-            gpus.append(
-                NvfsGpu(
-                    gpu.group(1).lower(),
-                    gpu.group(2),
-                    values.get("Registered_MiB", 0),
-                    values.get("Cache_MiB", 0),
-                    values.get("max_pinned_MiB", 0),
-                    values.get("cross_root_port(%)"),
-                )
-            )
-        elif ":" in line:
-            name, _, rest = line.partition(":")
-            lines.setdefault(name.strip(), []).append(_pairs(rest))
+        try:
+            line = raw.strip()
+            if line.startswith("NVFS statistics(ver:"):
+                version = line[len("NVFS statistics(ver:") :].rstrip(")").strip()
+            else:
+                driver, enabled = _nvfs_line(line, driver, enabled, lines, gpus, scalars)
+        except Exception:  # noqa: BLE001 - one garbled line is skipped, never the lines after it
+            skipped["unreadable_line"] += 1
     if version is None:
         return None
     batches = _merged(lines.get("Batches", []))
@@ -439,6 +469,41 @@ def parse_nvfs_stats(text: str) -> NvfsStats | None:
         errors=errors,
         gpus=tuple(gpus),
     )
+
+
+def _nvfs_line(
+    line: str,
+    driver: str | None,
+    enabled: bool,
+    lines: dict[str, list[dict[str, int]]],
+    gpus: list[NvfsGpu],
+    scalars: dict[str, int],
+) -> tuple[str | None, bool]:
+    """One stripped line of the statistics into ``lines``, ``gpus`` or ``scalars``; the driver and IO stats flag."""
+    if line.startswith("NVFS Driver(version:"):
+        driver = line[len("NVFS Driver(version:") :].rstrip(")").strip()
+    elif line.startswith("IO stats:"):
+        enabled = line[len("IO stats:") :].strip().lower().startswith("enabled")
+    elif line.startswith("Active Process:"):
+        value = line.split(":", 1)[1].strip()
+        if value.isascii() and value.isdigit():
+            scalars["active_processes"] = _counter(value)
+    elif (gpu := _GPU_LINE.match(line)) is not None:
+        values = _pairs(gpu.group(3))
+        gpus.append(
+            NvfsGpu(
+                gpu.group(1).lower(),
+                gpu.group(2),
+                values.get("Registered_MiB", 0),
+                values.get("Cache_MiB", 0),
+                values.get("max_pinned_MiB", 0),
+                values.get("cross_root_port(%)"),
+            )
+        )
+    elif ":" in line:
+        name, _, rest = line.partition(":")
+        lines.setdefault(name.strip(), []).append(_pairs(rest))
+    return driver, enabled
 
 
 def _merged(parts: list[dict[str, int]]) -> dict[str, int]:
@@ -463,7 +528,7 @@ def _direction(values: dict[str, int], mib_key: str) -> NvfsDirection:
 NVFS_STATS = os.path.join("driver", "nvidia-fs", "stats")
 
 
-def read_nvfs_stats(procfs: str) -> NvfsStats | None:
+def read_nvfs_stats(procfs: str, skipped: Counter | None = None) -> NvfsStats | None:
     """The driver's statistics; None when the nvidia-fs module is not loaded (no ``driver/nvidia-fs/stats``).
 
     Raises OSError for a file that exists but cannot be read, and ValueError for one in another layout."""
@@ -473,7 +538,7 @@ def read_nvfs_stats(procfs: str) -> NvfsStats | None:
             text = handle.read()
     except FileNotFoundError:
         return None
-    stats = parse_nvfs_stats(text)
+    stats = parse_nvfs_stats(text, skipped)
     if stats is None:
         raise ValueError(f"{path} is not in the NVFS statistics layout")
     return stats

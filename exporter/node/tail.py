@@ -13,6 +13,10 @@ What it survives:
 - **lines of megabytes**: a line longer than ``max_line_bytes`` is dropped, its bytes never held past the cap,
   and counted (``line_too_long``); the reader takes at most ``read_budget`` bytes of a file per wake, so a flood in
   one file does not starve the others.
+- **a burst, then a rotation**: the rest of the old file is read ``read_budget`` bytes a pass, like any read, and
+  its successor only after it: memory holds one budget and one line of a file at most, never the whole backlog.
+- **symbolic links**: only regular files whose real path lies under the fixed part of their glob are opened (the
+  last component with ``O_NOFOLLOW``); a link leading elsewhere is counted as ``outside_path`` and never opened.
 - **binary garbage**: NUL bytes (a non-append writer after copytruncate leaves a hole of them) are removed and
   invalid UTF-8 is replaced (U+FFFD), each counted, never raised.
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
 import threading
 import time
@@ -58,6 +63,19 @@ class Lines:
     lines: list[str]
     read_time: float
     kind: str
+
+
+_WILDCARD = re.compile(r"[*?[]")
+
+
+def _confinement(pattern: str) -> str:
+    """The real directory a glob's files must lie under: its longest leading part without a wildcard."""
+    parts = []
+    for part in os.path.abspath(pattern).split(os.sep)[:-1]:
+        if _WILDCARD.search(part):
+            break
+        parts.append(part)
+    return os.path.realpath(os.sep.join(parts) or os.sep)
 
 
 class _File:
@@ -95,6 +113,9 @@ class Follower:
         self.clock = clock
         self.errors: Counter = Counter()
         self._files: dict[str, _File] = {}
+        # Rotated or removed files whose rest is still being read, ``read_budget`` per pass, by the path they had:
+        # that path's new file waits until its predecessor is done, so lines stay in order.
+        self._draining: dict[str, _File] = {}
         self._started = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -123,9 +144,10 @@ class Follower:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with self._lock:
-            for file in list(self._files.values()):
+            for file in [*self._files.values(), *self._draining.values()]:
                 self._close(file)
             self._files.clear()
+            self._draining.clear()
             if self._inotify is not None:
                 self._inotify.close()
                 self._inotify = None
@@ -171,18 +193,21 @@ class Follower:
         with self._lock:
             first = not self._started
             self._started = True
-            paths: set[str] = set()
+            for path, old in list(self._draining.items()):
+                self._drain(old)
+            paths: dict[str, str] = {}  # path -> the directory its pattern confines it to
             for pattern in self.patterns:
                 try:
-                    paths.update(glob.glob(pattern))
+                    for path in glob.glob(pattern):
+                        paths.setdefault(path, _confinement(pattern))
                 except OSError:
                     self.errors["glob_failed"] += 1
             for path in list(self._files):
                 if path not in paths:  # removed or renamed away: what is left in it is still ours
-                    gone = self._files.pop(path)
-                    self._drain(gone)
-                    self._close(gone)
+                    self._drain(self._files.pop(path))
             for path in sorted(paths):
+                if path in self._draining:
+                    continue  # its predecessor's rest first: the next pass opens the new file
                 try:
                     st = os.stat(path)
                 except OSError:
@@ -192,24 +217,39 @@ class Follower:
                 file = self._files.get(path)
                 if file is not None and (file.dev, file.ino) != (st.st_dev, st.st_ino):
                     self.errors["rotated"] += 1
-                    self._drain(file)
-                    self._close(file)
+                    self._drain(self._files.pop(path))
+                    if path in self._draining:
+                        continue
                     file = None
-                    del self._files[path]
                 if file is None:
-                    file = self._open(path, resume=first)
+                    file = self._open(path, resume=first, within=paths[path])
                     if file is None:
                         continue
                     continue  # _open read what it needed
                 self._read_current(file, st)
 
     # -- files --------------------------------------------------------------------------------------------
-    def _open(self, path: str, resume: bool) -> _File | None:
+    def _open(self, path: str, resume: bool, within: str = os.sep) -> _File | None:
+        """Open ``path`` if it is a regular file whose real location is under ``within``: a symbolic link that
+        leads elsewhere (a log path made a link to a password file) is never opened, and counted as
+        ``outside_path``; the final component is opened with O_NOFOLLOW, so a link swapped in after the check is
+        refused too."""
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, within]) != within:
+            self.errors["outside_path"] += 1
+            return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            st = os.fstat(fd)
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
             self.errors["open_failed"] += 1
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            self.errors["not_a_regular_file"] += 1
             return None
         file = _File(path, fd, st)
         self._files[path] = file
@@ -263,16 +303,26 @@ class Follower:
             self._read(file, LIVE)
 
     def _drain(self, file: _File) -> None:
-        """The rest of a file that is going away, through the descriptor still open, and its unfinished line."""
+        """The rest of a file that is going away, through the descriptor still open, and its unfinished line.
+
+        At most ``read_budget`` bytes a pass, like any read: a burst of 100 MB before a rotation is read over
+        several passes (the file waits in ``_draining``), never into memory at once."""
         try:
-            if os.fstat(file.fd).st_size < file.offset:
-                file.offset = 0
+            size = os.fstat(file.fd).st_size
         except OSError:
+            size = -1
+        if size >= 0 and size < file.offset:
+            file.offset = 0
+        if size >= 0:
+            self._read(file, LIVE)
+        if 0 <= file.offset < size:
+            self._draining[file.path] = file  # more next pass
             return
-        self._read(file, LIVE, limit=1 << 62)
+        self._draining.pop(file.path, None)
         if file.partial and not file.dropping:
             self._deliver(file, [self._decode(file.partial)], LIVE)
         file.partial = b""
+        self._close(file)
 
     def _close(self, file: _File) -> None:
         self._retired[(file.dev, file.ino)] = (file.offset, self._signature(file.fd, file.offset))

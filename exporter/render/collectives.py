@@ -21,7 +21,7 @@ from exporter.sources.logs import LogCollectives, LogsSample
 from exporter.sources.nccl import NcclSample
 
 MAX_COLLECTIVES = 8  # kinds of collective per job: NCCL has seven; a stranger name past them is left out
-COLLECTIVE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,31}$")
+COLLECTIVE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,31}\Z")
 
 
 def nccl_families(sample: NcclSample) -> Iterator[Metric]:

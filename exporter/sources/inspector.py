@@ -32,6 +32,7 @@ from exporter.nccl.inspector import (
     PROM_FILE,
     CollectiveSummary,
     CollectiveTally,
+    LineError,
     parse_line,
     parse_textfile,
     shortest_outlier,
@@ -183,13 +184,17 @@ class InspectorFiles:
         for raw in lines:
             if not raw.strip():
                 continue
+            if len(raw) > MAX_LINE_BYTES:  # Inspector's lines are a few hundred bytes; a huge one is not its
+                errors["line_too_long"] += 1
+                continue
             try:
                 item = parse_line(raw.decode("utf-8", "replace"))
-            except ValueError:
-                errors["unreadable_line"] += 1
-                continue
-            if item is not None:
-                tally.add(item, who)
+                if item is not None:
+                    tally.add(item, who)
+            except LineError as error:
+                errors[error.reason] += 1
+            except Exception as error:  # noqa: BLE001 - one line that breaks the parser is skipped, not the chunk
+                errors[f"unreadable_line_{type(error).__name__}"] += 1
         return len(chunk)
 
     def _read_prom(self, path: str, tally: CollectiveTally, who: str, errors: Counter) -> int:

@@ -91,22 +91,29 @@ class LogsSample:
 class _JobScanners:
     """A job's NCCL and straggler lines, over all its files, scanned as they are read (bounded state)."""
 
-    __slots__ = ("transport", "straggler")
+    __slots__ = ("transport", "straggler", "skipped")
 
     def __init__(self) -> None:
         self.transport = TransportScanner()
         self.straggler = StragglerScanner()
+        self.skipped = 0
 
     def feed(self, lines: Iterable[str]) -> None:
         for line in lines:
-            if "NCCL INFO" in line:  # the scanner's own test, without its regex on every line of the log
-                if "NCCL INFO NCCL version" in line:  # a new run's NCCL starts: what the last one chose is over
-                    self.transport = TransportScanner()
-                self.transport.feed(line)
-            elif "Rnk:" in line or "performance:" in line or "Score=" in line or "performing" in line:
-                self.straggler.feed(line)
-            elif self.straggler.in_block:
-                self.straggler.feed(line)  # any other line ends an nvidia-resiliency-ext score block
+            try:
+                self._feed(line)
+            except Exception:  # noqa: BLE001 - a line that breaks a scanner is skipped; the rest is read
+                self.skipped += 1
+
+    def _feed(self, line: str) -> None:
+        if "NCCL INFO" in line:  # the scanner's own test, without its regex on every line of the log
+            if "NCCL INFO NCCL version" in line:  # a new run's NCCL starts: what the last one chose is over
+                self.transport = TransportScanner()
+            self.transport.feed(line)
+        elif "Rnk:" in line or "performance:" in line or "Score=" in line or "performing" in line:
+            self.straggler.feed(line)
+        elif self.straggler.in_block:
+            self.straggler.feed(line)  # any other line ends an nvidia-resiliency-ext score block
 
     def reading(self) -> LogCollectives:
         return LogCollectives(self.transport.finding(), self.straggler.finding())
@@ -243,6 +250,7 @@ class LogsSource:
                 total += followed.stream.errors
             for joblog in self._joblogs.values():
                 total += joblog.skipped
+            total["unreadable_line"] += sum(scanners.skipped for scanners in self._scanners.values())
         for benign in ("rotated", "truncated", "ambiguous_line"):
             total.pop(benign, None)  # what logs do, not problems: they show in the status
         errors = Counter({k: v - self._reported[k] for k, v in total.items() if v > self._reported[k]})

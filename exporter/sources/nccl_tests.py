@@ -119,6 +119,8 @@ class NcclTests:
                 path, mtime, "unreadable", False, None, None, None, expected, None, None, (str(exc),), self.series
             )
         reading, judgement = verify(lines, expectation)
+        if reading.skipped:
+            errors["unreadable_line"] += reading.skipped
         perf, transport = reading.perf, reading.transport
         measured = judgement.measured_busbw_gbps
         return NcclTestReading(

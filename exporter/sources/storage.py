@@ -108,7 +108,7 @@ class StorageSource:
 
     def sample(self) -> Snapshot:
         errors: Counter = Counter()
-        mounts = self._mounts() if self._paths else []
+        mounts = self._mounts(errors) if self._paths else []
         followed: dict[str, tuple[Mount, list[tuple[str, str]]]] = {}
         unplaced = []
         for (job, role), paths in self._paths.items():
@@ -147,11 +147,11 @@ class StorageSource:
 
     # internals
 
-    def _mounts(self) -> list[Mount]:
+    def _mounts(self, errors: Counter) -> list[Mount]:
         path = os.path.join(self._procfs, self._mount_table)
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
-                return parse_mountstats(handle.read())
+                return parse_mountstats(handle.read(), errors)
         except OSError as exc:
             raise SourceUnavailable("no_mountstats", f"cannot read {path}: {exc.strerror}", retry_after=60.0) from exc
 
@@ -229,7 +229,7 @@ class StorageSource:
         if self._gds is Enabled.FALSE:
             return None, "disabled (sources.storage.gds: false)"
         try:
-            stats = read_nvfs_stats(self._procfs)
+            stats = read_nvfs_stats(self._procfs, errors)
         except (OSError, ValueError) as exc:
             errors["gds_unreadable"] += 1
             return None, f"unreadable: {exc}"

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
@@ -140,7 +141,7 @@ async def get_ledger(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].status())
+    return web.json_response({**request.app[SERVICE].status(), "web_config": request.app[WEB_SECURITY].status()})
 
 
 STATIC = Path(__file__).parent / "static"
@@ -209,6 +210,28 @@ def split_listen_address(address: str) -> tuple[str | None, int]:
     return (host or None), int(port)
 
 
+def listening_sockets(host: str | None, port: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (every interface when None), as asyncio's create_server
+    binds them: SO_REUSEADDR, IPv6 sockets IPv6 only. OSError when any cannot be bound; none is left open then."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(128)
+            sock.setblocking(False)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
 async def serve(
     service: Service,
     on_started: Callable[[list[str]], None] | None = None,
@@ -223,18 +246,21 @@ async def serve(
     service.export_process_metrics()  # the daemon's own CPU and memory, beside what it measures
     app = create_app(service, documents=documents)
     security = app[WEB_SECURITY]
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None, **HTTP_LIMITS)
-    await runner.setup()
     host, port = split_listen_address(service.settings.web.listen_address)
     ssl_context = security.server_ssl_context()
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+    # The port is bound before the app starts, and with it the sources: a port in use is one line and exit, with no
+    # source thread started to fail behind it.
     try:
-        await site.start()
+        sockets = await loop.run_in_executor(None, listening_sockets, host, port)
     except OSError as exc:
-        await runner.cleanup()
+        await security.close()
         raise SystemExit(
-            f"mfu-exporter: cannot listen on {service.settings.web.listen_address}: {exc.strerror}"
+            f"mfu-exporter: cannot listen on {service.settings.web.listen_address}: {exc.strerror or exc}"
         ) from None
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None, **HTTP_LIMITS)
+    await runner.setup()
+    for sock in sockets:
+        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
     scheme = "https" if ssl_context else "http"
     urls = [f"{scheme}://{'localhost' if host in (None, '0.0.0.0', '::') else host}:{port}/"]
     log.info("mfu-exporter %s listening on %s (%s)", __version__, service.settings.web.listen_address, scheme)

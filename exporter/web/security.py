@@ -34,7 +34,15 @@ from exporter.config import (
     ConfigError,
     typed_config,
 )
-from exporter.web.webconfig import NO_WEB_CONFIG, Reloading, TlsSettings, WebConfig, load_ingest_token, load_web_config
+from exporter.web.webconfig import (
+    NO_WEB_CONFIG,
+    RETRY_SECONDS,
+    Reloading,
+    TlsSettings,
+    WebConfig,
+    load_ingest_token,
+    load_web_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +91,21 @@ INGEST_REQUESTS_PER_JOB = 2
 INGEST_TIMEOUT_SECONDS = 10.0
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# A verified password is trusted this long after its last use, so a scraper every 15 s pays bcrypt once, not every
+# minute, and a flood of wrong guesses never delays it.
 PASSWORD_CACHE_SECONDS = 60.0
 PASSWORD_CACHE_SIZE = 256
+# bcrypt runs in this many threads: off the event loop, and a flood of guesses uses two cores at most, never all.
+BCRYPT_WORKERS = 2
+# Password checks one client address may have running at once: more answer 429 at once, so a client with
+# many connections holds one bcrypt worker at most and the other is free for everyone else.
+CHECKS_PER_CLIENT = 1
+CHECKS_IN_ALL = 32  # over every address: a botnet of addresses is answered 429 beyond it, not queued
+# Failed password checks allowed per client address: a burst of FAILURES_BURST, then one per FAILURE_INTERVAL;
+# beyond that the address gets 429 without a bcrypt check until the allowance refills.
+FAILURES_BURST = 10
+FAILURE_INTERVAL = 6.0
+FAILURE_CLIENTS = 4096  # addresses whose failures are remembered; the oldest is forgotten first
 
 BASIC_CHALLENGE = 'Basic realm="mfu-exporter", charset="UTF-8"'
 BEARER_CHALLENGE = 'Bearer realm="mfu-exporter ingest"'
@@ -102,11 +123,14 @@ class TokenBucket:
         self._tokens = float(burst)
         self._updated = clock()
 
-    def allow(self) -> bool:
-        now = self._clock()
+    def tokens(self, now: float) -> float:
+        """What is left now, refilled for the time since the last use."""
         self._tokens = min(self.burst, self._tokens + (now - self._updated) / self.interval)
         self._updated = now
-        if self._tokens >= 1:
+        return self._tokens
+
+    def allow(self) -> bool:
+        if self.tokens(self._clock()) >= 1:
             self._tokens -= 1
             return True
         return False
@@ -167,7 +191,7 @@ class WebSecurity:
         self._clock = clock
         self._checkpw = checkpw
         self._tls_at_start: bool | None = None
-        self._web = Reloading(web_config_file, self._load_web, self._web_changed) if web_config_file else None
+        self._web = Reloading(web_config_file, self._load_web, self._web_changed, clock) if web_config_file else None
         web_config = self._web.value if self._web else NO_WEB_CONFIG
         self._tls_at_start = web_config.tls is not None
         self._tls: TlsSettings | None = web_config.tls
@@ -175,8 +199,9 @@ class WebSecurity:
         self._bucket = TokenBucket(*web_config.rate_limit, clock) if web_config.rate_limit else None
         self._token = Reloading(token_file, load_ingest_token) if token_file else None
         self._verified: dict[tuple[str, bytes, bytes], float] = {}
-        # One thread: bcrypt runs off the event loop, and a flood of guesses uses one core, never all of them.
-        self._bcrypt = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
+        self._bcrypt = ThreadPoolExecutor(max_workers=BCRYPT_WORKERS, thread_name_prefix="bcrypt")
+        self._checks: dict[str, int] = {}  # client address -> password checks queued or running
+        self._failures: dict[str, TokenBucket] = {}  # client address -> its allowance of failed checks
         self._ingest_active = 0
 
     @classmethod
@@ -192,6 +217,13 @@ class WebSecurity:
     @property
     def ingest_in_flight(self) -> int:
         return self._ingest_active
+
+    def status(self) -> dict[str, Any]:
+        """The web config's state for the status document: its file, and why it is refused when it is."""
+        if self._web is None:
+            return {"file": None, "error": None}
+        self._web.current()
+        return {"file": self._web.path, "error": self._web.error}
 
     @property
     def tls_enabled(self) -> bool:
@@ -259,7 +291,14 @@ class WebSecurity:
     async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         config = self._web.current() if self._web else NO_WEB_CONFIG
         if config is None:
-            return web.Response(status=500, text="the exporter's web config is invalid; see the exporter's log\n")
+            # Liveness stays up: a restart would not mend the file, and it reveals nothing.
+            if request.path == "/healthz":
+                return await handler(request)
+            return web.Response(
+                status=503,
+                text="the exporter's web config is invalid; see the exporter's log\n",
+                headers={"Retry-After": str(int(RETRY_SECONDS))},
+            )
         if self._bucket is not None and not self._bucket.allow():
             return web.Response(status=429, text="Too Many Requests\n")
         if config.tls is not None and config.tls.allowed_sans and not self._client_allowed(request, config.tls):
@@ -268,7 +307,14 @@ class WebSecurity:
             return await self._ingest(request, handler)
         if config.users and request.path not in PROBE_PATHS:
             credentials = _basic_credentials(request.headers.get("Authorization"))
-            if credentials is None or not await self._password_ok(config, *credentials):
+            verdict = False if credentials is None else await self._password_ok(config, *credentials, request.remote)
+            if verdict is None:
+                return web.Response(
+                    status=429,
+                    text="Too many password checks from this address; retry later\n",
+                    headers={"Retry-After": str(int(FAILURE_INTERVAL))},
+                )
+            if not verdict:
                 return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": BASIC_CHALLENGE})
         return await handler(request)
 
@@ -286,23 +332,53 @@ class WebSecurity:
         names = {value for _, value in (certificate or {}).get("subjectAltName", ())}
         return bool(names & tls.allowed_sans)
 
-    async def _password_ok(self, config: WebConfig, user: str, password: bytes) -> bool:
+    async def _password_ok(self, config: WebConfig, user: str, password: bytes, client: str | None) -> bool | None:
+        """Whether the password is the user's; None when the client address has spent its password checks (429).
+
+        A cached success answers without bcrypt or any limit, and its minute starts again, so a scraper that was
+        verified once is answered at once however many wrong guesses are queued beside it."""
         hashed = config.users.get(user)
         key = (user, hashed or b"", hashlib.sha256(password).digest())
         now = self._clock()
         if hashed is not None and self._verified.get(key, 0.0) > now:
+            self._verified[key] = now + PASSWORD_CACHE_SECONDS
             return True
-        # bcrypt reads only 72 bytes; htpasswd and Go's bcrypt truncate the same way, so their hashes keep working.
-        target = hashed if hashed is not None else config.dummy_hash
-        loop = asyncio.get_running_loop()
-        matches = await loop.run_in_executor(self._bcrypt, self._checkpw, password[:72], target)
+        address = client or ""
+        failures = self._failures.get(address)
+        if failures is not None and failures.tokens(now) < 1:
+            return None
+        queued = self._checks.get(address, 0)
+        if queued >= CHECKS_PER_CLIENT or sum(self._checks.values()) >= CHECKS_IN_ALL:
+            return None
+        self._checks[address] = queued + 1
+        try:
+            # bcrypt reads only 72 bytes; htpasswd and Go's bcrypt truncate the same way, so their hashes keep working.
+            target = hashed if hashed is not None else config.dummy_hash
+            loop = asyncio.get_running_loop()
+            matches = await loop.run_in_executor(self._bcrypt, self._checkpw, password[:72], target)
+        finally:
+            self._checks[address] -= 1
+            if not self._checks[address]:
+                del self._checks[address]
+        now = self._clock()
         if not (matches and hashed is not None):
+            self._failed(address, now)
             return False
         self._verified = {k: expiry for k, expiry in self._verified.items() if expiry > now}
         if len(self._verified) >= PASSWORD_CACHE_SIZE:
             del self._verified[next(iter(self._verified))]
         self._verified[key] = now + PASSWORD_CACHE_SECONDS
         return True
+
+    def _failed(self, address: str, now: float) -> None:
+        """One failed check of ``address``, taken from its allowance."""
+        bucket = self._failures.pop(address, None)  # re-inserted last: the dict's order is the age of last use
+        if bucket is None:
+            bucket = TokenBucket(FAILURE_INTERVAL, FAILURES_BURST, self._clock)
+            while len(self._failures) >= FAILURE_CLIENTS:
+                del self._failures[next(iter(self._failures))]
+        bucket.allow()
+        self._failures[address] = bucket
 
     async def _ingest(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         refusal = self._ingest_refusal(request)

@@ -10,7 +10,7 @@ import os
 import re
 import ssl
 import stat
-import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
@@ -65,9 +65,9 @@ CONFIGURABLE_HEADERS: dict[str, tuple[str, ...] | None] = {
     "X-Frame-Options": ("deny", "sameorigin"),
     "X-XSS-Protection": None,
 }
-BCRYPT_HASH = re.compile(r"^\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}$")
+BCRYPT_HASH = re.compile(r"^\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}\Z")
 HASH_FORM = "a bcrypt hash like $2y$10$... (make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')"
-TOKEN_FORM = re.compile(r"^[\x21-\x7e]+$")
+TOKEN_FORM = re.compile(r"^[\x21-\x7e]+\Z")
 
 
 def _client_auth_type(value: Any) -> str:
@@ -284,22 +284,20 @@ def _load_tls(file: str, base: str, tls: dict) -> tuple[TlsSettings, list[str]]:
     cert = _read_pem(file, base, key, "cert_file", tls, "CERTIFICATE", watched)
     private_key = _read_pem(file, base, key, "key_file", tls, "PRIVATE KEY", watched)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    # load_cert_chain takes only paths; inline PEM goes through a private directory that lives for this call only.
-    with tempfile.TemporaryDirectory(prefix="mfu-exporter-tls-") as private:
-        paths = []
-        for name, text in (("cert.pem", cert), ("key.pem", private_key)):
-            path = os.path.join(private, name)
-            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as handle:
-                handle.write(text)
-            paths.append(path)
-        try:
-            context.load_cert_chain(*paths)
-        except ssl.SSLError as exc:
-            raise ConfigError(
-                file,
-                key + ("key_file" if tls["key_file"] else "key"),
-                f"the private key of the certificate ({exc.reason or exc})",
-            ) from None
+    try:
+        _load_cert_chain(context, cert, private_key)
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            file,
+            key + ("key_file" if tls["key_file"] else "key"),
+            f"the private key of the certificate ({exc.reason or exc})",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            file,
+            key + ("cert_file" if tls["cert_file"] else "cert"),
+            f"a certificate loaded from memory, which needs /proc mounted ({exc.strerror or exc})",
+        ) from None
     if has_client_ca:
         client_ca = _read_pem(file, base, key, "client_ca_file", tls, "CERTIFICATE", watched)
         try:
@@ -320,6 +318,27 @@ def _load_tls(file: str, base: str, tls: dict) -> tuple[TlsSettings, list[str]]:
     )
     settings.apply_policy(context)
     return settings, watched
+
+
+def _load_cert_chain(context: ssl.SSLContext, cert: str, private_key: str) -> None:
+    """Load PEM text without writing it to any file system.
+
+    ``load_cert_chain`` takes only paths, so the text goes into anonymous memory files read through /proc/self/fd.
+    Nothing is written under TMPDIR: the DaemonSet's root file system is read-only, and a full temp directory must
+    not stop a reload.
+    """
+    handles = []
+    try:
+        for name, text in (("cert", cert), ("key", private_key)):
+            handle = os.memfd_create(f"mfu-exporter-tls-{name}", os.MFD_CLOEXEC)
+            handles.append(handle)
+            data = text.encode()
+            while data:
+                data = data[os.write(handle, data) :]
+        context.load_cert_chain(*(f"/proc/self/fd/{handle}" for handle in handles))
+    finally:
+        for handle in handles:
+            os.close(handle)
 
 
 def _read_pem(file: str, base: str, key: str, file_key: str, tls: dict, marker: str, watched: list[str]) -> str:
@@ -387,12 +406,19 @@ def _stamp(paths: tuple[str, ...]) -> tuple:
     return tuple(stamps)
 
 
+# How soon a load that failed is tried again with its files unchanged: a full disk or a missing mount may clear by
+# itself, and one attempt every few seconds costs nothing next to the requests refused meanwhile.
+RETRY_SECONDS = 5.0
+
+
 class Reloading(Generic[T]):
     """A value loaded from files and loaded again when any of them changes.
 
     Checked with ``stat`` on each use (a few microseconds next to serving a request), so rotation needs neither a
     restart nor a signal. While the files are invalid, ``current()`` is None and ``error`` says why: callers fail
-    closed, because keeping the last good value would keep a removed user signed in.
+    closed, because keeping the last good value would keep a removed user signed in. Any exception of a reload
+    counts as invalid, not only ``ConfigError``: an I/O error halfway through must not leave the old value in force.
+    A failed load is tried again when the files change or ``RETRY_SECONDS`` later.
     """
 
     def __init__(
@@ -400,25 +426,31 @@ class Reloading(Generic[T]):
         path: str,
         load: Callable[[str], tuple[T, tuple[str, ...]]],
         on_change: Callable[[T], None] = lambda value: None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.path = path
         self._load = load
         self._on_change = on_change
+        self._clock = clock
         self.value, self._watched = load(path)
         self._stamp = _stamp(self._watched)
         self.error: str | None = None
+        self.failed_at: float | None = None
 
     def current(self) -> T | None:
         stamp = _stamp(self._watched)
-        if stamp != self._stamp:
+        retry = self.failed_at is not None and self._clock() - self.failed_at >= RETRY_SECONDS
+        if stamp != self._stamp or retry:
             self._stamp = stamp
             try:
                 value, watched = self._load(self.path)
-            except ConfigError as exc:
-                self.error = str(exc)
-                log.error("%s; failing closed until it is fixed", exc)
+            except Exception as exc:  # noqa: BLE001 - whatever broke the load, the old value must not stay in force
+                error = str(exc) if isinstance(exc, ConfigError) else f"{self.path}: {type(exc).__name__}: {exc}"
+                if error != self.error:
+                    log.error("%s; refusing requests until it loads", error)
+                self.error, self.failed_at = error, self._clock()
             else:
-                self.value, self.error = value, None
+                self.value, self.error, self.failed_at = value, None, None
                 self._watched, self._stamp = watched, _stamp(watched)
                 self._on_change(value)
                 log.info("reloaded %s", self.path)

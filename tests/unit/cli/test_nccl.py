@@ -219,3 +219,44 @@ def test_check_adds_the_nccl_verification(tmp_path: Path, monkeypatch) -> None:
 def test_check_with_an_unreadable_nccl_file_exits_2(tmp_path: Path) -> None:
     node = hgx_node(tmp_path / "node")
     assert main(["check", "--path.sysfs", str(node.sys), "--nccl", str(tmp_path / "missing.txt")]) == 2
+
+
+@pytest.mark.parametrize("content", [None, b"\x00\xff\xfe binary \x80\x81", b""])
+def test_json_is_printed_with_the_reason_for_missing_binary_and_empty_files(tmp_path: Path, content) -> None:
+    path = tmp_path / "out.txt"
+    if content is not None:
+        path.write_bytes(content)
+    code, out = nccl(str(path), "--json", "--expect-busbw", "400")
+    document = json.loads(out)
+    assert code == 2
+    assert document["verdict"] == "unreadable" and document["perf"] is None
+    assert document["reasons"] and all(isinstance(reason, str) and reason for reason in document["reasons"])
+    if content is None:
+        assert "No such file" in document["reasons"][0]
+
+
+def test_a_closed_pipe_ends_quietly_with_the_verdicts_exit_code(tmp_path: Path) -> None:
+    good = write(tmp_path, PERF["coreweave-nccl-tests-43-nvl72"].lines)
+    # The reader is gone before the command writes (as `| head` after its lines): the write meets EPIPE.
+    child = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "nccl", good, "--json", "--expect-busbw", "400"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    child.stdout.close()
+    stderr = child.stderr.read().decode()
+    assert child.wait() == 0
+    assert stderr == ""
+
+
+@pytest.mark.parametrize(
+    "command,required",
+    [("check", []), ("nccl", ["out.txt"]), ("plan", ["--params", "7B", "--tokens", "1T"]), ("healthcheck", [])],
+)
+def test_a_bad_flag_prints_the_subcommands_own_usage(command, required, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([command, *required, "--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: mfu-exporter {command} ")
+    assert "unrecognized arguments: --bogus" in err

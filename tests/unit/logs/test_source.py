@@ -4,6 +4,7 @@ job whose progress only one of two nodes sees."""
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -126,6 +127,22 @@ def test_torchtitan_log_gives_the_api_mfu_and_its_own(tmp_path, world_size):
     assert status["format"] == "torchtitan" and status["unrecognised"] is None
     totals = checkpoints.totals()["llm"]
     assert totals.writes == 1 and checkpoints.overlap("llm", 60)["last_duration_seconds"] == 2.5
+
+
+@pytest.mark.parametrize("hostile", ["9" * 5000, "9" * 400, str(2**60)], ids=["5000-digits", "400-digits", "2^60"])
+def test_a_hostile_step_is_one_skipped_line_and_the_rest_of_the_chunk_is_read(tmp_path, hostile):
+    clock = Clock(END + 1)
+    lines = torchtitan_log()
+    first = next(i for i, line in enumerate(lines) if "step: 10 " in line)
+    lines.insert(first + 1, lines[first].replace("step: 10 ", f"step: {hostile} ", 1))
+    write(tmp_path / "train.log", lines)
+    source, tracker, _ = build([{"path": str(tmp_path / "*.log"), "job": "llm"}], {"llm": {"params": PARAMS}}, clock)
+    view, snapshot = run_source(source, tracker)
+    assert view.step == 60  # every line after the hostile one was read
+    assert view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
+    assert sum(snapshot.errors.values()) >= 1 and "consumer_failed" not in snapshot.errors
+    values = [s.value for family in job_families(tracker.views()) for s in family.samples]
+    assert all(math.isfinite(v) for v in values)
 
 
 def test_a_discovered_pods_per_gpu_log_counts_its_own_gpus_from_the_first_line(tmp_path):

@@ -324,3 +324,25 @@ async def test_the_api_frees_the_cap_on_finish_and_shows_why_an_mfu_was_withheld
     body = await (await client.get("/metrics")).text()
     assert 'mfu_job_state{state="finished",training_job="a"} 1.0' in body
     assert 'mfu_job_tokens_total{training_job="a"} 2e+06' in body
+
+
+@pytest.mark.parametrize(
+    "parse,body,field",
+    [
+        (parse_progress, {"job": "j1\n", "tokens_total": 1}, "job"),
+        (parse_progress, {"job": "j1", "tokens_total": 1, "run": "r1\n"}, "run"),
+        (parse_checkpoint_event, {"job": "j1\n", "checkpoint": "step-1"}, "job"),
+        (parse_checkpoint_event, {"job": "j1", "checkpoint": "step-1\n"}, "checkpoint"),
+    ],
+)
+def test_a_trailing_newline_never_passes_a_name_check(parse, body, field):
+    # "$" matches before a final newline; the names are matched whole, so "j1\n" is refused, not a new label value.
+    with pytest.raises(ValidationError) as refused:
+        parse(body, NOW)
+    assert refused.value.field == field
+
+
+def test_a_config_job_name_with_a_trailing_newline_is_refused():
+    with pytest.raises(ConfigError) as refused:
+        validate({"jobs": {"j1\n": {"params": "7B"}}})
+    assert "jobs" in str(refused.value)

@@ -206,3 +206,47 @@ def test_a_quiet_log_does_not_wake_the_follower_more_than_once_an_interval(tmp_p
     # late thread only makes the gaps longer). Half an interval allows for the poll's own time before its stamp.
     gaps = [b - a for a, b in zip(polls, polls[1:])]
     assert min(gaps) >= interval / 2, gaps
+
+
+def test_a_log_path_that_is_a_symlink_leading_outside_its_directory_is_never_opened(tmp_path, monkeypatch):
+    logs, secret = tmp_path / "logs", tmp_path / "shadow"
+    (logs / "run-2").mkdir(parents=True)
+    secret.write_text("root:$6$hash:19000:0:99999:7:::\n")
+    (logs / "evil.log").symlink_to(secret)
+    (logs / "run-2" / "train.log").write_text("step: 1\n")
+    (logs / "current.log").symlink_to(logs / "run-2" / "train.log")  # a link that stays inside: followed
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(
+        os, "open", lambda path, *args, **kwargs: opened.append(str(path)) or real_open(path, *args, **kwargs)
+    )
+    sink = Sink()
+    follower = Follower([str(logs / "*.log")], sink, use_inotify=False)
+    follower.poll()
+    assert str(secret) not in opened
+    assert sink.lines() == ["step: 1"]
+    assert follower.error_counts()["outside_path"] == 1
+
+
+def test_a_burst_then_a_rotation_is_read_in_bounded_chunks_in_order(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_bytes(b"")
+    sink = Sink()
+    budget = 1 << 20
+    follower = Follower([str(path)], sink, use_inotify=False, read_budget=budget)
+    follower.poll()
+    line = "step: {:>8}  loss: 2.0  tps: 6,875  tflops: 358.12  mfu: 36.21%  " + "x" * 40 + "\n"
+    burst = 400_000  # about 40 MB
+    with open(path, "a") as out:
+        out.writelines(line.format(i) for i in range(burst))
+    os.rename(path, tmp_path / "train.log.1")
+    path.write_text(line.format(burst))
+    for _ in range(100):
+        follower.poll()
+        if len(sink.lines()) > burst:
+            break
+    sizes = [sum(len(text) + 1 for text in batch.lines) for batch in sink.batches]
+    assert max(sizes) <= budget + len(line)  # one read budget at a time, and the line it cut in two
+    assert len(sizes) >= 40  # the burst arrived in chunks, not one list
+    numbers = [int(text.split()[1]) for text in sink.lines()]
+    assert numbers == list(range(burst + 1))  # the old file to its end, then the new one

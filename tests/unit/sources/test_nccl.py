@@ -124,3 +124,28 @@ def test_the_prometheus_textfile_by_gpu_uuid(tmp_path):
     )
     assert "mfu_job_nccl_collectives" not in exported  # the textfile has means, not counts
     assert source.sample().status["inspector"]["bytes_read"] == 0  # not rewritten since: not read again
+
+
+def test_hostile_inspector_lines_are_each_skipped_and_counted_and_the_rest_of_the_chunk_is_read(tmp_path):
+    gpus = [h100(0, processes=[5000])]
+    dump = tmp_path / "dump-1"
+    dump.mkdir()
+    good = [record(0, 5000, sn, 1200, 400.0) for sn in range(4)]
+    base = json.loads(good[0])
+    hostile = []
+    for where, key, value in (
+        ("coll_perf", "coll_busbw_gbs", "1e308"),
+        ("metadata", "pid", "Infinity"),
+        ("metadata", "pid", "[1]"),
+        ("coll_perf", "coll_msg_size_bytes", "1e400"),
+    ):
+        text = json.dumps({**base, where: {**base[where], key: "@"}}, separators=(",", ":"))
+        hostile.append(text.replace('"@"', value))
+    hostile.append("[" * 30_000 + "]" * 30_000)  # nested past the JSON parser's recursion limit, under the line cap
+    lines = [good[0], *hostile[:3], good[1], *hostile[3:], good[2], good[3]]
+    (dump / "node-a-pid5000.log").write_text("".join(line + "\n" for line in lines))
+    snapshot = source_on(tmp_path, gpus, {0: "llm"}).sample()
+    assert snapshot.errors == {"value_out_of_range": 4, "nested_too_deep": 1}
+    found = series(snapshot)
+    assert found["mfu_job_nccl_collectives"] == {("llm", "AllReduce", "large"): 4}
+    assert found["mfu_job_nccl_bus_bandwidth_bytes_per_second"] == {("llm", "AllReduce", "large"): pytest.approx(400e9)}

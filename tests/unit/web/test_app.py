@@ -12,7 +12,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from exporter.config import validate
 from exporter.service import build_service
 from exporter.sources.base import SourceUnavailable
-from exporter.web.app import create_app
+from exporter.web.app import create_app, serve
 from exporter.web.security import HTTP_LIMITS
 from tests.support.expo import samples
 from tests.support.sources import ScriptedSource
@@ -408,3 +408,19 @@ async def test_a_malformed_request_gets_400_and_one_log_line_not_a_traceback(req
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(errors) == 1 and errors[0].exc_info is None, [r.getMessage() for r in caplog.records]
     assert "\n" not in errors[0].getMessage() and len(errors[0].getMessage()) < 400
+
+
+async def test_a_port_in_use_is_one_line_before_any_source_starts():
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    source = ScriptedSource()
+    service = build_service(validate({"web": {"listen_address": f"127.0.0.1:{busy.getsockname()[1]}"}}), [source])
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            await serve(service, stop=asyncio.Event())
+    finally:
+        busy.close()
+    assert str(stopped.value).startswith("mfu-exporter: cannot listen on 127.0.0.1:")
+    assert "\n" not in str(stopped.value)
+    assert source.calls == 0 and not source.closed  # never started, so nothing to fail behind the message

@@ -7,6 +7,8 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
+import threading
 from unittest import mock
 
 import aiohttp
@@ -323,10 +325,10 @@ async def test_web_config_changes_apply_without_restart_and_a_broken_file_fails_
     write(path, "basic_auth_users: {bob: 'not a hash'}\n")
     with caplog.at_level(logging.ERROR, logger="exporter.web.security"):
         broken = await client.get("/metrics", headers=bob)
-    assert broken.status == 500
+    assert broken.status == 503
     assert "web config is invalid" in await broken.text()
     assert "basic_auth_users.bob" in caplog.text
-    assert (await client.post("/api/v1/progress", json=REPORT)).status == 500
+    assert (await client.post("/api/v1/progress", json=REPORT)).status == 503
     assert client.service.jobs.names() == []
     write(path, f"basic_auth_users: {{bob: '{ALICE_HASH}'}}\n")
     assert (await client.get("/metrics", headers=bob)).status == 200
@@ -571,3 +573,162 @@ async def test_a_rotated_certificate_and_policy_reach_new_connections_without_re
         assert (await fetch(port, client_context(pki["other_ca"])))[0] == 200  # this request reloads the config
         with pytest.raises(aiohttp.ClientError):
             await fetch(port, client_context(pki["other_ca"], maximum=tls12))
+
+
+# --- failing closed: any failed load refuses requests --------------------------------------------------------------
+
+
+async def test_a_reload_that_fails_with_an_io_error_refuses_requests_until_a_good_config_loads(
+    secured, tmp_path, caplog
+):
+    path = tmp_path / "web.yml"
+    write(path, f"basic_auth_users: {{alice: '{ALICE_HASH}'}}\n")
+    clock = FakeClock()
+    client = await secured(WebSecurity(str(path), clock=clock))
+    alice, bob = basic("alice", PASSWORD.decode()), basic("bob", PASSWORD.decode())
+    assert (await client.get("/metrics", headers=alice)).status == 200
+    write(path, f"basic_auth_users: {{bob: '{ALICE_HASH}'}}\n")
+    full = OSError(28, "No space left on device")
+    with mock.patch.object(websecurity, "load_web_config", side_effect=full):
+        with caplog.at_level(logging.ERROR, logger="exporter.web.webconfig"):
+            answers = [await client.get("/metrics", headers=who) for who in (alice, alice, bob)]
+        assert [a.status for a in answers] == [503, 503, 503]  # never the removed user's old access
+        assert answers[0].headers["Retry-After"] == "5"
+        assert (await client.get("/healthz")).status == 200  # liveness: a restart would not mend the file
+        assert (await client.get("/readyz")).status == 503
+        assert [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()] == [
+            f"{path}: OSError: [Errno 28] No space left on device; refusing requests until it loads"
+        ]  # one line, however many requests were refused
+        clock.now += 5
+        assert (await client.get("/metrics", headers=bob)).status == 503  # retried, failed again
+    clock.now += 5  # the disk has room again: the next retry loads the file
+    assert (await client.get("/metrics", headers=bob)).status == 200
+    assert (await client.get("/metrics", headers=alice)).status == 401
+    status = await (await client.get("/api/v1/status", headers=bob)).json()
+    assert status["web_config"] == {"file": str(path), "error": None}
+
+
+def test_the_status_entry_says_why_the_web_config_is_refused(tmp_path):
+    path = tmp_path / "web.yml"
+    write(path, f"basic_auth_users: {{alice: '{ALICE_HASH}'}}\n")
+    security = WebSecurity(str(path))
+    write(path, "basic_auth_users: {alice: 'not a hash'}\n")
+    status = security.status()
+    assert status["file"] == str(path)
+    assert "basic_auth_users.alice" in status["error"]
+
+
+def test_tls_loads_with_a_read_only_temp_directory(pki, tmp_path, monkeypatch):
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    monkeypatch.setenv("TMPDIR", str(read_only))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))  # nothing may be written under TMPDIR
+    cert = (pki["dir"] / "server-a.crt").read_text()
+    key = (pki["dir"] / "server-a.key").read_text()
+    path = tmp_path / "web.yml"
+    path.write_text(
+        f"tls_server_config: {{cert_file: {pki['dir'] / 'server-a.crt'}, key_file: {pki['dir'] / 'server-a.key'}}}\n"
+    )
+    assert load_web_config(str(path)).tls is not None
+    inline = tmp_path / "inline.yml"
+    inline.write_text(
+        "tls_server_config:\n  cert: |\n"
+        + "".join(f"    {line}\n" for line in cert.splitlines())
+        + "  key: |\n"
+        + "".join(f"    {line}\n" for line in key.splitlines())
+    )
+    assert load_web_config(str(inline)).tls is not None
+    assert list(read_only.iterdir()) == []
+
+
+# --- auth under attack: bounded, fair password checking -----------------------------------------------------------
+
+
+class GatedCheckpw:
+    """bcrypt that holds every wrong password until ``release``: the flood's checks stay queued or running while
+    the test asks what a valid scraper gets meanwhile."""
+
+    def __init__(self):
+        self.calls, self.held = 0, 0
+        self.gate = threading.Event()
+
+    def __call__(self, password, hashed):
+        self.calls += 1
+        if bcrypt.checkpw(password, hashed):
+            return True
+        self.held += 1
+        self.gate.wait(30)
+        return False
+
+
+async def test_a_wrong_password_flood_gets_429_and_valid_scrapes_are_answered_meanwhile(secured, tmp_path):
+    web_config = write(tmp_path / "web.yml", f"basic_auth_users: {{alice: '{ALICE_HASH}', bob: '{ALICE_HASH}'}}\n")
+    clock, checkpw = FakeClock(), GatedCheckpw()
+    client = await secured(WebSecurity(web_config, clock=clock, checkpw=checkpw))
+    url = client.make_url("/metrics")
+    alice, bob = basic("alice", PASSWORD.decode()), basic("bob", PASSWORD.decode())
+    assert (await client.get("/metrics", headers=alice)).status == 200  # verified once, then cached
+
+    attacker = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=("127.0.0.2", 0), limit=0))
+    try:
+
+        async def guess():
+            async with attacker.get(url, headers=basic("alice", "wrong")) as response:
+                return response.status
+
+        flood = [asyncio.create_task(guess()) for _ in range(50)]
+        await wait_for(lambda: sum(task.done() for task in flood) == 49, 30, "49 of 50 guesses answered")
+        assert [task.result() for task in flood if task.done()] == [429] * 49
+        # One check of that address at a time (its bcrypt may still be running): the other worker stays free.
+        await wait_for(lambda: checkpw.held == 1, 30, "the flood's one check held")
+        # While the flood's check is held: a cached scrape and an uncached one from another address are answered.
+        assert (await client.get("/metrics", headers=alice)).status == 200
+        assert (await client.get("/metrics", headers=bob)).status == 200
+        checkpw.gate.set()
+        assert sorted(await asyncio.gather(*flood)) == [401] + [429] * 49
+
+        # Failed checks are limited per address: after the allowance, 429 without a bcrypt check.
+        statuses = []
+        for _ in range(websecurity.FAILURES_BURST):
+            async with attacker.get(url, headers=basic("alice", "wrong")) as response:
+                statuses.append(response.status)
+        assert statuses == [401] * (websecurity.FAILURES_BURST - 1) + [429]  # the flood's failure counted too
+        calls = checkpw.calls
+        async with attacker.get(url, headers=basic("mallory", "wrong")) as response:
+            assert response.status == 429 and response.headers["Retry-After"] == "6"
+        assert checkpw.calls == calls
+        assert (await client.get("/metrics", headers=basic("alice", "wrong"))).status == 401  # its own allowance
+        clock.now += websecurity.FAILURE_INTERVAL  # one more failure allowed
+        async with attacker.get(url, headers=basic("alice", "wrong")) as response:
+            assert response.status == 401
+    finally:
+        checkpw.gate.set()
+        await attacker.close()
+
+
+async def test_the_password_cache_is_refreshed_on_each_hit(secured, tmp_path):
+    web_config = write(tmp_path / "web.yml", f"basic_auth_users: {{alice: '{ALICE_HASH}'}}\n")
+    clock, spy = FakeClock(), CheckpwSpy()
+    client = await secured(WebSecurity(web_config, clock=clock, checkpw=spy))
+    alice = basic("alice", PASSWORD.decode())
+    for _ in range(4):  # a scrape every 50 s: each inside the minute since the last one
+        assert (await client.get("/metrics", headers=alice)).status == 200
+        clock.now += 50
+    assert len(spy.hashes) == 1
+
+
+def test_tls_without_proc_or_memfd_is_a_config_error_naming_the_key(pki, tmp_path, monkeypatch):
+    def no_memfd(name, flags=0):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    path = tmp_path / "web.yml"
+    path.write_text(
+        f"tls_server_config: {{cert_file: {pki['dir'] / 'server-a.crt'}, key_file: {pki['dir'] / 'server-a.key'}}}\n"
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_web_config(str(path))
+    assert str(refused.value).startswith(
+        f"{path}: tls_server_config.cert_file: expected a certificate loaded from memory"
+    )
