@@ -288,3 +288,16 @@ def test_a_state_dir_that_cannot_be_written_loses_no_count(tmp_path):
     service.load_counters()
     train(service, clocks, 30)
     assert service.save_failures >= 2 and exported(service)[0] > 0
+
+
+def test_a_run_lost_for_want_of_heartbeats_that_reports_again_is_that_run_not_a_stale_one():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r1", "heartbeat_seconds": 1})
+    tokens = train(service, clocks, 20, run="r1", heartbeat_seconds=1)
+    for _ in range(30):  # its GPU fell off the bus: no step, no heartbeat; the run is lost after three misses
+        clocks.advance(1.0)
+        service.evaluate_once()
+    assert job_json(service)["ledger"]["state"] == "down"
+    train(service, clocks, 30, tokens, run="r1", heartbeat_seconds=1)  # the same process goes on
+    assert abs(job_json(service)["mfu"] - 0.45) < 0.01
