@@ -303,3 +303,16 @@ def test_a_run_lost_for_want_of_heartbeats_that_reports_again_is_that_run_not_a_
     assert job_json(service)["ledger"]["state"] == "down"
     train(service, clocks, 30, tokens, run="r1", heartbeat_seconds=1)  # the same process goes on
     assert abs(job_json(service)["mfu"] - 0.45) < 0.01
+
+
+def test_saved_counters_of_a_job_silent_past_its_ttl_are_forgotten(tmp_path):
+    clocks = Clocks()
+    config = validate({"jobs": {"llama": LLAMA}, "state": {"dir": str(tmp_path)}, "ingest": {"job_ttl": "1h"}})
+    first = build_service(config, [], clock=clocks.time, monotonic=clocks.monotonic)
+    train(first, clocks, 10)
+    first.save_counters()
+    second = build_service(config, [], clock=clocks.time, monotonic=clocks.monotonic)
+    second.load_counters()
+    assert "llama" in second.jobs.counters()  # not counting here yet: kept for the exporter after this one
+    clocks.advance(3601.0)
+    assert "llama" not in second.jobs.counters()
