@@ -35,6 +35,9 @@ class Progress:
     time: float | None = None
     tokens_seen: float | None = None  # global cumulative tokens (HF num_input_tokens_seen)
     samples_seen: float | None = None  # global cumulative samples/sequences (Megatron, NeMo consumed samples)
+    # Per-device cumulative counts (Lightning's ThroughputMonitor: train/lengths, train/samples on rank 0's device).
+    tokens_seen_per_device: float | None = None
+    samples_seen_per_device: float | None = None
     tokens_per_second_per_gpu: float | None = None  # torchtitan tps (verified per device)
     samples_per_second: float | None = None  # global samples/s (DeepSpeed CurrSamplesPerSec)
     global_batch: int | None = None  # sequences per step, where the line prints it

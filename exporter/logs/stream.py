@@ -34,6 +34,7 @@ from exporter.logs.datawait import KEYWORDS as WAIT_KEYWORDS
 from exporter.logs.datawait import parse_data_wait
 from exporter.logs.deepspeed import DeepSpeedParser
 from exporter.logs.hf import HfParser
+from exporter.logs.lightning_csv import LightningCsvParser
 from exporter.logs.megatron import MegatronParser
 from exporter.logs.nemo import NemoParser
 from exporter.logs.records import Line, Progress, Record
@@ -48,7 +49,9 @@ PARSERS: dict[str, type[Parser]] = {
     "nemo": NemoParser,
     "deepspeed": DeepSpeedParser,
 }
-FORMATS = ("auto", *PARSERS, "regex")
+# Formats read only when a file names them: their lines carry no keyword detection could find them by (CSV rows).
+NAMED_ONLY: dict[str, type[Parser]] = {"lightning_csv": LightningCsvParser}
+FORMATS = ("auto", *PARSERS, *NAMED_ONLY, "regex")
 # What a line must contain to be worth trying during detection: every parser's keywords and its anchors' prefixes.
 DETECT_KEYWORDS = tuple(sorted({k for cls in PARSERS.values() for k in cls.keywords or ()} | {"[titan] "}))
 
@@ -82,14 +85,23 @@ MIXED_WINDOW = 100
 # good ones is not a broken format.
 UNREAD_RUN = 3
 # Ties of richness go by this order (the frameworks whose lines carry more of what the job model wants first).
-PRIORITY = ("regex", "megatron", "torchtitan", "nemo", "hf", "deepspeed")
+PRIORITY = ("regex", "megatron", "torchtitan", "nemo", "hf", "deepspeed", "lightning_csv")
 
 
 def richness(record: Progress) -> int:
     """How much of what the job model wants one progress record carries: a running total counts most (it survives
     lost lines), then a step, then a rate or step time, then the framework's FLOPs."""
     return (
-        4 * (record.tokens_seen is not None or record.samples_seen is not None)
+        4
+        * any(
+            v is not None
+            for v in (
+                record.tokens_seen,
+                record.samples_seen,
+                record.tokens_seen_per_device,
+                record.samples_seen_per_device,
+            )
+        )
         + 2 * (record.step is not None)
         + any(v is not None for v in (record.tokens_per_second_per_gpu, record.samples_per_second, record.step_seconds))
         + (record.tflops_per_gpu is not None or record.mfu is not None)
@@ -146,7 +158,7 @@ class LogStream:
         elif self.auto:
             self._candidates = [cls() for cls in PARSERS.values()]
         else:
-            self.active = [PARSERS[format]()]
+            self.active = [{**PARSERS, **NAMED_ONLY}[format]()]
         self._keywords = DETECT_PATTERN if self.auto else keyword_pattern(self.active[0].keywords)
         self._detect_keywords = keyword_pattern(tuple(k for p in self._candidates for k in p.anchor_keywords))
         self._best: dict[str, int] = {}  # per framework: the richest progress record it read

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from exporter.config import MAX_TOKENS, LogsConfig
-from exporter.logs import PARSERS, Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update, WaitAction
+from exporter.logs import Facts, JobLog, LogStream, RunAction, SaveAction, Startup, Update, WaitAction
 from exporter.logs.straggler import StragglerFinding, StragglerScanner
 from exporter.model.checkpoints import CheckpointTracker
 from exporter.model.errors import TooManyJobs, ValidationError
@@ -292,7 +292,7 @@ class LogsSource:
         if batch.kind == HEAD:  # the file's head, read at a restart: its start-up facts, not old progress
             events = [e for e in events if isinstance(e.record, Startup)]
         if events:
-            parser = PARSERS.get(stream.format or "")
+            parser = stream.parser
             ends = bool(parser and parser.ends_saves_at_next_step)
             out.extend(joblog.feed(batch.path, events, facts, ends, followed.generation, live=batch.kind != HEAD))
         followed.lines += len(batch.lines)
