@@ -21,9 +21,10 @@ with the stage ``train`` and the separator ``/``) logs per device and cumulative
 the monitor's columns empty).
 
 A row with a running total is progress: tokens (``lengths``) or samples seen **per device**, the CSV's ``step``
-(Lightning's global step), the monitor's FLOP/s per device as the framework's TFLOP/s. The rows carry no wall time
-(``train/time`` counts from the stage's start): a row's time is when it is read, and rows read together (a flush of
-two rows) are one update at the last. Not in auto-detection: its rows are bare numbers, which no keyword finds; name
+(Lightning's global step), the monitor's FLOP/s per device as the framework's TFLOP/s. The rows carry no wall time,
+only ``train/time`` (seconds since the stage's start), which the stream dates them by (``Progress.elapsed``): the
+time between two rows is the job's own, though they are read a flush at a time and the file is found up to a glob
+interval after it appears. Not in auto-detection: its rows are bare numbers, which no keyword finds; name
 the file with ``format: lightning_csv``. The header is the file's first line, which the follower's bounded resume
 reads (its head) after an exporter restart.
 """
@@ -81,6 +82,7 @@ class LightningCsvParser(Parser):
             samples_seen_per_device=samples if tokens is None else None,
             tflops_per_gpu=flops / 1e12 if flops is not None else None,
             mfu=mfu,
+            elapsed=self._cell(cells, "time"),
         )
 
     def _cell(self, cells: list[str], key: str) -> float | None:

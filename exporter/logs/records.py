@@ -44,6 +44,9 @@ class Progress:
     step_seconds: float | None = None  # time per step, where printed (Megatron, NeMo)
     tflops_per_gpu: float | None = None  # the framework's achieved TFLOP/s per GPU
     mfu: float | None = None  # the framework's own MFU, as a ratio (48.5 % -> 0.485)
+    # Seconds on the job's own clock since its stage began, for a line with no wall time (Lightning's CSV rows:
+    # train/time): the stream dates such lines by it, anchored at when it first read one (``LogStream``).
+    elapsed: float | None = None
     # The running totals are rounded (NeMo 1.x's progress bar prints consumed_samples=1.63e+6): the derivation
     # prefers step x tokens per step, where known, so the rate does not move in steps of the rounding.
     rounded: bool = False

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exporter.logs.base import Parser
 from exporter.logs.datawait import KEYWORD_PATTERN as WAIT_PATTERN
@@ -170,6 +170,10 @@ class LogStream:
         self._unread_run = 0
         self._first_unread: str | None = None
         self.no_progress: str | None = None
+        # Dating by the job's own clock (``_date_by_elapsed``): this batch's such events, the anchor, the last clock.
+        self._elapsed: list[int] = []
+        self._anchor: float | None = None
+        self._last_elapsed = 0.0
 
     @property
     def parser(self) -> Parser | None:
@@ -219,6 +223,8 @@ class LogStream:
                     elif not self.active:
                         self._pending.append((line, read_time))
                         self._undecided()
+        if self._elapsed:
+            self._date_by_elapsed(events)
         if not self.auto and self.unrecognised is None and self.lines >= self.detect_lines and not self.progress_lines:
             if not self.candidate_lines:  # a named format none of whose progress lines is in the log
                 self.unrecognised = NAMED_UNSEEN.format(format=self.active[0].name, lines=self.lines)
@@ -281,8 +287,34 @@ class LogStream:
             return True
         own = getattr(record, "time", None)
         when = line.time if line.time is not None else own if own is not None else read_time
+        if progress and line.time is None and own is None and record.elapsed is not None:
+            self._elapsed.append(len(events))  # dated once the whole batch is read (``_date_by_elapsed``)
         events.append(Event(record, when, line.origin, parser.name))
         return progress
+
+    def _date_by_elapsed(self, events: list[Event]) -> None:
+        """Lines with no wall time but the job's own clock (``Progress.elapsed``) are dated ``anchor + elapsed``.
+        The anchor is set once per run (again when the clock goes back: a new run) from the newest such line of the
+        batch that first shows it, which was the last written: read time minus its elapsed. A file found late
+        (its first rows are read up to a glob interval after they were written) then shifts every date by the same
+        delay, and the time between two lines is the job's own, where read times would shorten the first interval
+        by that delay."""
+        indices, self._elapsed = self._elapsed, []
+        for position, index in enumerate(indices):
+            event = events[index]
+            assert isinstance(event.record, Progress) and event.record.elapsed is not None
+            elapsed = event.record.elapsed
+            if self._anchor is None or elapsed < self._last_elapsed:
+                newest = elapsed
+                for later in indices[position + 1 :]:
+                    record = events[later].record
+                    assert isinstance(record, Progress) and record.elapsed is not None
+                    if record.elapsed < newest:
+                        break  # the run after this one
+                    newest = record.elapsed
+                self._anchor = event.time - newest
+            self._last_elapsed = elapsed
+            events[index] = replace(event, time=self._anchor + elapsed)
 
     def _progress(self, record: Progress, framework: str) -> bool:
         """Whether this progress record is taken: its framework is the richest in the file (or ``keep_all``)."""

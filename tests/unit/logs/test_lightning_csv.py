@@ -30,7 +30,8 @@ def test_rows_with_the_monitor_s_totals_are_progress_per_device_and_the_loss_row
     records = [parser.parse(Line(row)) for row in ROWS]
     assert [r is not None for r in records] == [True, False, True, False, True]
     first, _, second, _, third = records
-    assert first == Progress(step=49, tokens_seen_per_device=51200.0)  # the monitor's window not full yet: no FLOP/s
+    # The monitor's window is not full yet: no FLOP/s. Its clock: seconds since the stage began.
+    assert first == Progress(step=49, tokens_seen_per_device=51200.0, elapsed=2.110289105999982)
     assert (second.step, second.tokens_seen_per_device) == (99, 102400.0)
     assert second.tflops_per_gpu == pytest.approx(0.0721139724256156)
     assert second.mfu is None  # Lightning knows no CPU peak: no train/device/mfu column
@@ -74,3 +75,17 @@ def test_auto_detection_does_not_take_csv_rows():
     stream = LogStream("auto")
     assert stream.feed_many([HEADER, *ROWS], T0) == []
     assert stream.format is None
+
+
+def test_rows_are_dated_by_the_job_s_own_clock_from_when_the_first_flush_was_read():
+    """A flush of two rows read at once, late (the file found a glob interval after it appeared): the newest row is
+    dated when it was read, the older one its own interval before, and later flushes keep the job's intervals; a
+    clock that goes back (a new run) anchors again."""
+    stream = LogStream("lightning_csv")
+    late = 0.8
+    first = stream.feed_many([HEADER, *ROWS[:4]], T0 + late)
+    assert [round(e.time - T0, 6) for e in first] == [round(late - (4.21436169499998 - 2.110289105999982), 6), late]
+    (third,) = stream.feed_many([ROWS[4]], T0 + late + 5.0)  # read 5 s later, written 1.92 s after the last
+    assert third.time - first[-1].time == pytest.approx(6.133993641000018 - 4.21436169499998)
+    (restarted,) = stream.feed_many(["0,49,50,,,,,51200,400,2.0,"], T0 + 100.0)
+    assert restarted.time == pytest.approx(T0 + 100.0)
