@@ -8,6 +8,7 @@ peak is the CPU's, declared with ``jobs.<name>.peak_flops``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -24,15 +25,20 @@ from tests.support.net import free_port
 from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 0.02  # relative: the bar for MFU against a framework's own count, and for the ledger
+# Seconds a line may take from the job's write to the daemon's view (inotify, the 1 s tick) on a loaded machine.
+SERVED = 30.0
 # A job's own loop on a loaded two-core machine: generous, since the tests wait on the thing itself, not a clock.
 JOB_DEADLINE = 240.0
 
 
+@functools.lru_cache(maxsize=1)
 def model_facts() -> dict[str, float]:
     """Measured and counted once, in a process of its own (torch stays out of the test process): one thread's
     float32 matmul FLOP/s (``peak_flops``: the peak both the jobs' own MFU and the exporter's config declare, as the
     jobs run one thread a rank), and the model's parameters as the HF Trainer counts them (``non_embedding_params``)
-    and as a FLOP counter sees them (``matmul_params``)."""
+    and as a FLOP counter sees them (``matmul_params``). Once per test process: every real-jobs file declares the
+    same peak."""
     out = subprocess.run(
         [sys.executable, "-m", "tests.support.realjobs.model"],
         cwd=ROOT,
@@ -226,3 +232,13 @@ class Watcher:
             except (OSError, ValueError, AssertionError):
                 self.seen.append({"time": at, "start": self.daemon.starts, "job": None})
             self._stop.wait(self.interval)
+
+
+def figures(test: str, **values: object) -> None:
+    """What a test compared, printed (``pytest -s`` shows it): the figures behind the verdict, for the record."""
+    print(f"\n{test}: " + ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()))
+
+
+def settled(daemon: Daemon, name: str, what: str, predicate: Any, timeout: float = SERVED) -> dict:
+    """The daemon's job JSON once ``predicate`` holds for it."""
+    return wait_until(lambda: (job := daemon.job(name)) is not None and predicate(job) and job, timeout, what)

@@ -68,6 +68,10 @@ if __name__ == "__main__":
 
     print(
         json.dumps(
-            {"peak_flops": cpu_peak_flops(), "non_embedding_params": non_embedding_params(), "matmul_params": matmul_params()}
+            {
+                "peak_flops": cpu_peak_flops(),
+                "non_embedding_params": non_embedding_params(),
+                "matmul_params": matmul_params(),
+            }
         )
     )
