@@ -240,5 +240,14 @@ def figures(test: str, **values: object) -> None:
 
 
 def settled(daemon: Daemon, name: str, what: str, predicate: Any, timeout: float = SERVED) -> dict:
-    """The daemon's job JSON once ``predicate`` holds for it."""
-    return wait_until(lambda: (job := daemon.job(name)) is not None and predicate(job) and job, timeout, what)
+    """The daemon's job JSON once ``predicate`` holds for it; on a timeout, the last one, to see why."""
+    last: list[dict | None] = [None]
+
+    def check() -> dict | bool:
+        last[0] = job = daemon.job(name)
+        return job is not None and bool(predicate(job)) and job
+
+    try:
+        return wait_until(check, timeout, what)  # type: ignore[return-value]
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}; the job's last JSON: {json.dumps(last[0])}") from None

@@ -80,7 +80,13 @@ def main() -> None:
     from tests.support.realjobs.model import HEADS, LAYERS, SEQ, WIDTH, gpt2, matmul_params, tokens
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # The group's rendezvous under a prefix of its own per restart: gloo reads each peer's address from the store,
+    # and a restarted rank that reads the killed one's stale entry connects to a dead port and fails the group.
+    store = dist.PrefixStore(
+        f"ddp_job/restart{RESTART}",
+        dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, use_libuv=False),
+    )
+    dist.init_process_group("gloo", store=store, rank=RANK, world_size=WORLD)
     model = gpt2()
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -211,6 +217,7 @@ def main() -> None:
     if RANK == 0 and titan_style:
         titan("Training completed")
     truth("exit", time.time(), step=step)
+    dist.barrier()  # no rank leaves while another still needs the store
     dist.destroy_process_group()
 
 
