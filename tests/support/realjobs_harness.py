@@ -235,8 +235,13 @@ class Watcher:
 
 
 def figures(test: str, **values: object) -> None:
-    """What a test compared, printed (``pytest -s`` shows it): the figures behind the verdict, for the record."""
-    print(f"\n{test}: " + ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()))
+    """What a test compared, printed (``pytest -s`` shows it) and appended to the file ``REALJOBS_FIGURES`` names,
+    if set (xdist's workers print nowhere): the figures behind the verdict, for the record."""
+    line = f"{test}: " + ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+    print("\n" + line)
+    if os.environ.get("REALJOBS_FIGURES"):
+        with open(os.environ["REALJOBS_FIGURES"], "a") as handle:
+            handle.write(line + "\n")
 
 
 def settled(daemon: Daemon, name: str, what: str, predicate: Any, timeout: float = SERVED) -> dict:
