@@ -214,6 +214,14 @@ class Watcher:
         self._stop.set()
         self._thread.join(timeout=30)
 
+    def until(self, moment: float) -> None:
+        """Until the watcher has read the daemon at ``moment`` (Unix time) or later: a look at what it serves then."""
+        wait_until(
+            lambda: self.seen and self.seen[-1]["time"] >= moment,
+            max(moment - time.time(), 0.0) + SERVED,
+            f"a read at {moment:.0f}",
+        )
+
     def _run(self) -> None:
         while not self._stop.is_set():
             at = time.time()
