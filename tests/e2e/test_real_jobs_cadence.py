@@ -16,14 +16,14 @@ from tests.support.realjobs_harness import JOB_DEADLINE, Daemon, Watcher, figure
 
 pytestmark = pytest.mark.slow
 
-WINDOW = 5.0  # seconds: the node's MFU window, under the Trainer's line interval here (about 9 s)
-AFTER_END = 3  # line intervals after the job's last line by which its MFU is no longer served as live
+WINDOW = 3.0  # seconds: the node's MFU window, under the Trainer's line interval here (5 s unloaded, more when busy)
+AFTER_END = 3  # the job's line intervals after the job's last line by which its MFU is no longer served as live
 
 
 @pytest.fixture(scope="module")
 def sparse(tmp_path_factory) -> dict:
-    """A Trainer run with a line every 250 steps (about 9 s on this CPU), read every 0.25 s from start to well after
-    it exited."""
+    """A Trainer run with a line every 150 steps (about 5 s on this CPU when it is idle), read every 0.25 s from start
+    to well after it exited."""
     facts = model_facts()
     tmp = tmp_path_factory.mktemp("cadence")
     out = tmp / "hf"
@@ -41,7 +41,7 @@ def sparse(tmp_path_factory) -> dict:
         {"mfu": {"window": f"{WINDOW:g}s"}},
     )
     daemon.start()
-    job = hf_trainer(out, steps=1000, logging_steps=250)
+    job = hf_trainer(out, steps=900, logging_steps=150)
     try:
         with Watcher(daemon, "hf-sparse") as watcher:
             settled(daemon, "hf-sparse", "the first MFU", lambda j: j["mfu"] is not None, timeout=JOB_DEADLINE)
@@ -64,17 +64,23 @@ def sparse(tmp_path_factory) -> dict:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="job model: a log-fed job is read over the node's MFU window, not its own cadence: with a line every ~9 s "
-    "and a 5 s window it is served MFU 0.0 with cause stalled between its lines",
+    reason="job model: a log-fed job is read over the node's MFU window until it has a cadence, and its last line "
+    "with the final summary a moment later leaves the window without an earlier report: MFU 0.0 (cause none) "
+    "between its first two lines, and none ('waiting for progress reports at least 1 s apart') at its last",
 )
 def test_a_job_logging_less_often_than_the_window_is_never_stalled_between_its_lines(sparse):
-    """From its first MFU to its last line, every view of the job has an MFU above 0 and no cause ``stalled``, and
-    its ledger books no stalled time: the time between two lines is training."""
+    """From its first MFU (0 included) to its exit, every view of the job has an MFU above 0 and no cause
+    ``stalled``, and its ledger books no stalled time: the time between two lines is training."""
     seen, ended = sparse["seen"], sparse["ended"]
-    first = next(s["time"] for s in seen if (s["job"] or {}).get("mfu"))
+    first = next(s["time"] for s in seen if (s["job"] or {}).get("mfu") is not None)
     during = [s for s in seen if first <= s["time"] <= ended and s["job"]]
     stalled = [
-        (round(s["time"] - first, 1), s["job"]["mfu"], (s["job"].get("bottleneck") or {}).get("cause"))
+        (
+            round(s["time"] - first, 1),
+            s["job"]["mfu"],
+            (s["job"].get("bottleneck") or {}).get("cause"),
+            s["job"]["reason"],
+        )
         for s in during
         if not s["job"]["mfu"] or (s["job"].get("bottleneck") or {}).get("cause") == "stalled"
     ]
@@ -87,25 +93,35 @@ def test_a_job_logging_less_often_than_the_window_is_never_stalled_between_its_l
         first=stalled[:3],
         ledger_stalled=sparse["ledger"]["seconds"]["stalled"],
     )
-    assert not stalled, f"(seconds after the first MFU, MFU, cause) while it trained: {stalled[:6]}"
+    assert not stalled, (
+        f"(seconds after the first MFU, MFU, cause, reason) while it trained: {sorted(set(stalled))[:6]}"
+    )
     assert sparse["ledger"]["seconds"]["stalled"] == 0
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="job model: after a log-fed job's final summary line and exit, its last MFU is served as live (state "
-    "running, no cause) until the window empties",
+    reason="job model: after a log-fed job's final summary line and exit it stays running with an MFU of 0.0 and no "
+    "cause, where a job that is gone should serve no MFU, or 0 with a cause",
 )
 def test_a_finished_job_s_mfu_is_no_longer_served_as_live(sparse):
     """Within a few of the job's own line intervals after its process is gone (it printed its final summary dict and
-    exited), the daemon serves no live MFU for it: absent, or 0 with a cause, or a state other than running."""
+    exited), the daemon serves no live MFU for it: absent, or 0 with a cause, or a state other than running; not
+    its last figure, nor a 0 that no cause explains."""
     seen, ended, interval = sparse["seen"], sparse["ended"], sparse["interval"]
     late = [s for s in seen if s["time"] > ended + AFTER_END * interval and s["job"]]
     live = [
-        (round(s["time"] - ended, 1), s["job"]["mfu"], s["job"]["state"])
+        (
+            round(s["time"] - ended, 1),
+            s["job"]["mfu"],
+            s["job"]["state"],
+            (s["job"].get("bottleneck") or {}).get("cause"),
+        )
         for s in late
-        if s["job"]["state"] == "running" and s["job"]["mfu"] and not (s["job"].get("bottleneck") or {}).get("cause")
+        if s["job"]["state"] == "running"
+        and s["job"]["mfu"] is not None
+        and (s["job"]["mfu"] > 0 or (s["job"].get("bottleneck") or {}).get("cause") in (None, "none"))
     ]
     figures("ended", interval=interval, views_after=len(late), live=len(live), first=live[:3])
     assert late, "no view of the job that late"
-    assert not live, f"(seconds after the job exited, MFU, state): {live[:6]}"
+    assert not live, f"(seconds after the job exited, MFU, state, cause): {live[:6]}"
