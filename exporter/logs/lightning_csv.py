@@ -25,7 +25,9 @@ A row with a running total is progress: tokens (``lengths``) or samples seen **p
 only ``train/time`` (seconds since the stage's start), which the stream dates them by (``Progress.elapsed``): the
 time between two rows is the job's own, though they are read a flush at a time and the file is found up to a glob
 interval after it appears. Not in auto-detection: its rows are bare numbers, which no keyword finds; name
-the file with ``format: lightning_csv``. The header is the file's first line, which the follower's bounded resume
+the file with ``format: lightning_csv``. When a column is added the file is truncated and written again whole: the
+follower sees the bytes before its offset change and reads it from the start, and rows already read (the same step
+at the same ``train/time``) are skipped. The header is the file's first line, which the follower's bounded resume
 reads (its head) after an exporter restart.
 """
 
@@ -40,6 +42,7 @@ from exporter.logs.records import Line, Progress, Record
 # A header: the CSV's columns, a ThroughputMonitor's among them (its stage "train", any one-character separator).
 HEADER = re.compile(r"(?:^|,)train([/|.:_-])(?:batches|samples|lengths|time)(?:,|\r?$)")
 NEVER = re.compile(r"(?!)")  # rows are bare numbers: no form a line could be told a progress row by
+MAX_ROWS = 100_000  # rows remembered (a row per log_every_n_steps: 5M steps at the default 50)
 
 
 class LightningCsvParser(Parser):
@@ -56,6 +59,10 @@ class LightningCsvParser(Parser):
     def __init__(self) -> None:
         self.columns: dict[str, int] = {}
         self.separator = "/"
+        # Each progress row read, by step: its train/time. A rewrite (a new column) puts every row in the file again,
+        # and the follower reads it from the start: a row seen before is no progress; the same step at another time
+        # is a new run's.
+        self.rows: dict[int, str] = {}
 
     def parse(self, line: Line) -> Record | None:
         text = line.text.strip()
@@ -74,6 +81,15 @@ class LightningCsvParser(Parser):
         if tokens is None and samples is None:
             return None  # the module's own self.log row, or a row of another stage
         step = integer(self._cell_named(cells, "step"))
+        clock = self._cell_named(cells, f"train{self.separator}time") or ""
+        if step is not None:
+            if self.rows.get(step) == clock:
+                return None  # read again after the file was rewritten
+            if step in self.rows:  # a new run from an earlier step: what the old one logged past it is over
+                self.rows = {s: t for s, t in self.rows.items() if s < step}
+            self.rows[step] = clock
+            if len(self.rows) > MAX_ROWS:
+                del self.rows[next(iter(self.rows))]
         flops = self._cell(cells, f"device{self.separator}flops_per_sec")
         mfu = self._cell(cells, f"device{self.separator}mfu")
         return Progress(

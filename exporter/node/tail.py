@@ -60,8 +60,11 @@ class Lines:
     kind: str
 
 
+SEEN_BYTES = 32  # the bytes kept from just before a file's offset: a rewrite in place changes them
+
+
 class _File:
-    __slots__ = ("path", "fd", "dev", "ino", "offset", "partial", "dropping", "watch")
+    __slots__ = ("path", "fd", "dev", "ino", "offset", "partial", "dropping", "watch", "seen")
 
     def __init__(self, path: str, fd: int, st: os.stat_result):
         self.path, self.fd, self.dev, self.ino = path, fd, st.st_dev, st.st_ino
@@ -69,6 +72,7 @@ class _File:
         self.partial = b""
         self.dropping = False
         self.watch: int | None = None
+        self.seen = b""  # the last bytes read, which end at ``offset``
 
 
 class Follower:
@@ -230,7 +234,7 @@ class Follower:
         elif resume and st.st_size > self.head_bytes + self.tail_bytes:
             self._read(file, HEAD, limit=self.head_bytes)
             file.partial, file.dropping = b"", False
-            file.offset = st.st_size - self.tail_bytes
+            file.offset, file.seen = st.st_size - self.tail_bytes, b""
             try:  # the tail starts mid-line unless the byte before it ends one: skip to the first newline
                 file.dropping = os.pread(fd, 1, file.offset - 1) != b"\n"
             except OSError:
@@ -258,15 +262,27 @@ class Follower:
                 return
         if st.st_size < file.offset:
             self.errors["truncated"] += 1
-            file.offset = 0
+            file.offset, file.seen = 0, b""
+        elif st.st_size > file.offset and file.seen and self._rewritten(file):
+            # Truncated and written again past where we were before we looked (Lightning's CSVLogger rewrites its
+            # file whole, header first, when a column is added): the size alone does not show it, the bytes do.
+            self.errors["rewritten"] += 1
+            file.offset, file.seen, file.partial, file.dropping = 0, b"", b"", False
         if st.st_size > file.offset:
             self._read(file, LIVE)
+
+    @staticmethod
+    def _rewritten(file: _File) -> bool:
+        try:
+            return os.pread(file.fd, len(file.seen), file.offset - len(file.seen)) != file.seen
+        except OSError:
+            return False
 
     def _drain(self, file: _File) -> None:
         """The rest of a file that is going away, through the descriptor still open, and its unfinished line."""
         try:
             if os.fstat(file.fd).st_size < file.offset:
-                file.offset = 0
+                file.offset, file.seen = 0, b""
         except OSError:
             return
         self._read(file, LIVE, limit=1 << 62)
@@ -301,6 +317,7 @@ class Follower:
             if not data:
                 break
             file.offset += len(data)
+            file.seen = (file.seen + data[-SEEN_BYTES:])[-SEEN_BYTES:]
             budget -= len(data)
             self._split(file, data, lines)
         if lines:

@@ -232,7 +232,7 @@ class LogsSource:
                 total += followed.stream.errors
             for joblog in self._joblogs.values():
                 total += joblog.skipped
-        for benign in ("rotated", "truncated", "ambiguous_line"):
+        for benign in ("rotated", "truncated", "rewritten", "ambiguous_line"):
             total.pop(benign, None)  # what logs do, not problems: they show in the status
         errors = Counter({k: v - self._reported[k] for k, v in total.items() if v > self._reported[k]})
         self._reported = total

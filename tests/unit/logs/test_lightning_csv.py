@@ -89,3 +89,16 @@ def test_rows_are_dated_by_the_job_s_own_clock_from_when_the_first_flush_was_rea
     assert third.time - first[-1].time == pytest.approx(6.133993641000018 - 4.21436169499998)
     (restarted,) = stream.feed_many(["0,49,50,,,,,51200,400,2.0,"], T0 + 100.0)
     assert restarted.time == pytest.approx(T0 + 100.0)
+
+
+def test_a_rewritten_file_read_again_from_its_header_gives_only_the_rows_not_read_before():
+    """A new column (the monitor's window filling) rewrites metrics.csv whole; the follower reads it from the start:
+    the rows already read are no progress again, the new ones are, under the new header's columns."""
+    parser = LightningCsvParser()
+    parser.parse(Line("epoch,step,train/batches,train/lengths,train/samples,train/time,train_loss"))
+    assert parser.parse(Line("0,49,50,51200,400,2.1,")).tokens_seen_per_device == 51200
+    parser.parse(Line(HEADER))  # the rewrite: more columns, sorted
+    assert parser.parse(Line("0,49,50,,,,,51200,400,2.1,")) is None  # row 49 again
+    assert parser.parse(Line(ROWS[2])).tokens_seen_per_device == 102400
+    # A new run from step 49 (resumed from a checkpoint): its own clock, so progress again.
+    assert parser.parse(Line("0,49,50,,,,,51200,400,1.5,")).step == 49
