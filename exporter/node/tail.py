@@ -6,6 +6,9 @@ What it survives:
   inode; the old file is read to its end through the descriptor still open, then the new one from its start.
 - **copytruncate** and any **truncation**: the size drops below the read offset; reading restarts at 0. A line
   whose start was read before the truncation keeps its start: an ``O_APPEND`` writer continues it at offset 0.
+- a file **rewritten whole in place** (truncated and written again, longer, before the follower looked: Lightning's
+  CSVLogger adds a column so): the size never drops, but the bytes just before the offset changed; reading restarts
+  at 0 (counted as ``rewritten``).
 - a file that **appears later**, or is deleted and written again: every glob is expanded again each ``interval``.
   A file renamed to a name the glob also matches is continued where it was, not read again; a copytruncate copy is
   a new inode with old lines, so a glob should name the live file (``train.log``, not ``train.log*``).
