@@ -41,7 +41,7 @@ def sparse(tmp_path_factory) -> dict:
         {"mfu": {"window": f"{WINDOW:g}s"}},
     )
     daemon.start()
-    job = hf_trainer(out, steps=900, logging_steps=150)
+    job = hf_trainer(out, steps=600, logging_steps=150)
     try:
         with Watcher(daemon, "hf-sparse") as watcher:
             settled(daemon, "hf-sparse", "the first MFU", lambda j: j["mfu"] is not None, timeout=JOB_DEADLINE)
