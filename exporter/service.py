@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from exporter import __version__
-from exporter.config import CONFIG_ONLY_JOB_KEYS, Config, typed_config
+from exporter.config import Config, model_facts, typed_config
 from exporter.model.attribution import Attributor, NodeSignals
 from exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
 from exporter.model.errors import IngestError, NotFound, ValidationError
@@ -443,10 +443,7 @@ def build_service(
     scheduler = Scheduler(sources, clock=clock, speed=speed)
     jobs = JobTracker(
         # The facts stay dicts (the progress API's reports merge into them), without the node's keys (data_paths).
-        configured={
-            name: {key: value for key, value in facts.items() if key not in CONFIG_ONLY_JOB_KEYS}
-            for name, facts in config["jobs"].items()
-        },
+        configured={name: model_facts(facts) for name, facts in config["jobs"].items()},
         window=typed.mfu.window,
         max_jobs=typed.ingest.max_jobs,
         job_ttl=typed.ingest.job_ttl,

@@ -296,6 +296,12 @@ class JobConfig:
     peak_tflops: float | None = setting(
         optional(bounded_quantity(MIN_PEAK_TFLOPS, MAX_PEAK_TFLOPS, "989.4 (an H100's dense bf16)"))
     )
+    # The same peak in FLOP/s per device, for a device the GPU table lacks (a CPU, a new accelerator) where TFLOP/s
+    # reads awkwardly (a CPU core's 5e10 is 0.05 TFLOP/s). Config only: the job model takes it as peak_tflops, and a
+    # job sets one of the two.
+    peak_flops: float | None = setting(
+        optional(bounded_quantity(MIN_PEAK_TFLOPS * 1e12, MAX_PEAK_TFLOPS * 1e12, '5e10 or "50G" (FLOP/s per device)'))
+    )
     expected_mfu: float | None = setting(optional(ratio))
     # What a log-fed job's lines may not say (sources.logs): its GPUs over all nodes, and sequences per step.
     world_size: int | None = setting(optional(positive_int))
@@ -416,7 +422,9 @@ def typed_config(config: Mapping[str, Any]) -> Config:
 
 SCHEMA = schema_of(Config)
 JOB_SECTION = schema_of(JobConfig)
-CONFIG_ONLY_JOB_KEYS = ("data_paths",)  # the node's business, not the job's: the progress API does not take them
+# The node's business, not the job's (data_paths), or another spelling of a fact (peak_flops): the progress API does
+# not take them, and the job model gets its facts through model_facts.
+CONFIG_ONLY_JOB_KEYS = ("data_paths", "peak_flops")
 JOB_FACTS_SECTION = Section({k: v for k, v in JOB_SECTION.fields.items() if k not in CONFIG_ONLY_JOB_KEYS})
 WATCH_SECTION = schema_of(WatchConfig)
 LOG_FILE_SECTION = schema_of(LogFileConfig)
@@ -501,7 +509,21 @@ def validate(raw: Any, file: str = "<config>") -> dict:
                 "regex (a pattern is read only with format: regex)",
                 entry["format"],
             )
+    for name, job in config["jobs"].items():
+        if job["peak_flops"] is not None and job["peak_tflops"] is not None:
+            raise ConfigError(
+                file, f"jobs.{name}.peak_flops", "one peak: peak_flops (FLOP/s) or peak_tflops (TFLOP/s), not both"
+            )
     return config
+
+
+def model_facts(job: Mapping[str, Any]) -> dict:
+    """The facts the job model takes from one validated ``jobs.<name>`` section: the config-only keys left out,
+    ``peak_flops`` as the ``peak_tflops`` the model and the progress API share."""
+    facts = {key: value for key, value in job.items() if key not in CONFIG_ONLY_JOB_KEYS}
+    if job.get("peak_flops") is not None:
+        facts["peak_tflops"] = job["peak_flops"] / 1e12
+    return facts
 
 
 def validate_job_facts(raw: dict, where: str = "job") -> dict:

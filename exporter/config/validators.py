@@ -220,7 +220,16 @@ class ListOf:
     value: Section
 
 
-LOG_FORMATS = ("auto", "torchtitan", "megatron", "hf", "nemo", "deepspeed", "regex")  # = exporter.logs.FORMATS
+LOG_FORMATS = (
+    "auto",
+    "torchtitan",
+    "megatron",
+    "hf",
+    "nemo",
+    "deepspeed",
+    "lightning_csv",
+    "regex",
+)  # = exporter.logs.FORMATS
 # The groups a regex pattern may name (exporter.logs.regex reads this list).
 LOG_REGEX_GROUPS = (
     "step",

@@ -5,6 +5,8 @@ survives lost lines and restarts; an integrated rate does not):
 
 1. **tokens seen** (HF ``num_input_tokens_seen``, TRL ``num_tokens``, Megatron-DeepSpeed ``consumed tokens``, global):
    node tokens = tokens seen × node GPUs ÷ world size.
+   **tokens seen per device** (Lightning's ThroughputMonitor ``train/lengths``, rank 0's device, each device
+   training the same tokens in data parallel): node tokens = that × node GPUs; its ``train/samples``: × seq_len too.
 2. **consumed samples** (Megatron, NeMo, global sequences): node tokens = samples × seq_len × node GPUs ÷ world
    size (what Megatron itself does for ``progress.txt``: ``consumed_train_samples * seq_length``).
 3. **step × tokens per step** (torchtitan's init line, or global batch × seq_len): node tokens = step × tokens
@@ -284,6 +286,14 @@ class JobLog:
                 )
             else:
                 reason = "the log counts global consumed samples; needs seq_len (jobs.<job>.seq_len) and " + need_share
+        if tokens is None and reason is None and gpus:
+            if record.tokens_seen_per_device is not None:
+                tokens, how = record.tokens_seen_per_device * gpus, "tokens seen per device × node GPUs"
+            elif record.samples_seen_per_device is not None and seq_len:
+                tokens, how = (
+                    record.samples_seen_per_device * seq_len * gpus,
+                    "samples seen per device × seq_len × node GPUs",
+                )
         if tokens is None and record.step is not None and per_step and share is not None:
             tokens, how, reason = (
                 record.step * per_step * share,
@@ -310,6 +320,13 @@ class JobLog:
     def _rate_reason(record: Progress, seq_len: int | None, share: float | None, need_share: str) -> str:
         if record.tokens_per_second_per_gpu is not None:
             return "the log gives tokens/s per GPU; needs the job's GPUs on this node (jobs.<job>.gpus or the GPU inventory)"
+        if record.tokens_seen_per_device is not None:
+            return "the log counts tokens per device; needs the job's GPUs on this node (jobs.<job>.gpus or the GPU inventory)"
+        if record.samples_seen_per_device is not None:
+            return (
+                "the log counts samples per device; needs seq_len (jobs.<job>.seq_len) and the job's GPUs on this "
+                "node (jobs.<job>.gpus or the GPU inventory)"
+            )
         if record.samples_per_second is not None:
             return f"the log gives global samples/s; needs seq_len (jobs.<job>.seq_len) and {need_share}"
         return (

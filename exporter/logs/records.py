@@ -35,12 +35,18 @@ class Progress:
     time: float | None = None
     tokens_seen: float | None = None  # global cumulative tokens (HF num_input_tokens_seen)
     samples_seen: float | None = None  # global cumulative samples/sequences (Megatron, NeMo consumed samples)
+    # Per-device cumulative counts (Lightning's ThroughputMonitor: train/lengths, train/samples on rank 0's device).
+    tokens_seen_per_device: float | None = None
+    samples_seen_per_device: float | None = None
     tokens_per_second_per_gpu: float | None = None  # torchtitan tps (verified per device)
     samples_per_second: float | None = None  # global samples/s (DeepSpeed CurrSamplesPerSec)
     global_batch: int | None = None  # sequences per step, where the line prints it
     step_seconds: float | None = None  # time per step, where printed (Megatron, NeMo)
     tflops_per_gpu: float | None = None  # the framework's achieved TFLOP/s per GPU
     mfu: float | None = None  # the framework's own MFU, as a ratio (48.5 % -> 0.485)
+    # Seconds on the job's own clock since its stage began, for a line with no wall time (Lightning's CSV rows:
+    # train/time): the stream dates such lines by it, anchored at when it first read one (``LogStream``).
+    elapsed: float | None = None
     # The running totals are rounded (NeMo 1.x's progress bar prints consumed_samples=1.63e+6): the derivation
     # prefers step x tokens per step, where known, so the rate does not move in steps of the rounding.
     rounded: bool = False

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from exporter.logs.base import Parser
 from exporter.logs.datawait import KEYWORD_PATTERN as WAIT_PATTERN
@@ -35,6 +35,7 @@ from exporter.logs.datawait import KEYWORDS as WAIT_KEYWORDS
 from exporter.logs.datawait import parse_data_wait
 from exporter.logs.deepspeed import DeepSpeedParser
 from exporter.logs.hf import HfParser
+from exporter.logs.lightning_csv import LightningCsvParser
 from exporter.logs.megatron import MegatronParser
 from exporter.logs.nemo import NemoParser
 from exporter.logs.records import Line, Progress, Record
@@ -49,7 +50,9 @@ PARSERS: dict[str, type[Parser]] = {
     "nemo": NemoParser,
     "deepspeed": DeepSpeedParser,
 }
-FORMATS = ("auto", *PARSERS, "regex")
+# Formats read only when a file names them: their lines carry no keyword detection could find them by (CSV rows).
+NAMED_ONLY: dict[str, type[Parser]] = {"lightning_csv": LightningCsvParser}
+FORMATS = ("auto", *PARSERS, *NAMED_ONLY, "regex")
 # What a line must contain to be worth trying during detection: every parser's keywords and its anchors' prefixes.
 DETECT_KEYWORDS = tuple(sorted({k for cls in PARSERS.values() for k in cls.keywords or ()} | {"[titan] "}))
 
@@ -83,14 +86,23 @@ MIXED_WINDOW = 100
 # good ones is not a broken format.
 UNREAD_RUN = 3
 # Ties of richness go by this order (the frameworks whose lines carry more of what the job model wants first).
-PRIORITY = ("regex", "megatron", "torchtitan", "nemo", "hf", "deepspeed")
+PRIORITY = ("regex", "megatron", "torchtitan", "nemo", "hf", "deepspeed", "lightning_csv")
 
 
 def richness(record: Progress) -> int:
     """How much of what the job model wants one progress record carries: a running total counts most (it survives
     lost lines), then a step, then a rate or step time, then the framework's FLOPs."""
     return (
-        4 * (record.tokens_seen is not None or record.samples_seen is not None)
+        4
+        * any(
+            v is not None
+            for v in (
+                record.tokens_seen,
+                record.samples_seen,
+                record.tokens_seen_per_device,
+                record.samples_seen_per_device,
+            )
+        )
         + 2 * (record.step is not None)
         + any(v is not None for v in (record.tokens_per_second_per_gpu, record.samples_per_second, record.step_seconds))
         + (record.tflops_per_gpu is not None or record.mfu is not None)
@@ -164,7 +176,7 @@ class LogStream:
         elif self.auto:
             self._candidates = [cls() for cls in PARSERS.values()]
         else:
-            self.active = [PARSERS[format]()]
+            self.active = [{**PARSERS, **NAMED_ONLY}[format]()]
         self._keywords = DETECT_PATTERN if self.auto else keyword_pattern(self.active[0].keywords)
         self._detect_keywords = keyword_pattern(tuple(k for p in self._candidates for k in p.anchor_keywords))
         self._best: dict[str, int] = {}  # per framework: the richest progress record it read
@@ -176,6 +188,10 @@ class LogStream:
         self._unread_run = 0
         self._first_unread: str | None = None
         self.no_progress: str | None = None
+        # Dating by the job's own clock (``_date_by_elapsed``): this batch's such events, the anchor, the last clock.
+        self._elapsed: list[int] = []
+        self._anchor: float | None = None
+        self._last_elapsed = 0.0
 
     @property
     def parser(self) -> Parser | None:
@@ -228,6 +244,8 @@ class LogStream:
                             self._undecided()
             except Exception:  # noqa: BLE001 - a line that breaks a parser is skipped; the rest of the chunk is read
                 self.errors["unreadable_line"] += 1
+        if self._elapsed:
+            self._date_by_elapsed(events)
         if not self.auto and self.unrecognised is None and self.lines >= self.detect_lines and not self.progress_lines:
             if not self.candidate_lines:  # a named format none of whose progress lines is in the log
                 self.unrecognised = NAMED_UNSEEN.format(format=self.active[0].name, lines=self.lines)
@@ -293,8 +311,34 @@ class LogStream:
             return True
         own = getattr(record, "time", None)
         when = line.time if line.time is not None else own if own is not None else read_time
+        if progress and line.time is None and own is None and record.elapsed is not None:
+            self._elapsed.append(len(events))  # dated once the whole batch is read (``_date_by_elapsed``)
         events.append(Event(record, when, line.origin, parser.name))
         return progress
+
+    def _date_by_elapsed(self, events: list[Event]) -> None:
+        """Lines with no wall time but the job's own clock (``Progress.elapsed``) are dated ``anchor + elapsed``.
+        The anchor is set once per run (again when the clock goes back: a new run) from the newest such line of the
+        batch that first shows it, which was the last written: read time minus its elapsed. A file found late
+        (its first rows are read up to a glob interval after they were written) then shifts every date by the same
+        delay, and the time between two lines is the job's own, where read times would shorten the first interval
+        by that delay."""
+        indices, self._elapsed = self._elapsed, []
+        for position, index in enumerate(indices):
+            event = events[index]
+            assert isinstance(event.record, Progress) and event.record.elapsed is not None
+            elapsed = event.record.elapsed
+            if self._anchor is None or elapsed < self._last_elapsed:
+                newest = elapsed
+                for later in indices[position + 1 :]:
+                    record = events[later].record
+                    assert isinstance(record, Progress) and record.elapsed is not None
+                    if record.elapsed < newest:
+                        break  # the run after this one
+                    newest = record.elapsed
+                self._anchor = event.time - newest
+            self._last_elapsed = elapsed
+            events[index] = replace(event, time=self._anchor + elapsed)
 
     def _progress(self, record: Progress, framework: str) -> bool:
         """Whether this progress record is taken: its framework is the richest in the file (or ``keep_all``)."""

@@ -6,6 +6,9 @@ What it survives:
   inode; the old file is read to its end through the descriptor still open, then the new one from its start.
 - **copytruncate** and any **truncation**: the size drops below the read offset; reading restarts at 0. A line
   whose start was read before the truncation keeps its start: an ``O_APPEND`` writer continues it at offset 0.
+- a file **rewritten whole in place** (truncated and written again, longer, before the follower looked: Lightning's
+  CSVLogger adds a column so): the size never drops, but the bytes just before the offset changed; reading restarts
+  at 0 (counted as ``rewritten``).
 - a file that **appears later**, or is deleted and written again: every glob is expanded again each ``interval``.
   A file renamed to a name the glob also matches is continued where it was, not read again; a copytruncate copy is
   a new inode with old lines, so a glob should name the live file (``train.log``, not ``train.log*``).
@@ -78,8 +81,11 @@ def _confinement(pattern: str) -> str:
     return os.path.realpath(os.sep.join(parts) or os.sep)
 
 
+SEEN_BYTES = 32  # the bytes kept from just before a file's offset: a rewrite in place changes them
+
+
 class _File:
-    __slots__ = ("path", "fd", "dev", "ino", "offset", "partial", "dropping", "watch")
+    __slots__ = ("path", "fd", "dev", "ino", "offset", "partial", "dropping", "watch", "seen")
 
     def __init__(self, path: str, fd: int, st: os.stat_result):
         self.path, self.fd, self.dev, self.ino = path, fd, st.st_dev, st.st_ino
@@ -87,6 +93,7 @@ class _File:
         self.partial = b""
         self.dropping = False
         self.watch: int | None = None
+        self.seen = b""  # the last bytes read, which end at ``offset``
 
 
 class Follower:
@@ -270,7 +277,7 @@ class Follower:
         elif resume and st.st_size > self.head_bytes + self.tail_bytes:
             self._read(file, HEAD, limit=self.head_bytes)
             file.partial, file.dropping = b"", False
-            file.offset = st.st_size - self.tail_bytes
+            file.offset, file.seen = st.st_size - self.tail_bytes, b""
             try:  # the tail starts mid-line unless the byte before it ends one: skip to the first newline
                 file.dropping = os.pread(fd, 1, file.offset - 1) != b"\n"
             except OSError:
@@ -298,9 +305,21 @@ class Follower:
                 return
         if st.st_size < file.offset:
             self.errors["truncated"] += 1
-            file.offset = 0
+            file.offset, file.seen = 0, b""
+        elif st.st_size > file.offset and file.seen and self._rewritten(file):
+            # Truncated and written again past where we were before we looked (Lightning's CSVLogger rewrites its
+            # file whole, header first, when a column is added): the size alone does not show it, the bytes do.
+            self.errors["rewritten"] += 1
+            file.offset, file.seen, file.partial, file.dropping = 0, b"", b"", False
         if st.st_size > file.offset:
             self._read(file, LIVE)
+
+    @staticmethod
+    def _rewritten(file: _File) -> bool:
+        try:
+            return os.pread(file.fd, len(file.seen), file.offset - len(file.seen)) != file.seen
+        except OSError:
+            return False
 
     def _drain(self, file: _File) -> None:
         """The rest of a file that is going away, through the descriptor still open, and its unfinished line.
@@ -312,7 +331,7 @@ class Follower:
         except OSError:
             size = -1
         if size >= 0 and size < file.offset:
-            file.offset = 0
+            file.offset, file.seen = 0, b""
         if size >= 0:
             self._read(file, LIVE)
         if 0 <= file.offset < size:
@@ -351,6 +370,7 @@ class Follower:
             if not data:
                 break
             file.offset += len(data)
+            file.seen = (file.seen + data[-SEEN_BYTES:])[-SEEN_BYTES:]
             budget -= len(data)
             self._split(file, data, lines)
         if lines:

@@ -36,7 +36,6 @@ from typing import Any, Callable, Iterable, Mapping
 from exporter.config import MAX_TOKENS, LogsConfig
 from exporter.logs import (
     INTEGRATED,
-    PARSERS,
     Facts,
     JobLog,
     LogStream,
@@ -251,7 +250,7 @@ class LogsSource:
             for joblog in self._joblogs.values():
                 total += joblog.skipped
             total["unreadable_line"] += sum(scanners.skipped for scanners in self._scanners.values())
-        for benign in ("rotated", "truncated", "ambiguous_line"):
+        for benign in ("rotated", "truncated", "rewritten", "ambiguous_line"):
             total.pop(benign, None)  # what logs do, not problems: they show in the status
         errors = Counter({k: v - self._reported[k] for k, v in total.items() if v > self._reported[k]})
         self._reported = total
@@ -317,7 +316,7 @@ class LogsSource:
         if batch.kind == HEAD:  # the file's head, read at a restart: its start-up facts, not old progress
             events = [e for e in events if isinstance(e.record, Startup)]
         if events:
-            parser = PARSERS.get(stream.format or "")
+            parser = stream.parser
             ends = bool(parser and parser.ends_saves_at_next_step)
             out.extend(joblog.feed(batch.path, events, facts, ends, followed.generation, live=batch.kind != HEAD))
         followed.lines += len(batch.lines)

@@ -4,9 +4,21 @@ import sys
 
 import pytest
 
-from exporter.config import DEFAULTS, Config, ConfigError, Enabled, defaults, load_config, typed_config, validate
+from exporter.config import (
+    DEFAULTS,
+    Config,
+    ConfigError,
+    Enabled,
+    defaults,
+    load_config,
+    model_facts,
+    typed_config,
+    validate,
+)
 from exporter.model.attribution import Thresholds
+from exporter.model.errors import ValidationError
 from exporter.model.jobs import JobTracker
+from exporter.model.progress import ProgressReport, parse_progress
 from exporter.preflight.facts import PreflightSettings
 from exporter.quantities import parse_duration, parse_quantity
 
@@ -186,3 +198,46 @@ def test_a_tri_state_is_rejected_in_the_same_words_as_before(tmp_path):
         validate({"sources": {"gpu": {"enabled": "yes"}}}, "node.yaml")
     assert str(raised.value) == 'node.yaml: sources.gpu.enabled: expected one of auto, true, false, got "yes"'
     assert f"{Enabled.AUTO}" == str(Enabled.AUTO) == "auto"
+
+
+def test_peak_flops_is_a_per_device_peak_in_flops_that_the_job_model_takes_as_its_peak():
+    """A CPU (or any device the GPU table lacks) gets an MFU from a peak declared in FLOP/s per device."""
+    config = validate({"jobs": {"cpu-job": {"params": 5e5, "gpus": 2, "peak_flops": "50G"}}})
+    job = config["jobs"]["cpu-job"]
+    assert job["peak_flops"] == 5e10
+    assert typed_config(config).jobs["cpu-job"].peak_flops == 5e10
+    facts = model_facts(job)
+    assert facts["peak_tflops"] == pytest.approx(0.05) and "peak_flops" not in facts
+    # The job model: 2 devices of 5e10 FLOP/s, no GPU table entry needed; 6 x 5e5 x 1e4 tokens/s = 3e10 FLOP/s.
+    now = [1000.0]
+    jobs = JobTracker(configured={"cpu-job": facts}, window=60, clock=lambda: now[0])
+    for tokens in (0.0, 1e5):
+        jobs.report(ProgressReport("cpu-job", tokens, None, now[0], {}), view=False)
+        now[0] += 10
+    (view,) = jobs.views()
+    assert view.peak_flops == pytest.approx(1e11)
+    assert view.mfu == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    "job,message",
+    [
+        (
+            {"peak_flops": 5e10, "peak_tflops": 0.05},
+            "config.yaml: jobs.x.peak_flops: expected one peak: peak_flops (FLOP/s) or peak_tflops (TFLOP/s), not both",
+        ),
+        ({"peak_flops": 100}, "config.yaml: jobs.x.peak_flops: expected a number from 1e+09 to 1e+18"),
+        ({"peak_flops": "fast"}, 'config.yaml: jobs.x.peak_flops: expected a number like 7e10 or "70B"'),
+    ],
+)
+def test_peak_flops_is_refused_out_of_bounds_or_beside_peak_tflops(job, message):
+    with pytest.raises(ConfigError) as caught:
+        validate({"jobs": {"x": job}}, "config.yaml")
+    assert str(caught.value).startswith(message)
+
+
+def test_the_progress_api_does_not_take_peak_flops():
+    """Reports keep one spelling of the peak (peak_tflops); peak_flops is the config's."""
+    with pytest.raises(ValidationError) as caught:
+        parse_progress({"job": "x", "tokens_total": 1, "peak_flops": 5e10}, now=1000.0)
+    assert caught.value.field == "peak_flops"

@@ -122,6 +122,23 @@ def test_truncation_to_empty_then_new_lines(tmp_path):
     assert sink.lines() == ["x1", "x2", "y1"]
 
 
+def test_a_file_rewritten_whole_past_the_offset_before_the_follower_looks_is_read_again_from_its_start(tmp_path):
+    """Lightning's CSVLogger adds a column by truncating its file and writing it again, longer, in place: the size
+    never shows the truncation, the bytes before the offset do."""
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,loss\n49,5.5\n")
+    sink = Sink()
+    follower = Follower([str(path)], sink, use_inotify=False)
+    follower.poll()
+    path.write_text("lr,step,loss\n0.1,49,5.5\n0.1,99,5.4\n")  # open("w"): the same inode, truncated, longer
+    follower.poll()
+    with open(path, "a") as handle:
+        handle.write("0.1,149,5.3\n")
+    follower.poll()
+    assert sink.lines() == ["step,loss", "49,5.5", "lr,step,loss", "0.1,49,5.5", "0.1,99,5.4", "0.1,149,5.3"]
+    assert follower.errors["rewritten"] == 1 and follower.errors["truncated"] == 0
+
+
 def test_a_file_that_appears_later_is_read_from_its_start_as_live(tmp_path):
     sink = Sink()
     follower = Follower([str(tmp_path / "pods" / "*" / "0.log")], sink, use_inotify=False)

@@ -1,0 +1,119 @@
+"""The exporter restarted (``kill -9``, then started on the same config) under a running Hugging Face Trainer: what it
+serves before, during and after, against the Trainer's own count (tests/support/realjobs).
+
+A CPU has no entry in the GPU peak table: both sides take one thread's float32 matmul FLOP/s, measured once, as the
+device's peak (the jobs print their MFU by it, the config declares it as ``jobs.<name>.peak_flops``), so the
+comparisons are of the same quantity. The daemon is configured with where the logs are and the jobs' facts only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.realjobs_harness import (
+    JOB_DEADLINE,
+    TOLERANCE,
+    Daemon,
+    Watcher,
+    figures,
+    hf_trainer,
+    model_facts,
+    settled,
+)
+from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict:
+    return model_facts()
+
+
+# -- The exporter restarted under a running job ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory, facts) -> dict:
+    """A Trainer run (a line every 100 steps) whose daemon is killed (``kill -9``) right after one of its lines and
+    started again on the same config while the job trains on; what the daemon served all along, read every 0.25 s.
+    The MFU window holds the whole run, so each MFU served spans from the first line the daemon has to its last."""
+    tmp = tmp_path_factory.mktemp("restart")
+    out = tmp / "hf"
+    peak = facts["peak_flops"]
+    daemon = Daemon(
+        tmp,
+        [{"path": str(out / "train.log"), "job": "hf-gpt2"}],
+        {"hf-gpt2": {"params": facts["non_embedding_params"], "gpus": 1, "world_size": 1, "peak_flops": peak}},
+        {"mfu": {"window": "5m"}},
+    )
+    daemon.start()
+    job = hf_trainer(out, steps=800, logging_steps=100)
+    try:
+        with Watcher(daemon, "hf-gpt2") as watcher:
+            settled(daemon, "hf-gpt2", "an MFU", lambda j: j["mfu"] is not None, timeout=JOB_DEADLINE)
+            lines = job.text().count("'num_input_tokens_seen'")
+            wait_until(lambda: job.text().count("'num_input_tokens_seen'") > lines, JOB_DEADLINE, "the next line")
+            restarted_after = daemon.job("hf-gpt2")
+            daemon.kill()
+            daemon.start()
+            assert job.wait() == 0, job.text()[-3000:]
+            result = json.loads((out / "trainer_result.json").read_text())
+            final = result["metrics"]["num_input_tokens_seen"]
+            settled(daemon, "hf-gpt2", "the last count", lambda j: j["tokens_total"] == final)
+    finally:
+        job.stop()
+        daemon.stop()
+    (tmp / "served.json").write_text(json.dumps(watcher.seen))  # for a look after a failure
+    return {"seen": watcher.seen, "result": result, "peak": peak, "before": restarted_after}
+
+
+def test_exporter_restarted_mid_run_no_counter_goes_back(restarted):
+    """Every counter read before, during and after the restart is monotone: the log's running total is the job's
+    own, so the restarted daemon starts from it (a lower value would be a reset to Prometheus, which adds the whole
+    value again)."""
+    seen = restarted["seen"]
+    for counter in ("mfu_job_tokens_total", "mfu_job_model_flops_total"):
+        values = [(s["time"], s["start"], s[counter]) for s in seen if s.get(counter) is not None]
+        assert {start for _, start, _ in values} == {1, 2}, "read before and after the restart"
+        back = [(a, b) for a, b in zip(values, values[1:]) if b[2] < a[2]]
+        figures(f"restart {counter}", reads=len(values), first=values[0][2], last=values[-1][2], back=len(back))
+        assert not back, f"{counter} went back: {back[:3]}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="job model: after an exporter restart the log's backlog is dated when read (the Trainer's lines carry "
+    "no wall time; their train_runtime is not used), so the first live line's rate spans only the time since the "
+    "restart: MFU served above the Trainer's own for the same lines by the restart's delay over the line interval",
+)
+def test_exporter_restarted_mid_run_serves_no_mfu_spike(restarted):
+    """Every MFU served (the gauge, and the API's value, withheld as implausible or not) is the Trainer's own over
+    the same lines within 2 %: from the first line the daemon has (the run's first, then after the restart the
+    backlog's last) to its newest, by the Trainer's clock (``train_runtime``) and count (``total_flos``)."""
+    seen, result, peak = restarted["seen"], restarted["result"], restarted["peak"]
+    history = [entry for entry in result["log_history"] if "loss" in entry]
+    by_tokens = {entry["num_input_tokens_seen"]: entry for entry in history}
+    per_token = result["metrics"]["total_flos"] / result["metrics"]["num_input_tokens_seen"]
+    first = {}  # per daemon start: the first token count it served (the line its window starts at)
+    wrong = []
+    compared = 0
+    for s in seen:
+        job = s["job"] or {}
+        if job.get("tokens_total") is None:
+            continue
+        start = first.setdefault(s["start"], job["tokens_total"])
+        newest = job["tokens_total"]
+        if newest == start:
+            continue
+        a, b = by_tokens[start], by_tokens[newest]
+        own = per_token * (newest - start) / (b["train_runtime"] - a["train_runtime"]) / peak
+        for value in (s.get("mfu_model_flops_utilization_ratio"), job.get("mfu"), job.get("implausible_mfu")):
+            if value is not None:
+                compared += 1
+                if abs(value - own) > TOLERANCE * own:
+                    wrong.append((s["start"], newest, round(value, 4), round(own, 4)))
+    figures("restart mfu", compared=compared, wrong=len(wrong), first_wrong=sorted(set(wrong))[:4])
+    assert compared and {start for start, *_ in wrong} <= {2}, wrong[:4]  # before the restart: right
+    assert not wrong, f"(daemon start, tokens, served, the Trainer's own): {sorted(set(wrong))[:6]}"
