@@ -99,7 +99,10 @@ class HfParser(Parser):
             step = own if isinstance(own, int) and not isinstance(own, bool) else self.bar_step
             if step is None and tokens is None:
                 return None  # nothing for the job: an unread progress line, reported by the stream
-            return Progress(step=step, tokens_seen=tokens)
+            # The Trainer's own clock since train() began (transformers 5 prints it on every line): its lines carry
+            # no wall time, so a backlog read at once is dated by it, not all at the moment it was read.
+            runtime = number(str(logs["train_runtime"])) if "train_runtime" in logs else None
+            return Progress(step=step, tokens_seen=tokens, elapsed=runtime)
         if "%|" in text:
             match = BAR.match(text)
             if match:

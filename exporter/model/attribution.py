@@ -464,6 +464,11 @@ class Attributor:
             state.history.append(value)
             state.last_recorded = now
         if not baseline:
+            if signal == "mfu" and (stopped or view.tokens_per_second == 0):
+                # No progress at all is a gap whatever the job's healthy figure: its cause needs no baseline.
+                cause, evidence = classify(view, signals, self.limits, stopped)
+                self._judge(state, now, Verdict(cause, evidence, None, 1.0, signal))
+                return
             self._judge(
                 state, now, Verdict("none", f"learning the healthy baseline from recent {shown}", None, 0.0, signal)
             )

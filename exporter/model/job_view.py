@@ -162,7 +162,12 @@ class ViewBuilder:
             return None
         (t0, n0), (t1, n1) = points[0], points[-1]
         if t1 - t0 < REPORT_RESOLUTION_SECONDS:
-            return None  # a zero or sub-second step divides nothing: wait for reports further apart
+            # Two counts close together (a framework's summary right after its last line): from the newest count a
+            # second or more before the last, when the window keeps one.
+            earlier = [p for p in job.window if t1 - p[0] >= REPORT_RESOLUTION_SECONDS]
+            if not earlier:
+                return None  # a zero or sub-second step divides nothing: wait for reports further apart
+            t0, n0 = earlier[-1]
         return (n1 - n0) / (t1 - t0)
 
     def resolve_gpus(self, facts: dict) -> tuple[list[GpuInfo] | None, int | None, str | None]:

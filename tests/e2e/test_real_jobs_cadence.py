@@ -62,12 +62,6 @@ def sparse(tmp_path_factory) -> dict:
     return {"seen": watcher.seen, "ended": ended, "interval": interval, "ledger": ledger}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="job model: a log-fed job is read over the node's MFU window until it has a cadence, and its last line "
-    "with the final summary a moment later leaves the window without an earlier report: MFU 0.0 (cause none) "
-    "between its first two lines, and none ('waiting for progress reports at least 1 s apart') at its last",
-)
 def test_a_job_logging_less_often_than_the_window_is_never_stalled_between_its_lines(sparse):
     """From its first MFU (0 included) to its exit, every view of the job has an MFU above 0 and no cause
     ``stalled``, and its ledger books no stalled time: the time between two lines is training."""
@@ -99,11 +93,6 @@ def test_a_job_logging_less_often_than_the_window_is_never_stalled_between_its_l
     assert sparse["ledger"]["seconds"]["stalled"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="job model: after a log-fed job's final summary line and exit it stays running with an MFU of 0.0 and no "
-    "cause, where a job that is gone should serve no MFU, or 0 with a cause",
-)
 def test_a_finished_job_s_mfu_is_no_longer_served_as_live(sparse):
     """Within a few of the job's own line intervals after its process is gone (it printed its final summary dict and
     exited), the daemon serves no live MFU for it: absent, or 0 with a cause, or a state other than running; not
