@@ -25,7 +25,7 @@ from exporter.model.datawait import DataWaitMeter
 from exporter.model.discovery_jobs import DiscoveredJob
 from exporter.model.errors import TooManyJobs
 from exporter.model.job_view import GpuInfo, JobView, ViewBuilder, flops_per_token, gpu_facts
-from exporter.model.ledger import Ledger, LedgerView, RecentValues
+from exporter.model.ledger import TICK_GAP_SECONDS, Ledger, LedgerView, RecentValues
 from exporter.model.progress import (
     CADENCE_INTERVALS,
     FACT_DEFAULTS,
@@ -133,6 +133,10 @@ class JobTracker:
         self._clock = clock
         self._monotonic = monotonic  # the ledgers' clock: a wall-clock step moves no second from one kind to another
         self._born = monotonic()  # a ledger counts no time before this exporter started
+        # The last tick, and when the ticks last resumed after a gap of the exporter's own (stopped, starved): a run's
+        # heartbeats sent meanwhile wait in the socket, so its silence is not counted against it before then.
+        self._last_tick: float | None = None
+        self._watching_since = self._born
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._saved: dict[str, SavedCounters] = {}  # an earlier exporter's counters, until each job counts again
@@ -535,8 +539,11 @@ class JobTracker:
         with self._lock:
             self._expire(now)
             _, mono, offset = self._clocks(None, now)
+            if self._last_tick is not None and mono - self._last_tick > TICK_GAP_SECONDS:
+                self._watching_since = mono
+            self._last_tick = mono
             for job in self._jobs.values():
-                self._ledger(job, mono, offset).tick(mono, offset)
+                self._ledger(job, mono, offset).tick(mono, offset, self._watching_since)
                 job.version += 1  # its ledger moved on: every view is computed again, once, here
             views = self._views(now)
             for view in views:

@@ -48,6 +48,9 @@ MAX_RUNS = 32  # runs kept for the API and the timeline; the counters count ever
 MAX_BANDS = 256  # timeline bands kept per job (consecutive bands of one kind merge)
 MAX_LOADS = 16  # closed checkpoint loads kept for the restore meter, which takes each by its number within a tick
 HEARTBEAT_MISSES = 3  # a run whose client sends heartbeats is lost after this many intervals without one
+# Evaluations further apart than this mean the exporter itself did not run (stopped, starved, suspended): what the
+# jobs did meanwhile was not observed, and what they sent meanwhile waits to be read.
+TICK_GAP_SECONDS = 5.0
 
 
 class RecentValues:
@@ -355,15 +358,16 @@ class Ledger:
                 self._settle(self._at(now), offset)
             self.gpus = gpus
 
-    def tick(self, now: float, offset: float) -> None:
+    def tick(self, now: float, offset: float, watching_since: float | None = None) -> None:
         """A lost client (no heartbeat for a few intervals) ends its run; pending time older than the holdback is
-        committed as what it looks like."""
+        committed as what it looks like. ``watching_since``: when the exporter last resumed after a gap of its own;
+        the heartbeats sent while it did not run wait in its socket, so silence counts from then at the earliest."""
         if (
             self.run is not None
             and self.run.end is None
             and self.heartbeat
             and self.last_seen is not None
-            and now - self.last_seen > HEARTBEAT_MISSES * self.heartbeat
+            and now - max(self.last_seen, watching_since or self.last_seen) > HEARTBEAT_MISSES * self.heartbeat
         ):
             self.end_run(self.last_seen, offset, "lost")
         if self.settled is not None and now - self.holdback > self.settled:

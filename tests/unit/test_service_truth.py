@@ -288,3 +288,31 @@ def test_a_state_dir_that_cannot_be_written_loses_no_count(tmp_path):
     service.load_counters()
     train(service, clocks, 30)
     assert service.save_failures >= 2 and exported(service)[0] > 0
+
+
+def test_a_pause_of_the_exporter_loses_no_run_whose_heartbeats_wait_in_the_socket():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    tokens = train(service, clocks, 10, run="r1", heartbeat_seconds=1)
+    # Stopped for 10 s: the client's reports and heartbeats go on and wait to be read; the tick runs first.
+    queued = []
+    for _ in range(10):
+        clocks.advance(1.0)
+        tokens += HEALTHY
+        queued.append({"job": "llama", "tokens_total": tokens, "time": clocks.time(), "run": "r1", "heartbeat_seconds": 1})
+    service.evaluate_once()
+    for body in queued:
+        service.ingest_progress(body)
+    train(service, clocks, 10, tokens, run="r1", heartbeat_seconds=1)
+    data = job_json(service)
+    assert data["ledger"]["restarts"] == 0 and len(data["ledger"]["runs"]) == 1
+    assert data["ledger"]["kinds"]["down"] == 0.0
+    # A run that really died meanwhile is still lost, its missed heartbeats counted from the exporter's return.
+    clocks.advance(10.0)
+    service.evaluate_once()
+    for _ in range(4):
+        clocks.advance(1.0)
+        service.evaluate_once()
+    data = job_json(service)
+    assert data["ledger"]["state"] == "down" and data["mfu"] == 0.0
+    assert data["ledger"]["runs"][0]["end_reason"] == "lost"
