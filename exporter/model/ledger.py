@@ -227,10 +227,13 @@ class Ledger:
             self.start_run(at, offset, source)
         elif self.position is not None and position < self.position:
             # The position went back with no start seen: a new process resumed from a checkpoint. The old run
-            # ended at its last sign of life; the new one did at least one step before this report.
+            # ended at its last sign of life; the new one did at least one step before this report. It keeps the
+            # old one's id: its reports carry that id (torchrun keeps one across its restarts), a new id would
+            # have started a run before this.
             last = self.last_seen if self.last_seen is not None else at
+            run_id = self.run.run_id
             self.end_run(last, offset, "restarted")
-            self.start_run(max(at - (self.ideal_step() or 0.0), last), offset, source)
+            self.start_run(max(at - (self.ideal_step() or 0.0), last), offset, source, run_id)
         at = self._at(at)
         run = self.run
         assert run is not None
@@ -394,8 +397,11 @@ class Ledger:
         return max(STALL_MIN_SECONDS, STALL_FACTOR * self.intervals.median())
 
     def is_past_run(self, run_id: str) -> bool:
-        """Whether ``run_id`` names a run of the job that ended (a late report of it is no new run)."""
-        return any(run.run_id == run_id and run is not self.run for run in self.runs)
+        """Whether ``run_id`` names a run of the job that ended (a late report of it is no new run), and not the run
+        alive (a restart that kept its id)."""
+        if self.run is not None and self.run.run_id == run_id:
+            return False
+        return any(run.run_id == run_id for run in self.runs)
 
     def restarts(self) -> int:
         return max(self.run_count - 1, 0)

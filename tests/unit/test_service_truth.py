@@ -316,3 +316,18 @@ def test_a_pause_of_the_exporter_loses_no_run_whose_heartbeats_wait_in_the_socke
     data = job_json(service)
     assert data["ledger"]["state"] == "down" and data["mfu"] == 0.0
     assert data["ledger"]["runs"][0]["end_reason"] == "lost"
+
+
+def test_a_restart_that_keeps_its_run_id_goes_on_counting():
+    # torchrun keeps one run id across its restarts: the new process's totals go back to its checkpoint, under the
+    # same id. That is the run alive, not a late report of the one that ended.
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r1"})
+    train(service, clocks, 20, run="r1")
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r1"})
+    before = exported(service)[0]
+    train(service, clocks, 20, 0.0, run="r1")
+    data = job_json(service)
+    assert abs(exported(service)[0] - (before + 19 * HEALTHY)) < 1
+    assert data["ledger"]["restarts"] == 1 and abs(data["mfu"] - 0.45) < 0.01
