@@ -67,6 +67,10 @@ class Job:
     flops_total: float = 0.0  # model FLOPs counted so far: each token at the FLOPs/token known when it was reported
     counted_tokens: float = 0.0  # of carried + processed tokens, those already in flops_total
     counter_created: float | None = None  # Unix time its counters began (its first count here, or a saved one)
+    # The token counter's value at the job's last change: the sum below is taken again after each change, and a
+    # restart from a checkpoint moves tokens from the total to the replayed ones, where the doubles may round one
+    # ulp lower. A counter one ulp lower reads as a reset to Prometheus, which counts the whole value again.
+    processed_floor: float = 0.0
     # Log-fed jobs (sources.logs): what the framework printed about its own speed, and why the log's lines give
     # no token total yet (a missing world size or sequence length), shown as the job's reason.
     framework_mfu: float | None = None
@@ -85,7 +89,7 @@ class Job:
 
     @property
     def tokens_processed(self) -> float:
-        return self.carried_tokens + self.tokens_total + self.replayed_tokens
+        return max(self.carried_tokens + self.tokens_total + self.replayed_tokens, self.processed_floor)
 
     @property
     def cadence(self) -> float | None:
@@ -237,6 +241,7 @@ class JobTracker:
         """The job's first token count here: its counters begin at 0, or where an earlier exporter left them."""
         start = counters_start(self._saved.pop(job.name, None), total, continues, self._clock())
         job.carried_tokens, job.flops_total, job.counted_tokens, job.counter_created = start
+        job.processed_floor = job.counted_tokens  # where the counter resumes (0 when it begins): never lower
 
     def counters(self) -> dict[str, SavedCounters]:
         """Each counting job's counters, for an exporter after this one to resume (``restore``)."""
@@ -260,6 +265,7 @@ class JobTracker:
 
     def _changed(self, job: Job) -> None:
         """A change to the job: its kept view is stale, and the model's generation moves (the body cache's key)."""
+        job.processed_floor = job.tokens_processed
         job.version += 1
         self.generation += 1
 

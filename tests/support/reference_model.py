@@ -98,30 +98,41 @@ class TokenTruth:
 
 @dataclass
 class Series:
-    """One counter series as Prometheus reads it, scrape by scrape, across exporter restarts."""
+    """One counter series, scrape by scrape, across exporter restarts.
+
+    A new exporter's series either resumes (``state.dir``: at or above the last value) or begins at 0 when that
+    exporter first counts (its OpenMetrics ``_created`` says so), and then holds at most what it can have counted
+    since. ``increase`` is what the exporters counted, as a Prometheus that reads ``_created`` sums it; ``naive`` is
+    what one that does not reads (a drop is a reset to 0, the new value added whole): it misses a new series that
+    passed the old value before its first scrape, so it reads less, never more."""
 
     name: str
     instance: int | None = None  # the exporter that gave the newest value
     value: float = 0.0  # the newest value (a series that appears begins from 0 as far as increase() goes)
-    increase: float = 0.0  # what increase() over the whole sequence reads
+    increase: float = 0.0
+    naive: float = 0.0
 
-    def scrape(self, value: float, instance: int, fresh_most: float, tolerance: float) -> list[str]:
-        """Take one scraped ``value`` of exporter ``instance``; ``fresh_most`` is the most the series may hold when
-        it began at 0 when that exporter first counted. The broken invariants, said in words."""
-        broken = []
+    def scrape(self, value: float, instance: int, resumed: bool, fresh_most: float, tolerance: float) -> list[str]:
+        """Take one scraped ``value`` of exporter ``instance``, which ``resumed`` the series or began it at 0, and
+        may then hold ``fresh_most`` at most. The broken invariants, said in words."""
         if not math.isfinite(value) or value < 0:
-            broken.append(f"{self.name}: {value!r} is not a counter value")
-            return broken
-        if value < self.value:
-            if self.instance == instance:
+            return [f"{self.name}: {value!r} is not a counter value"]
+        broken = []
+        self.naive += value if value < self.value else value - self.value
+        if instance == self.instance:
+            if value < self.value:
                 broken.append(f"{self.name} decreased within one exporter: {self.value!r} -> {value!r}")
-            elif value > fresh_most * (1 + tolerance) + 1e-6:
-                broken.append(
-                    f"{self.name} restarted at {value!r}, below its last {self.value!r} but above the {fresh_most!r} "
-                    "it can have counted since its exporter began: Prometheus reads a reset and counts it again"
-                )
-            self.increase += value  # a reset: Prometheus adds the new value whole
+            self.increase += max(value - self.value, 0.0)
+        elif resumed:
+            if value < self.value:
+                broken.append(f"{self.name} resumed at {value!r}, below its last {self.value!r}")
+            self.increase += max(value - self.value, 0.0)
         else:
-            self.increase += value - self.value
+            if value > fresh_most * (1 + tolerance) + 1e-6:
+                broken.append(
+                    f"{self.name} began at {value!r} in a new exporter, above the {fresh_most!r} it can have counted "
+                    f"since (its last value was {self.value!r})"
+                )
+            self.increase += value
         self.value, self.instance = value, instance
         return broken
