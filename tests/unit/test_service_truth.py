@@ -299,7 +299,9 @@ def test_a_pause_of_the_exporter_loses_no_run_whose_heartbeats_wait_in_the_socke
     for _ in range(10):
         clocks.advance(1.0)
         tokens += HEALTHY
-        queued.append({"job": "llama", "tokens_total": tokens, "time": clocks.time(), "run": "r1", "heartbeat_seconds": 1})
+        queued.append(
+            {"job": "llama", "tokens_total": tokens, "time": clocks.time(), "run": "r1", "heartbeat_seconds": 1}
+        )
     service.evaluate_once()
     for body in queued:
         service.ingest_progress(body)

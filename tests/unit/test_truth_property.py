@@ -18,7 +18,8 @@ is scraped as Prometheus would, and the invariants are checked:
   the FLOPs counter likewise, at FLOPs per token; the GPU-seconds and lost GPU-seconds at most the GPUs × the time
   the exporters ran;
 - no MFU (None or 0) for a job whose process is gone, from the tick its heartbeats are missed (``HEARTBEAT_MISSES``
-  of them, counted from its newest event the exporter read), nor while its ledger says it is down;
+  of them, counted from its newest event the exporter read, or from the exporter's return after a gap of its own
+  ticks, when heartbeats sent meanwhile may still wait in its socket), nor while its ledger says it is down;
 - the ledger's GPU-seconds by kind plus its pending seconds × GPUs are the GPUs × the seconds since its origin;
 - the ledger counts no more restarts than happened;
 - nothing non-finite in the job's JSON or the rendered /metrics text.
@@ -44,7 +45,7 @@ from prometheus_client.exposition import generate_latest
 
 from exporter.config import validate
 from exporter.model.errors import ValidationError
-from exporter.model.ledger import HEARTBEAT_MISSES, KINDS
+from exporter.model.ledger import HEARTBEAT_MISSES, KINDS, TICK_GAP_SECONDS
 from exporter.model.progress import MAX_CLOCK_SKEW_SECONDS, parse_progress
 from exporter.service import build_service
 from tests.support.reference_model import JobTruth, Run, Series, TokenTruth
@@ -161,6 +162,10 @@ class Exporter:
     origin: float | None = None  # the ledger's origin as the model places it (its first run event)
     last_seen: float | None = None  # the newest event it read of the run alive, on the ledger's clock
     last_run: Run | None = None  # the run of the newest event it read
+    last_tick: float | None = None
+    # When its ticks last resumed after a gap of its own: heartbeats sent meanwhile may still wait in its socket, so
+    # a run's silence counts from then at the earliest.
+    watching_since: float = 0.0
 
 
 @dataclass
@@ -195,14 +200,16 @@ class World:
     def start_exporter(self) -> None:
         job = self.sequence.job
         config: dict = {
-            "jobs": {JOB: {"params": PARAMS, "gpus": job.gpus, "peak_tflops": PEAK_TFLOPS, "expected_mfu": EXPECTED_MFU}}
+            "jobs": {
+                JOB: {"params": PARAMS, "gpus": job.gpus, "peak_tflops": PEAK_TFLOPS, "expected_mfu": EXPECTED_MFU}
+            }
         }
         if self.state is not None:
             config["state"] = {"dir": self.state}
         service = build_service(validate(config), [], clock=self.clocks.time, monotonic=self.clocks.monotonic)
         service.load_counters()
         self.instances += 1
-        self.exporter = Exporter(service, self.instances, self.clocks.mono)
+        self.exporter = Exporter(service, self.instances, self.clocks.mono, watching_since=self.clocks.mono)
 
     def restart_exporter(self, down: float) -> None:
         assert self.exporter is not None
@@ -355,8 +362,13 @@ class World:
 
     # -- the exporter's tick and Prometheus's scrape ---------------------------------------------------------------
     def tick(self) -> None:
-        assert self.exporter is not None
-        self.exporter.service.evaluate_once()
+        exporter = self.exporter
+        assert exporter is not None
+        now = self.clocks.mono
+        if exporter.last_tick is not None and now - exporter.last_tick > TICK_GAP_SECONDS:
+            exporter.watching_since = now
+        exporter.last_tick = now
+        exporter.service.evaluate_once()
         self.scrape(fresh=True)
 
     def scrape(self, render: bool = False, fresh: bool = False) -> None:
@@ -427,7 +439,7 @@ class World:
         run, seen, now = exporter.last_run, exporter.last_seen, self.clocks.mono
         if beat is None or run is None or seen is None or run.ended > now:
             return
-        if now - seen > HEARTBEAT_MISSES * beat + 1e-6 and view.mfu:
+        if now - max(seen, exporter.watching_since) > HEARTBEAT_MISSES * beat + 1e-6 and view.mfu:
             self.broken.append(
                 f"MFU {view.mfu!r} served {now - run.ended:.1f} s after the process died, its last event read "
                 f"{now - seen:.1f} s ago (heartbeat {beat:.1f} s)"
@@ -503,9 +515,17 @@ PROPERTY = settings(
 )
 
 
+PLAYED = [0, 0]  # sequences played, reports refused for their time (for the long run's progress lines)
+PROGRESS = int(os.environ.get("PROPERTY_PROGRESS", "0"))  # print a line every this many sequences (0: none)
+
+
 @PROPERTY
 @(seed(int(SEED)) if SEED is not None else (lambda test: test))
 @given(SEQUENCES)
 def test_the_counters_and_gauges_of_any_sequence_keep_to_the_truth(sequence):
     world = play(sequence)
+    PLAYED[0] += 1
+    PLAYED[1] += world.refused
+    if PROGRESS and PLAYED[0] % PROGRESS == 0:
+        print(f"{PLAYED[0]} sequences played, {PLAYED[1]} reports refused for their time", flush=True)
     assert not world.broken, (world.broken[:5], sequence)
