@@ -144,6 +144,7 @@ class JobTracker:
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._saved: dict[str, SavedCounters] = {}  # an earlier exporter's counters, until each job counts again
+        self._saved_final = True  # whether they were saved as that exporter stopped
         self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
         self.generation = 0
         self._expiry_bound = (float("inf"), 0.0)  # (clock of the last pass over the jobs, their oldest arrival then)
@@ -239,7 +240,7 @@ class JobTracker:
 
     def _first_count(self, job: Job, total: float, continues: bool) -> None:
         """The job's first token count here: its counters begin at 0, or where an earlier exporter left them."""
-        start = counters_start(self._saved.pop(job.name, None), total, continues, self._clock())
+        start = counters_start(self._saved.pop(job.name, None), total, continues, self._clock(), self._saved_final)
         job.carried_tokens, job.flops_total, job.counted_tokens, job.counter_created = start
         job.processed_floor = job.counted_tokens  # where the counter resumes (0 when it begins): never lower
 
@@ -253,10 +254,19 @@ class JobTracker:
                     kept[job.name] = SavedCounters(job.tokens_processed, job.tokens_total, job.flops_total, created)
             return kept
 
-    def restore(self, saved: dict[str, SavedCounters]) -> None:
-        """What an earlier exporter counted (``counters``): each job's counters resume at its first count here."""
+    @property
+    def counters_final(self) -> bool:
+        """Whether ``counters`` can be saved as final when the exporter stops: the ones it carries over from an
+        earlier exporter, not counting here yet, must have been saved as that one stopped."""
+        with self._lock:
+            return self._saved_final or not self._saved
+
+    def restore(self, saved: dict[str, SavedCounters], final: bool = True) -> None:
+        """What an earlier exporter counted (``counters``): each job's counters resume at its first count here.
+        ``final``: saved as that exporter stopped, not periodically (it may have counted more since)."""
         with self._lock:
             self._saved = {name: counters for name, counters in saved.items() if name not in self._jobs}
+            self._saved_final = final
 
     def _answer(self, job: Job, now: float) -> JobView:
         answer = self._view(job, now)

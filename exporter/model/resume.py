@@ -41,17 +41,25 @@ class SavedCounters:
 
 
 def counters_start(
-    saved: SavedCounters | None, total: float, continues: bool, now: float
+    saved: SavedCounters | None, total: float, continues: bool, now: float, final: bool = True
 ) -> tuple[float, float, float, float]:
     """Where a job's counters start at its first count here (``total``, the job's own running total): (tokens to add
     to its total, FLOPs counted, tokens counted in them, Unix time the series began). At 0 with nothing saved. Saved
     by an earlier exporter: a total at or above the saved one, in a frame that survives a restart (``continues``: a
     running total of the job's own), adds what the job did meanwhile; otherwise the counters resume where they were
-    and count from this total on. Never lower than saved: Prometheus would read a reset."""
+    and count from this total on. Never lower than saved: Prometheus would read a reset.
+
+    A save that was not ``final`` (a periodic one, left by an exporter that was killed) may be older than the last
+    value exported: a running total still says what the job did since, but a total in a frame of its own does not,
+    and resuming at the saved value could be lower than the last value exported. Such a job begins a new series at 0,
+    with its own ``_created``; so does a running total that went back below the saved one (the job restarted
+    meanwhile: the tokens it counted after that save, before the restart, are in no total now)."""
     if saved is None:
         return -total, 0.0, 0.0, now
     if continues and total >= saved.raw_tokens:
         carried = saved.tokens - saved.raw_tokens
-    else:
+    elif final:
         carried = saved.tokens - total
+    else:
+        return -total, 0.0, 0.0, now
     return carried, saved.flops, saved.tokens, saved.created

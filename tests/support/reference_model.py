@@ -100,39 +100,36 @@ class TokenTruth:
 class Series:
     """One counter series, scrape by scrape, across exporter restarts.
 
-    A new exporter's series either resumes (``state.dir``: at or above the last value) or begins at 0 when that
-    exporter first counts (its OpenMetrics ``_created`` says so), and then holds at most what it can have counted
-    since. ``increase`` is what the exporters counted, as a Prometheus that reads ``_created`` sums it; ``naive`` is
-    what one that does not reads (a drop is a reset to 0, the new value added whole): it misses a new series that
-    passed the old value before its first scrape, so it reads less, never more."""
+    A series is known by when it began (its ``_created``): the same one goes on within one exporter, or resumes in
+    the next from ``state.dir``, and never goes down; a new one begins at 0 at an exporter's first count and holds
+    at most what that exporter can have counted since. ``increase`` is what the exporters counted, as a Prometheus
+    that reads ``_created`` sums it; ``naive`` is what one that does not reads (a drop is a reset to 0, the new
+    value added whole): it misses a new series that passed the old value before its first scrape, so it reads
+    less, never more."""
 
     name: str
-    instance: int | None = None  # the exporter that gave the newest value
+    created: object = None  # what identifies the series the newest value belongs to
     value: float = 0.0  # the newest value (a series that appears begins from 0 as far as increase() goes)
     increase: float = 0.0
     naive: float = 0.0
 
-    def scrape(self, value: float, instance: int, resumed: bool, fresh_most: float, tolerance: float) -> list[str]:
-        """Take one scraped ``value`` of exporter ``instance``, which ``resumed`` the series or began it at 0, and
-        may then hold ``fresh_most`` at most. The broken invariants, said in words."""
+    def scrape(self, value: float, created: object, fresh_most: float, tolerance: float) -> list[str]:
+        """Take one scraped ``value`` of the series begun at ``created``; a series that began in the exporter
+        scraped may hold ``fresh_most`` at most. The broken invariants, said in words."""
         if not math.isfinite(value) or value < 0:
             return [f"{self.name}: {value!r} is not a counter value"]
         broken = []
         self.naive += value if value < self.value else value - self.value
-        if instance == self.instance:
+        if created == self.created:
             if value < self.value:
-                broken.append(f"{self.name} decreased within one exporter: {self.value!r} -> {value!r}")
-            self.increase += max(value - self.value, 0.0)
-        elif resumed:
-            if value < self.value:
-                broken.append(f"{self.name} resumed at {value!r}, below its last {self.value!r}")
+                broken.append(f"{self.name} went down in one series (begun {created!r}): {self.value!r} -> {value!r}")
             self.increase += max(value - self.value, 0.0)
         else:
             if value > fresh_most * (1 + tolerance) + 1e-6:
                 broken.append(
-                    f"{self.name} began at {value!r} in a new exporter, above the {fresh_most!r} it can have counted "
-                    f"since (its last value was {self.value!r})"
+                    f"{self.name} began a new series at {value!r}, above the {fresh_most!r} its exporter can have "
+                    f"counted (the last value was {self.value!r})"
                 )
             self.increase += value
-        self.value, self.instance = value, instance
+        self.value, self.created = value, created
         return broken

@@ -5,12 +5,15 @@ Each sequence drives real ``Service`` instances with injected clocks: a job repo
 jittered cadence (1 s to ~300 s), may send heartbeats, crashes (its reports stop), restarts (a new run id or the same,
 a start event, a checkpoint load, its total back to a checkpoint), reports a time too far ahead (refused, field
 ``time``), while the exporter pauses (no tick for 10–60 s, the reports meanwhile queued and read afterwards) and
-restarts (a new ``Service`` on the same ``state.dir`` after ``save_counters``, or without one). After every tick it
+restarts: a new ``Service`` on the same ``state.dir`` after its final ``save_counters`` (a clean stop) or with only
+its last periodic save (killed), or without a ``state.dir``. A job's totals are its own running total (a client's
+count) or a log reader's integrated sum since it began reading (``continues`` False). After every tick it
 is scraped as Prometheus would, and the invariants are checked:
 
 - every job counter (tokens, model FLOPs, GPU-seconds by kind, lost GPU-seconds by cause, restarts) never decreases
-  within one exporter; across an exporter restart it resumes at or above its last value, or begins a new series at
-  no more than it can have counted since that exporter began (``Series``);
+  within one series; across an exporter restart it resumes at or above its last value (the same series, its
+  ``_created`` kept), or begins a new one at 0 at that exporter's first count, then holding no more than it can
+  have counted since (``Series``); read without ``_created`` (a drop is a reset) it never reads more;
 - what ``increase()`` reads of the token counter over the whole sequence is at most 1 % above the tokens the job
   trained from the first count to the newest accepted report, and at least 99 % of what the accepted reports prove
   (``TokenTruth``: it may miss the tokens between a crashed run's last report and the next run's first, and those
@@ -96,8 +99,9 @@ class Sequence:
 
 # What happens, in order; each takes time. ("train", intervals): the job trains and reports. ("crash", down seconds,
 # new run id, share of the run's tokens the checkpoint keeps, start-up seconds, load seconds or 0): its process dies,
-# a new one starts after the down time and loads its checkpoint. ("exporter", down seconds): the exporter restarts.
-# ("pause", seconds, tick first): the exporter is stopped; the reports wait and are read after it resumes.
+# a new one starts after the down time and loads its checkpoint. ("exporter", down seconds, graceful): the exporter
+# restarts (stopped, or killed right after a tick). ("pause", seconds, tick first): the exporter is stopped; the
+# reports wait and are read after it resumes.
 # ("skew", seconds ahead): the job's next report is dated ahead of the node's clock.
 OPS = st.one_of(
     st.tuples(st.just("train"), st.floats(0.5, 6.0)),
@@ -109,7 +113,7 @@ OPS = st.one_of(
         st.floats(0.0, 30.0),
         st.one_of(st.just(0.0), st.floats(1.0, 120.0)),
     ),
-    st.tuples(st.just("exporter"), st.floats(0.0, 60.0)),
+    st.tuples(st.just("exporter"), st.floats(0.0, 60.0), st.booleans()),
     st.tuples(st.just("pause"), st.floats(10.0, 60.0), st.booleans()),
     st.tuples(st.just("skew"), st.one_of(st.floats(61.0, 86400.0), st.floats(0.0, 59.0))),
 )
@@ -180,7 +184,6 @@ class World:
     exporter: Exporter | None = None
     instances: int = 0
     ran_seconds: float = 0.0  # seconds the earlier exporters ran
-    counted: bool = False  # an earlier exporter counted the job
     paused: bool = False
     queue: list = field(default_factory=list)
     skew: float | None = None  # the next report's time ahead of the clock
@@ -211,13 +214,19 @@ class World:
         self.instances += 1
         self.exporter = Exporter(service, self.instances, self.clocks.mono, watching_since=self.clocks.mono)
 
-    def restart_exporter(self, down: float) -> None:
-        assert self.exporter is not None
-        self.exporter.service.save_counters()
-        self.scrape(render=True)
+    def restart_exporter(self, down: float, graceful: bool) -> None:
+        """The exporter stops (``graceful``: it saves the counters and is scraped a last time) or is killed right
+        after a tick (the last save is the periodic one), and a new one starts after ``down`` seconds."""
+        if graceful:
+            assert self.exporter is not None
+            self.exporter.service.save_counters(final=True)  # as Service.stop does
+            self.scrape(render=True)
+        else:
+            self.run_until(self.next_tick)
+            assert self.exporter is not None
         self.ran_seconds += self.clocks.mono - self.exporter.born
-        self.counted = self.counted or self.exporter.first_count is not None
         self.exporter = None
+        # A running total says what the job did while no exporter counted: with state.dir the next one joins it.
         self.tokens.exporter_restarted(resumes=self.state is not None and not self.sequence.job.integrated)
         self.run_until(self.clocks.mono + down)
         if self.sequence.job.integrated:
@@ -384,12 +393,13 @@ class World:
         check = self.check
         if views:
             (view,) = views
-            # The job's counters resume from state.dir once an exporter before this one counted it.
-            resumed = self.state is not None and self.counted
+            # The token and FLOPs series began at a first count, here or in an exporter before (state.dir): their
+            # _created. The ledger's and the attribution's begin with each exporter.
+            created = service.jobs._jobs[JOB].counter_created
             if view.reported:
-                check("tokens", view.tokens_processed, fresh_tokens, resumed)
+                check("tokens", view.tokens_processed, fresh_tokens, created)
             if view.model_flops is not None and view.reported:
-                check("flops", view.model_flops, FLOPS_PER_TOKEN * fresh_tokens, resumed)
+                check("flops", view.model_flops, FLOPS_PER_TOKEN * fresh_tokens, created)
             ledger = view.ledger
             if ledger is not None:
                 for kind in KINDS:
@@ -427,10 +437,11 @@ class World:
         if render:
             self.render(views[0] if views else None)
 
-    def check(self, name: str, value: float, fresh_most: float, resumed: bool = False) -> None:
+    def check(self, name: str, value: float, fresh_most: float, created: object = None) -> None:
+        """One counter's scraped value; ``created``: when its series began (None: with this exporter)."""
         series = self.series.setdefault(name, Series(name))
         assert self.exporter is not None
-        self.broken += series.scrape(value, self.exporter.instance, resumed, fresh_most, TOLERANCE)
+        self.broken += series.scrape(value, created or self.exporter.instance, fresh_most, TOLERANCE)
 
     def check_gone(self, view: Any) -> None:
         """No MFU for a job whose process is gone, from the tick its missed heartbeats say so."""
@@ -471,7 +482,7 @@ class World:
             elif kind == "crash":
                 self.crash(*op[1:])
             elif kind == "exporter":
-                self.restart_exporter(op[1])
+                self.restart_exporter(*op[1:])
             elif kind == "pause":
                 self.pause(*op[1:])
             elif kind == "skew":
