@@ -43,7 +43,7 @@ lint: $(STAMP)
 # longer: PROPERTY_EXAMPLES sequences (100,000; make test runs 2,000 derandomized) from seed PROPERTY_SEED (1), a line
 # every 10,000. Figures in docs/benchmarks.md ("The job model against the truth").
 test-property: $(STAMP)
-	PROPERTY_EXAMPLES=$${PROPERTY_EXAMPLES:-100000} PROPERTY_SEED=$${PROPERTY_SEED:-1} PROPERTY_PROGRESS=10000 \
+	PROPERTY_EXAMPLES=$${PROPERTY_EXAMPLES:-100000} PROPERTY_SEED=$${PROPERTY_SEED:-1} PROPERTY_PROGRESS=$${PROPERTY_PROGRESS:-10000} \
 		$(PY) -m pytest -q -s -p no:cacheprovider tests/unit/test_truth_property.py
 
 # Rewrite tests/fixtures/e2e-output.txt (the golden exposition) after an intended change of the metrics; review its diff.

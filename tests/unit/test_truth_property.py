@@ -39,6 +39,7 @@ import math
 import os
 import random
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -186,6 +187,7 @@ class World:
     ran_seconds: float = 0.0  # seconds the earlier exporters ran
     paused: bool = False
     queue: list = field(default_factory=list)
+    heard: bool = True  # an event was accepted since the job JSON was last checked
     skew: float | None = None  # the next report's time ahead of the clock
 
     def __post_init__(self) -> None:
@@ -345,6 +347,7 @@ class World:
         if self.sequence.job.integrated:
             report = replace(report, continues=False)
         exporter.service.jobs.accept(report)
+        self.heard = True  # the job JSON is checked at the next scrape (between events, only its clocks move)
         # The ledger places an event at its own time, but never later than it arrived.
         seen = min(body["time"] - WALL, now) if "time" in body else now
         if body.get("run") is not None or body.get("event") != "heartbeat":
@@ -417,11 +420,18 @@ class World:
                 if ledger.state == "down" and view.mfu:
                     self.broken.append(f"MFU {view.mfu!r} served while the ledger says the job is down")
             self.check_gone(view)
-            try:
-                json.dumps(service.job_json(view), allow_nan=False)
-            except ValueError as error:
-                self.broken.append(f"job JSON: {error}: {service.job_json(view)!r}")
-        for standing in service.attribution.standings():
+            if self.heard or render:
+                self.heard = False
+                try:
+                    json.dumps(service.job_json(view), allow_nan=False)
+                except ValueError as error:
+                    self.broken.append(f"job JSON: {error}: {service.job_json(view)!r}")
+        self.bounds(exporter, gpus, ran, lived, render, views[0] if views else None)
+
+    def bounds(self, exporter: Exporter, gpus: int, ran: float, lived: float, render: bool, view: Any) -> None:
+        """The lost GPU-seconds, then what increase() reads over the whole sequence against the truth."""
+        check = self.check
+        for standing in exporter.service.attribution.standings():
             for cause, seconds in standing.lost_seconds:
                 check(f"lost{{{cause}}}", seconds, gpus * lived)
         # Over the whole sequence: what increase() reads, against the truth.
@@ -435,13 +445,18 @@ class World:
             if counted > gpus * ran * (1 + 1e-9) + 1e-6:
                 self.broken.append(f"increase({prefix}) reads {counted!r} GPU-seconds in {ran!r} s of {gpus} GPUs")
         if render:
-            self.render(views[0] if views else None)
+            self.render(view)
 
     def check(self, name: str, value: float, fresh_most: float, created: object = None) -> None:
         """One counter's scraped value; ``created``: when its series began (None: with this exporter)."""
-        series = self.series.setdefault(name, Series(name))
         assert self.exporter is not None
-        self.broken += series.scrape(value, created or self.exporter.instance, fresh_most, TOLERANCE)
+        created = created or self.exporter.instance
+        series = self.series.get(name)
+        if series is None:
+            series = self.series[name] = Series(name)
+        elif series.value == value and series.created == created:
+            return  # unchanged since the last scrape
+        self.broken += series.scrape(value, created, fresh_most, TOLERANCE)
 
     def check_gone(self, view: Any) -> None:
         """No MFU for a job whose process is gone, from the tick its missed heartbeats say so."""
@@ -527,6 +542,7 @@ PROPERTY = settings(
 
 
 PLAYED = [0, 0]  # sequences played, reports refused for their time (for the long run's progress lines)
+STARTED = time.monotonic()
 PROGRESS = int(os.environ.get("PROPERTY_PROGRESS", "0"))  # print a line every this many sequences (0: none)
 
 
@@ -538,5 +554,9 @@ def test_the_counters_and_gauges_of_any_sequence_keep_to_the_truth(sequence):
     PLAYED[0] += 1
     PLAYED[1] += world.refused
     if PROGRESS and PLAYED[0] % PROGRESS == 0:
-        print(f"{PLAYED[0]} sequences played, {PLAYED[1]} reports refused for their time", flush=True)
+        print(
+            f"{PLAYED[0]} sequences played in {time.monotonic() - STARTED:.0f} s, {PLAYED[1]} reports refused for "
+            "their time",
+            flush=True,
+        )
     assert not world.broken, (world.broken[:5], sequence)
