@@ -10,7 +10,7 @@ import operator
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Iterable, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -286,8 +286,8 @@ class Service:
             log.warning("state.dir: %s is not a job counters file of this version: job counters begin at 0", path)
             return
         saved = {name: SavedCounters.from_json(value) for name, value in (jobs or {}).items()}
-        final = isinstance(data, dict) and data.get("final") is True
-        self.jobs.restore({name: counters for name, counters in saved.items() if counters is not None}, final)
+        final = isinstance(data, dict) and data.get("final") is True  # written as its exporter stopped
+        self.jobs.restore({name: replace(c, final=final) for name, c in saved.items() if c is not None})
         log.info("state.dir: %d jobs' counters resume from %s", len(saved), path)
 
     def save_counters(self, due: bool = True, final: bool = False) -> None:
@@ -305,8 +305,9 @@ class Service:
                 return
         self.saved_jobs = {name: counters.raw_tokens for name, counters in saved.items()}
         counters = {name: counters.as_json() for name, counters in saved.items()}
+        # A killed exporter's periodic save, read here and passed on uncounted, stays what it was.
+        final = final and all(counters.final for counters in saved.values())
         try:
-            final = final and self.jobs.counters_final
             write_json(path, {"version": STATE_VERSION, "saved": self.clock(), "final": final, "jobs": counters})
         except (OSError, ValueError) as error:
             self.save_failures += 1

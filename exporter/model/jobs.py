@@ -25,7 +25,7 @@ from exporter.model.datawait import DataWaitMeter
 from exporter.model.discovery_jobs import DiscoveredJob
 from exporter.model.errors import TooManyJobs
 from exporter.model.job_view import GpuInfo, JobView, ViewBuilder, flops_per_token, gpu_facts
-from exporter.model.ledger import TICK_GAP_SECONDS, Ledger, LedgerView, RecentValues
+from exporter.model.ledger import Ledger, LedgerView, RecentValues
 from exporter.model.progress import (
     CADENCE_INTERVALS,
     FACT_DEFAULTS,
@@ -67,10 +67,7 @@ class Job:
     flops_total: float = 0.0  # model FLOPs counted so far: each token at the FLOPs/token known when it was reported
     counted_tokens: float = 0.0  # of carried + processed tokens, those already in flops_total
     counter_created: float | None = None  # Unix time its counters began (its first count here, or a saved one)
-    # The token counter's value at the job's last change: the sum below is taken again after each change, and a
-    # restart from a checkpoint moves tokens from the total to the replayed ones, where the doubles may round one
-    # ulp lower. A counter one ulp lower reads as a reset to Prometheus, which counts the whole value again.
-    processed_floor: float = 0.0
+    processed_floor: float = 0.0  # the counter at the last change: a restart's sum may round an ulp below (a reset)
     # Log-fed jobs (sources.logs): what the framework printed about its own speed, and why the log's lines give
     # no token total yet (a missing world size or sequence length), shown as the job's reason.
     framework_mfu: float | None = None
@@ -137,14 +134,9 @@ class JobTracker:
         self._clock = clock
         self._monotonic = monotonic  # the ledgers' clock: a wall-clock step moves no second from one kind to another
         self._born = monotonic()  # a ledger counts no time before this exporter started
-        # The last tick, and when the ticks last resumed after a gap of the exporter's own (stopped, starved): a run's
-        # heartbeats sent meanwhile wait in the socket, so its silence is not counted against it before then.
-        self._last_tick: float | None = None
-        self._watching_since = self._born
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._saved: dict[str, SavedCounters] = {}  # an earlier exporter's counters, until each job counts again
-        self._saved_final = True  # whether they were saved as that exporter stopped
         self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
         self.generation = 0
         self._expiry_bound = (float("inf"), 0.0)  # (clock of the last pass over the jobs, their oldest arrival then)
@@ -240,9 +232,8 @@ class JobTracker:
 
     def _first_count(self, job: Job, total: float, continues: bool) -> None:
         """The job's first token count here: its counters begin at 0, or where an earlier exporter left them."""
-        start = counters_start(self._saved.pop(job.name, None), total, continues, self._clock(), self._saved_final)
+        start = counters_start(self._saved.pop(job.name, None), total, continues, self._clock())
         job.carried_tokens, job.flops_total, job.counted_tokens, job.counter_created = start
-        job.processed_floor = job.counted_tokens  # where the counter resumes (0 when it begins): never lower
 
     def counters(self) -> dict[str, SavedCounters]:
         """Each counting job's counters, for an exporter after this one to resume (``restore``)."""
@@ -254,19 +245,10 @@ class JobTracker:
                     kept[job.name] = SavedCounters(job.tokens_processed, job.tokens_total, job.flops_total, created)
             return kept
 
-    @property
-    def counters_final(self) -> bool:
-        """Whether ``counters`` can be saved as final when the exporter stops: the ones it carries over from an
-        earlier exporter, not counting here yet, must have been saved as that one stopped."""
-        with self._lock:
-            return self._saved_final or not self._saved
-
-    def restore(self, saved: dict[str, SavedCounters], final: bool = True) -> None:
-        """What an earlier exporter counted (``counters``): each job's counters resume at its first count here.
-        ``final``: saved as that exporter stopped, not periodically (it may have counted more since)."""
+    def restore(self, saved: dict[str, SavedCounters]) -> None:
+        """What an earlier exporter counted (``counters``): each job's counters resume at its first count here."""
         with self._lock:
             self._saved = {name: counters for name, counters in saved.items() if name not in self._jobs}
-            self._saved_final = final
 
     def _answer(self, job: Job, now: float) -> JobView:
         answer = self._view(job, now)
@@ -555,11 +537,8 @@ class JobTracker:
         with self._lock:
             self._expire(now)
             _, mono, offset = self._clocks(None, now)
-            if self._last_tick is not None and mono - self._last_tick > TICK_GAP_SECONDS:
-                self._watching_since = mono
-            self._last_tick = mono
             for job in self._jobs.values():
-                self._ledger(job, mono, offset).tick(mono, offset, self._watching_since)
+                self._ledger(job, mono, offset).tick(mono, offset)
                 job.version += 1  # its ledger moved on: every view is computed again, once, here
             views = self._views(now)
             for view in views:

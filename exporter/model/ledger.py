@@ -189,6 +189,8 @@ class Ledger:
     over_ideal: float = 0.0
     ended: bool = False
     fed: bool = False  # a progress feed said something: steps, or a client's start
+    last_tick: float | None = None  # the exporter's last tick
+    watching_since: float = -math.inf  # its ticks' return after a gap of its own (``tick``)
 
     # -- events -----------------------------------------------------------------------------------------------
     def start_run(self, at: float, offset: float, source: str, run_id: str | None = None, restart: bool = True) -> None:
@@ -361,16 +363,19 @@ class Ledger:
                 self._settle(self._at(now), offset)
             self.gpus = gpus
 
-    def tick(self, now: float, offset: float, watching_since: float | None = None) -> None:
+    def tick(self, now: float, offset: float) -> None:
         """A lost client (no heartbeat for a few intervals) ends its run; pending time older than the holdback is
-        committed as what it looks like. ``watching_since``: when the exporter last resumed after a gap of its own;
-        the heartbeats sent while it did not run wait in its socket, so silence counts from then at the earliest."""
+        committed as what it looks like. After a gap in the exporter's own ticks (it was stopped, starved), the
+        heartbeats sent meanwhile wait in its socket: a run's silence counts from its return at the earliest."""
+        if self.last_tick is not None and now - self.last_tick > TICK_GAP_SECONDS:
+            self.watching_since = now
+        self.last_tick = now
         if (
             self.run is not None
             and self.run.end is None
             and self.heartbeat
             and self.last_seen is not None
-            and now - max(self.last_seen, watching_since or self.last_seen) > HEARTBEAT_MISSES * self.heartbeat
+            and now - max(self.last_seen, self.watching_since) > HEARTBEAT_MISSES * self.heartbeat
         ):
             self.end_run(self.last_seen, offset, "lost")
         if self.settled is not None and now - self.holdback > self.settled:

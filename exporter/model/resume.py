@@ -22,6 +22,8 @@ class SavedCounters:
     raw_tokens: float
     flops: float
     created: float
+    # Saved as its exporter stopped (the file's "final"), not periodically: nothing was counted after it.
+    final: bool = True
 
     def as_json(self) -> dict[str, float]:
         return {"tokens": self.tokens, "raw_tokens": self.raw_tokens, "flops": self.flops, "created": self.created}
@@ -41,7 +43,7 @@ class SavedCounters:
 
 
 def counters_start(
-    saved: SavedCounters | None, total: float, continues: bool, now: float, final: bool = True
+    saved: SavedCounters | None, total: float, continues: bool, now: float
 ) -> tuple[float, float, float, float]:
     """Where a job's counters start at its first count here (``total``, the job's own running total): (tokens to add
     to its total, FLOPs counted, tokens counted in them, Unix time the series began). At 0 with nothing saved. Saved
@@ -49,7 +51,7 @@ def counters_start(
     running total of the job's own), adds what the job did meanwhile; otherwise the counters resume where they were
     and count from this total on. Never lower than saved: Prometheus would read a reset.
 
-    A save that was not ``final`` (a periodic one, left by an exporter that was killed) may be older than the last
+    A save that was not ``final`` (``saved.final``: a periodic one, left by an exporter that was killed) may be older than the last
     value exported: a running total still says what the job did since, but a total in a frame of its own does not,
     and resuming at the saved value could be lower than the last value exported. Such a job begins a new series at 0,
     with its own ``_created``; so does a running total that went back below the saved one (the job restarted
@@ -58,8 +60,10 @@ def counters_start(
         return -total, 0.0, 0.0, now
     if continues and total >= saved.raw_tokens:
         carried = saved.tokens - saved.raw_tokens
-    elif final:
+    elif saved.final:
         carried = saved.tokens - total
     else:
         return -total, 0.0, 0.0, now
+    while carried + total < saved.tokens:  # rounded an ulp below the saved value: Prometheus would read a reset
+        carried = math.nextafter(carried, math.inf)
     return carried, saved.flops, saved.tokens, saved.created
