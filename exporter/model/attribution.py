@@ -535,8 +535,8 @@ class Attributor:
         if state.expected:
             return "expected_mfu (configured)"
         return (
-            f"the {100 * self.limits.baseline_percentile:g}th percentile of {len(state.history)} healthy samples, "
-            f"one per {self.limits.baseline_interval:g} s (none taken while a cause lasts)"
+            f"the {100 * self.limits.baseline_percentile:g}th percentile of its healthy samples, one per "
+            f"{self.limits.baseline_interval:g} s over {self.limits.baseline_window:g} s (none while a cause lasts)"
         )
 
     def verdict(self, job: str) -> Verdict | None:

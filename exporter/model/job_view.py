@@ -85,6 +85,7 @@ class JobView:
     cadence_seconds: float | None = None  # the job's own time between token counts, learned (median of recent ones)
     window_seconds: float | None = None  # the MFU window its rate is over: mfu.window, or its cadence when longer
     stall_after_seconds: float | None = None  # silence longer than this is a stall; None until its cadence is known
+    counter_created: float | None = None  # Unix time its token and FLOPs counters began (OpenMetrics _created)
 
     @property
     def running(self) -> bool:
@@ -269,6 +270,7 @@ class ViewBuilder:
             cadence_seconds=job.cadence,
             window_seconds=rate_window(self.window, job.cadence),
             stall_after_seconds=stall_after(job.cadence),
+            counter_created=job.counter_created,
             tokens_per_second=rate,
             flops_per_token=fpt,
             gpus=count,

@@ -80,7 +80,6 @@ class Job:
     ledger: Ledger = field(default_factory=Ledger)  # where its time here went (exporter.model.ledger)
     pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
     data_wait: DataWaitMeter | None = None  # its wait for input, once its client or log gives one
-    stale_reports: int = 0  # reports of an ended run, left out
     version: int = 0  # counts the changes to the job, so its kept view is known to be stale
     view: tuple[int, float, JobView] | None = None  # (version, clock, the view then), shared by reads until stale
 
@@ -174,7 +173,6 @@ class JobTracker:
         if report.run is not None and job.ledger.is_past_run(report.run):
             # A late report of a run that has ended (its process is gone, a newer one runs): neither a restart nor
             # progress of the run alive.
-            job.stale_reports += 1
             return job
         job.facts.update(report.facts)
         at = report.time if report.time is not None else now
@@ -221,8 +219,7 @@ class JobTracker:
         self._count_flops(job)
         self._ledger_report(job, report, at, now, before)
         if job.ledger.run_count != job.window_run:
-            # A new process since the window's first count (this report's included): the last run's counts say
-            # nothing of this one's speed, and its old figure must not come back.
+            # A new process since the window's first count: its old figure must not come back.
             job.window = deque([job.window[-1]])
             job.window_run = job.ledger.run_count
         if report.state != job.state:
@@ -237,12 +234,16 @@ class JobTracker:
 
     def counters(self) -> dict[str, SavedCounters]:
         """Each counting job's counters, for an exporter after this one to resume (``restore``)."""
+        now = self._clock()
         with self._lock:
-            kept = dict(self._saved)  # restored and not counting yet: kept for a later exporter still
+            # Restored and not counting yet: kept for a later exporter still, until the job's TTL.
+            self._saved = {name: c for name, c in self._saved.items() if now - c.seen <= self.job_ttl}
+            kept = dict(self._saved)
             for job in self._jobs.values():
                 if job.reported:
                     created = job.counter_created if job.counter_created is not None else job.created
-                    kept[job.name] = SavedCounters(job.tokens_processed, job.tokens_total, job.flops_total, created)
+                    counted = (job.tokens_processed, job.tokens_total, job.flops_total, created)
+                    kept[job.name] = SavedCounters(*counted, seen=max(job.last_arrival, job.created))
             return kept
 
     def restore(self, saved: dict[str, SavedCounters]) -> None:
@@ -257,7 +258,6 @@ class JobTracker:
 
     def _changed(self, job: Job) -> None:
         """A change to the job: its kept view is stale, and the model's generation moves (the body cache's key)."""
-        job.processed_floor = job.tokens_processed
         job.version += 1
         self.generation += 1
 
@@ -444,10 +444,10 @@ class JobTracker:
     def _count_flops(self, job: Job) -> None:
         """Add the tokens not yet counted at the job's current FLOPs per token: the counter never goes back, even
         when the job changes its model facts (an earlier token keeps the FLOPs it was counted with)."""
+        processed = job.processed_floor = job.tokens_processed  # each count's value is the floor of the next
         fpt = flops_per_token({**FACT_DEFAULTS, **job.facts})
         if fpt is None:
             return  # counted once params arrive: then all tokens so far, as if they had been known from the start
-        processed = job.tokens_processed
         if processed > job.counted_tokens:
             job.flops_total += fpt * (processed - job.counted_tokens)
             job.counted_tokens = processed

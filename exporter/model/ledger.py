@@ -402,11 +402,10 @@ class Ledger:
         return max(STALL_MIN_SECONDS, STALL_FACTOR * self.intervals.median())
 
     def is_past_run(self, run_id: str) -> bool:
-        """Whether ``run_id`` names a run of the job that ended (a late report of it is no new run), and not the run
-        alive (a restart that kept its id)."""
-        if self.run is not None and self.run.run_id == run_id:
-            return False
-        return any(run.run_id == run_id for run in self.runs)
+        """Whether ``run_id`` names a run of the job that a later run replaced (a late report of it is no new run).
+        The newest run's id is never past: a run lost for want of heartbeats that reports again is that run."""
+        newest = self.runs[-1].run_id if self.runs else None
+        return run_id != newest and any(run.run_id == run_id for run in self.runs)
 
     def restarts(self) -> int:
         return max(self.run_count - 1, 0)

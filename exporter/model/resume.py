@@ -16,30 +16,33 @@ from typing import Any
 @dataclass(frozen=True)
 class SavedCounters:
     """A job's counters as an exporter left them: the exported tokens and FLOPs, the job's own running total then
-    (``raw_tokens``), and when the series began (Unix time, its OpenMetrics ``_created``)."""
+    (``raw_tokens``), when the series began (Unix time, its OpenMetrics ``_created``) and when the job was last heard
+    of (``seen``: a job silent for ``ingest.job_ttl`` is forgotten, saved or not)."""
 
     tokens: float
     raw_tokens: float
     flops: float
     created: float
+    seen: float
     # Saved as its exporter stopped (the file's "final"), not periodically: nothing was counted after it.
     final: bool = True
 
     def as_json(self) -> dict[str, float]:
-        return {"tokens": self.tokens, "raw_tokens": self.raw_tokens, "flops": self.flops, "created": self.created}
+        return {field: getattr(self, field) for field in FIELDS}
 
     @classmethod
     def from_json(cls, data: Any) -> SavedCounters | None:
         """The saved counters, or None when ``data`` is not what ``as_json`` writes (a damaged or foreign file)."""
         if not isinstance(data, dict):
             return None
-        values = [data.get(key) for key in ("tokens", "raw_tokens", "flops", "created")]
-        if not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in values
-        ):
+        values = [data.get(key) for key in FIELDS]
+        numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) != len(FIELDS) or not all(math.isfinite(v) and v >= 0 for v in numbers):
             return None
-        tokens, raw, flops, created = (float(v) for v in values if v is not None)
-        return cls(tokens, raw, flops, created)
+        return cls(*numbers)
+
+
+FIELDS = ("tokens", "raw_tokens", "flops", "created", "seen")
 
 
 def counters_start(

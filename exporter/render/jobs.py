@@ -100,7 +100,9 @@ def job_families(views: list[JobView]) -> Iterable:
             # A node of the job that sees no progress (its log has none: the framework prints on another rank)
             # exports no token or FLOPs counters, so the cluster rules count only the nodes that measure. A job only
             # discovered has none either: its hardware figures stand in.
-            tokens.add_metric(key, view.tokens_processed)
+            # Its _created (OpenMetrics) is when these counters began: at the job's first count here, or where an
+            # earlier exporter began them (state.dir), so a scraper can tell a new series from a reset.
+            tokens.add_metric(key, view.tokens_processed, created=view.counter_created)
         if view.discovered is None or "reported" in view.found_by:
             last.add_metric(key, view.last_report_time)
         for name in STATES:
@@ -125,7 +127,7 @@ def job_families(views: list[JobView]) -> Iterable:
             per_token.add_metric(key, view.flops_per_token)
         # A node of the job that sees no progress exports no FLOPs counter either (see tokens above).
         if view.model_flops is not None and view.reported:
-            flops.add_metric(key, view.model_flops)
+            flops.add_metric(key, view.model_flops, created=view.counter_created)
         if not view.running:
             continue
         # A job that ended holds no GPUs here any more, so neither the job-GPU series nor the GPUs' figures stay.

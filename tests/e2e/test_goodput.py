@@ -354,12 +354,18 @@ def test_the_demo_job_crashes_and_restarts_and_its_ledger_shows_the_runs():
 
     with running_demo("--incident", "crash-restart", speed=20) as base:
         url = base + "api/v1/jobs/llama3-70b/ledger"
+        # While no run trains (its process gone, the new one starting or loading), the job serves no live MFU.
+        served: list[tuple[str, float | None]] = []
 
         def restarted():
+            job = get_json(base + "api/v1/jobs/llama3-70b")
+            served.append((job["ledger"]["state"] if job["ledger"] else "none", job["mfu"]))
             ledger = get_json(url)
             return ledger if len(ledger["runs"]) == 2 and ledger["kinds"]["checkpoint_load"] > 0 else None
 
         ledger = wait_until(restarted, 60, "the restart and its checkpoint load", ignore=(OSError,))
+        gone = [mfu for state, mfu in served if state in ("down", "startup", "checkpoint_load")]
+        assert "down" in {state for state, _ in served} and all(mfu in (None, 0.0) for mfu in gone), served
         first, second = ledger["runs"]
         assert first["end_reason"] in ("restarted", "gone", "lost") and first["end"] is not None
         assert second["start"] >= first["end"] and ledger["kinds"]["down"] > 0

@@ -100,7 +100,12 @@ def test_rendered_manifests_validate_and_agree_with_their_config(rendered, tmp_p
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
     assert "privileged" not in security and security["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert all(mount["readOnly"] is True for _, mount in daemon.host_mounts.values())
+    # Every host path read-only but the state directory: the job counters across container restarts, the config's
+    # state.dir, the one place the exporter writes.
+    assert all(mount.get("readOnly") is True for name, (_, mount) in daemon.host_mounts.items() if name != "state")
+    host, state = daemon.host_mounts["state"]
+    assert "readOnly" not in state and host == state["mountPath"] == "/var/lib/mfu-exporter"
+    assert yaml.safe_load(daemon.config_text)["state"]["dir"] == state["mountPath"]
     if name == "base":
         assert (security["runAsUser"], security["runAsGroup"], security["runAsNonRoot"]) == (0, 0, False)
     else:

@@ -36,6 +36,7 @@ from exporter.sources.rdma import RdmaSource
 from exporter.web.app import serve
 from tests.support.expo import matching, samples
 from tests.support.net import free_port
+from tests.support.wait import wait_until
 
 SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "50"))
 SEED = int(os.environ.get("SOAK_SEED", "0"))
@@ -219,6 +220,9 @@ async def test_soak_under_faults(tmp_path, monkeypatch):
         for job in JOBS
     }
     last_total = dict.fromkeys(JOBS, 0)
+    for job in JOBS:  # each job's first count, 0: its counters begin there, so they end at its last total
+        reporters[job].update(tokens_total=0, step=0)
+    await asyncio.to_thread(wait_until, lambda: all(reporters[job].sent > 0 for job in JOBS), 30, "first reports")
 
     def chaos_step():
         chaos.step(0.05)

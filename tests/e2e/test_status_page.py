@@ -171,12 +171,17 @@ def read_duration(text):
 
 def printed_right(field, value, text):
     """The text is ``value`` as the page's formatters print it (within the digits they keep), never NaN."""
+    if field == "cadence_seconds" and value is None:
+        return text == "learning (two counts needed)"
     if value is None or (field == "gpus" and value == []):
         return text in ("–", "—")
     if field in ("gpus", "discovered.gpus"):
         return text == str(len(value) if isinstance(value, list) else value)
-    if field == "data_wait.source":
+    if field in ("data_wait.source", "bottleneck.baseline_from"):
         return text == value
+    if field == "cadence_seconds":
+        every, after = re.fullmatch(r"a count every (.+), stalled after (.+)", text).groups()
+        return abs(read_duration(every) - value) <= 1 and abs(read_duration(after) - 3 * value) <= max(3, 0.05 * value)
     if field in ("found_by", "gpu_indices"):
         return text == (", ".join(str(v) for v in value) or "—")
     if field == "eta_seconds":

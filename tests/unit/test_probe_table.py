@@ -11,7 +11,6 @@ import base64
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,12 +33,12 @@ from exporter.sim.nvml import FakeNvml, h100
 from exporter.sources.checkpoint import CheckpointSource
 from exporter.sources.nccl import NcclSource
 from exporter.web import security as websecurity
-from exporter.web.app import create_app, serve
+from exporter.web.app import create_app
 from exporter.web.security import WebSecurity
 from exporter.web.webconfig import load_web_config
 from tests.support.expo import samples
-from tests.support.sources import ScriptedSource
 from tests.support.wait import wait_for
+from tests.unit.web import test_app as app_tests
 
 PASSWORD = "correct horse"
 HASH = "$2y$" + bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()[4:]
@@ -210,18 +209,10 @@ async def test_a_trailing_newline_does_not_pass_the_name_checks(make_client, pat
     assert 'training_job="j1\\n"' not in await (await client.get("/metrics")).text()
 
 
-async def test_a_port_in_use_is_one_line_and_no_source_starts():
-    busy = socket.socket()
-    busy.bind(("127.0.0.1", 0))
-    busy.listen(1)
-    source = ScriptedSource()
-    service = build_service(validate({"web": {"listen_address": f"127.0.0.1:{busy.getsockname()[1]}"}}), [source])
-    try:
-        with pytest.raises(SystemExit, match="^mfu-exporter: cannot listen on 127.0.0.1:"):
-            await serve(service, stop=asyncio.Event())
-    finally:
-        busy.close()
-    assert source.calls == 0
+# A port already in use: one line, and no source started (the row's test lives beside the server's others).
+test_a_port_in_use_is_one_line_before_any_source_starts = (
+    app_tests.test_a_port_in_use_is_one_line_before_any_source_starts
+)
 
 
 @pytest.mark.parametrize("content", [None, b"\x00\xff binary\x80"])

@@ -65,21 +65,30 @@ def job_json(service, name="llama"):
     return service.job_json(view)
 
 
+def log_every(service, clocks, every, seconds, each_second=lambda second: None):
+    """The job counts its tokens every ``every`` s of its own clock at the healthy rate, the service ticking each
+    second, for ``seconds`` s; ``each_second`` looks after each tick."""
+    start, tokens = clocks.time(), 0.0
+    for second in range(1, seconds):
+        clocks.advance(1.0)
+        if second % every == 0:
+            tokens += every * HEALTHY
+            service.ingest_progress({"job": "llama", "tokens_total": tokens, "time": start + second})
+        service.evaluate_once()
+        each_second(second)
+
+
 def test_a_job_that_reports_every_36_s_has_its_mfu_from_its_own_lines_and_is_never_stalled_between_them():
     clocks = Clocks()
     service = service_with(clocks, {"llama": LLAMA})
-    start = clocks.time()
-    tokens = 0.0
     seen = []
-    for second in range(1, 400):
-        clocks.advance(1.0)
-        if second % 36 == 0:
-            tokens += 36 * HEALTHY
-            service.ingest_progress({"job": "llama", "tokens_total": tokens, "time": start + second})
-        service.evaluate_once()
-        if second > 72:  # from the second line on
+
+    def from_the_second_line(second):
+        if second > 72:
             data = job_json(service)
             seen.append((second, data["mfu"], (data["bottleneck"] or {}).get("cause")))
+
+    log_every(service, clocks, 36, 400, each_second=from_the_second_line)
     assert all(mfu is not None and abs(mfu - 0.45) < 0.01 for _, mfu, _ in seen), seen[:5]
     assert {cause for _, _, cause in seen} == {"none"}
     data = job_json(service)
@@ -90,14 +99,7 @@ def test_a_job_that_reports_every_36_s_has_its_mfu_from_its_own_lines_and_is_nev
 def test_a_job_read_at_its_own_cadence_is_stalled_after_three_of_its_intervals_of_silence():
     clocks = Clocks()
     service = service_with(clocks, {"llama": LLAMA})
-    start = clocks.time()
-    tokens = 0.0
-    for second in range(1, 181):
-        clocks.advance(1.0)
-        if second % 36 == 0:
-            tokens += 36 * HEALTHY
-            service.ingest_progress({"job": "llama", "tokens_total": tokens, "time": start + second})
-        service.evaluate_once()
+    log_every(service, clocks, 36, 181)
     # The last line came at second 180: silence is a stall after 3 × 36 s, at second 288, not before.
     for second in range(181, 300):
         clocks.advance(1.0)
@@ -416,3 +418,29 @@ def test_a_clean_stop_passes_on_a_killed_exporters_save_as_it_was(tmp_path):
     )
     after = exported(third)[0]
     assert after >= before or after == 0.0, (before, after)
+
+
+def test_a_run_lost_for_want_of_heartbeats_that_reports_again_is_that_run_not_a_stale_one():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r1", "heartbeat_seconds": 1})
+    tokens = train(service, clocks, 20, run="r1", heartbeat_seconds=1)
+    for _ in range(30):  # its GPU fell off the bus: no step, no heartbeat; the run is lost after three misses
+        clocks.advance(1.0)
+        service.evaluate_once()
+    assert job_json(service)["ledger"]["state"] == "down"
+    train(service, clocks, 30, tokens, run="r1", heartbeat_seconds=1)  # the same process goes on
+    assert abs(job_json(service)["mfu"] - 0.45) < 0.01
+
+
+def test_saved_counters_of_a_job_silent_past_its_ttl_are_forgotten(tmp_path):
+    clocks = Clocks()
+    config = validate({"jobs": {"llama": LLAMA}, "state": {"dir": str(tmp_path)}, "ingest": {"job_ttl": "1h"}})
+    first = build_service(config, [], clock=clocks.time, monotonic=clocks.monotonic)
+    train(first, clocks, 10)
+    first.save_counters()
+    second = build_service(config, [], clock=clocks.time, monotonic=clocks.monotonic)
+    second.load_counters()
+    assert "llama" in second.jobs.counters()  # not counting here yet: kept for the exporter after this one
+    clocks.advance(3601.0)
+    assert "llama" not in second.jobs.counters()

@@ -237,7 +237,9 @@ def test_a_finished_job_loses_its_mfu_series_at_once_and_keeps_its_counters():
     exported = names_for(jobs.views(), "j")
     assert exported == {
         "mfu_job_tokens_total",
+        "mfu_job_tokens_created",
         "mfu_job_model_flops_total",
+        "mfu_job_model_flops_created",
         "mfu_job_step",
         "mfu_job_last_report_timestamp_seconds",
         "mfu_job_flops_per_token",
