@@ -78,7 +78,7 @@ class Service:
     ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it, so their families are kept
     saved_at: float = float("-inf")  # when the job counters were last written to state.dir
     save_failures: int = 0
-    saved_jobs: dict = field(default_factory=dict)  # the jobs whose counters the last save held: their raw totals
+    saved_jobs: dict = field(default_factory=dict)  # the last save's jobs: their counted and their own totals
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
     # The readings collective_families joins, and its families from them (kept while the readings are the latest).
@@ -292,18 +292,19 @@ class Service:
 
     def save_counters(self, due: bool = True, final: bool = False) -> None:
         """The job counters to ``state.dir``, atomically (exporter.statefile); a failure keeps the last file. When
-        not ``due``, only if a job began counting or restarted (its total went back) since the last save: a crash
-        before the next save then resumes its counters from the job's total then, not from a total of its last run,
-        which would resume them below the value exported since. ``final``: the exporter stops, nothing is counted
-        after this save, so a job whose total does not continue across the restart may resume from it."""
+        not ``due``, only if a job counted since the last save (the 1 s tick calls it): a killed exporter's next one
+        resumes the counters from the job's total at its last tick. An older total could resume them below the
+        value exported since: the job may have restarted meanwhile, its new total between the saved one and the
+        last one counted. ``final``: the exporter stops, nothing is counted after this save, so a job whose total
+        does not continue across the restart may resume from it."""
         path = self.state_path()
         if path is None:
             return
         saved = self.jobs.counters()
-        if not due and saved.keys() <= self.saved_jobs.keys():
-            if all(counters.raw_tokens >= self.saved_jobs[name] for name, counters in saved.items()):
-                return
-        self.saved_jobs = {name: counters.raw_tokens for name, counters in saved.items()}
+        counted = {name: (counters.tokens, counters.raw_tokens) for name, counters in saved.items()}
+        if not due and counted.items() <= self.saved_jobs.items():
+            return
+        self.saved_jobs = counted
         counters = {name: counters.as_json() for name, counters in saved.items()}
         # A killed exporter's periodic save, read here and passed on uncounted, stays what it was.
         final = final and all(counters.final for counters in saved.values())

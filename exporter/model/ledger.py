@@ -366,8 +366,9 @@ class Ledger:
     def tick(self, now: float, offset: float) -> None:
         """A lost client (no heartbeat for a few intervals) ends its run; pending time older than the holdback is
         committed as what it looks like. After a gap in the exporter's own ticks (it was stopped, starved), the
-        heartbeats sent meanwhile wait in its socket: a run's silence counts from its return at the earliest."""
-        if self.last_tick is not None and now - self.last_tick > TICK_GAP_SECONDS:
+        heartbeats sent meanwhile wait in its socket: a run's silence counts from its return at the earliest, and
+        from the ledger's first tick (the job may have been first heard of just before a gap)."""
+        if self.last_tick is None or now - self.last_tick > TICK_GAP_SECONDS:
             self.watching_since = now
         self.last_tick = now
         if (

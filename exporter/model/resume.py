@@ -39,7 +39,8 @@ class SavedCounters:
         numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if len(numbers) != len(FIELDS) or not all(math.isfinite(v) and v >= 0 for v in numbers):
             return None
-        return cls(*numbers)
+        tokens, raw, flops, created, seen = numbers
+        return cls(tokens, raw, flops, created, seen)
 
 
 FIELDS = ("tokens", "raw_tokens", "flops", "created", "seen")

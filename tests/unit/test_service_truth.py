@@ -444,3 +444,19 @@ def test_saved_counters_of_a_job_silent_past_its_ttl_are_forgotten(tmp_path):
     assert "llama" in second.jobs.counters()  # not counting here yet: kept for the exporter after this one
     clocks.advance(3601.0)
     assert "llama" not in second.jobs.counters()
+
+
+def test_a_killed_exporter_resumes_no_counter_below_its_last_tick_when_the_job_restarted_meanwhile(tmp_path):
+    # The job counted for 15 s (a periodic save at 10 s), the exporter is killed after its tick, and the job restarts
+    # meanwhile from a checkpoint whose total lies between the periodic save's and the last one counted.
+    clocks = Clocks()
+    first = stateful(clocks, tmp_path)
+    first.load_counters()
+    train(first, clocks, 15)
+    before = exported(first)[0]
+    clocks.advance(5.0)
+    second = stateful(clocks, tmp_path)
+    second.load_counters()
+    second.ingest_progress({"job": "llama", "tokens_total": 13 * HEALTHY, "time": clocks.time()})
+    after = exported(second)[0]
+    assert after >= before or after == 0.0, (before, after)

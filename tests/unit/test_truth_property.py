@@ -171,6 +171,7 @@ class Exporter:
     # When its ticks last resumed after a gap of its own: heartbeats sent meanwhile may still wait in its socket, so
     # a run's silence counts from then at the earliest.
     watching_since: float = 0.0
+    job_ticked: bool = False  # a tick saw the job (its ledger's silence counts from its first tick at the earliest)
 
 
 @dataclass
@@ -379,6 +380,8 @@ class World:
         now = self.clocks.mono
         if exporter.last_tick is not None and now - exporter.last_tick > TICK_GAP_SECONDS:
             exporter.watching_since = now
+        if exporter.last_run is not None and not exporter.job_ticked:
+            exporter.watching_since, exporter.job_ticked = now, True  # the job's ledger's first tick
         exporter.last_tick = now
         exporter.service.evaluate_once()
         self.scrape(fresh=True)
