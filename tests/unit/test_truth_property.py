@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 
@@ -167,7 +167,7 @@ class Exporter:
     origin: float | None = None  # the ledger's origin as the model places it (its first run event)
     last_seen: float | None = None  # the newest event it read of the run alive, on the ledger's clock
     last_run: Run | None = None  # the run of the newest event it read
-    last_tick: float | None = None
+    last_tick: float | None = None  # monotonic
     # When its ticks last resumed after a gap of its own: heartbeats sent meanwhile may still wait in its socket, so
     # a run's silence counts from then at the earliest.
     watching_since: float = 0.0
@@ -183,6 +183,7 @@ class World:
     series: dict[str, Series] = field(default_factory=dict)
     broken: list[str] = field(default_factory=list)
     refused: int = 0  # reports refused for a time too far ahead
+    gone_checked: int = 0  # ticks at which a dead run's missed heartbeats said it was gone (no MFU may be served)
     exporter: Exporter | None = None
     instances: int = 0
     ran_seconds: float = 0.0  # seconds the earlier exporters ran
@@ -218,8 +219,8 @@ class World:
         self.exporter = Exporter(service, self.instances, self.clocks.mono, watching_since=self.clocks.mono)
 
     def restart_exporter(self, down: float, graceful: bool) -> None:
-        """The exporter stops (``graceful``: it saves the counters and is scraped a last time) or is killed right
-        after a tick (the last save is the periodic one), and a new one starts after ``down`` seconds."""
+        """The exporter stops (``graceful``: it saves the counters as final and is scraped a last time) or is killed
+        right after a tick (its last save is that tick's, or an older one), and a new one starts ``down`` s later."""
         if graceful:
             assert self.exporter is not None
             self.exporter.service.save_counters(final=True)  # as Service.stop does
@@ -462,16 +463,20 @@ class World:
         self.broken += series.scrape(value, created, fresh_most, TOLERANCE)
 
     def check_gone(self, view: Any) -> None:
-        """No MFU for a job whose process is gone, from the tick its missed heartbeats say so."""
+        """No MFU for a job whose process is gone, from the first tick after its missed heartbeats say so (a scrape
+        between two ticks reads the last tick's view)."""
         exporter, beat = self.exporter, self.sequence.job.heartbeat_seconds
         assert exporter is not None
-        run, seen, now = exporter.last_run, exporter.last_seen, self.clocks.mono
-        if beat is None or run is None or seen is None or run.ended > now:
+        run, seen, ticked = exporter.last_run, exporter.last_seen, exporter.last_tick
+        if beat is None or run is None or seen is None or ticked is None or run.ended > ticked:
             return
-        if now - max(seen, exporter.watching_since) > HEARTBEAT_MISSES * beat + 1e-6 and view.mfu:
+        if ticked - max(seen, exporter.watching_since) <= HEARTBEAT_MISSES * beat + 1e-6:
+            return
+        self.gone_checked += 1
+        if view.mfu:
             self.broken.append(
-                f"MFU {view.mfu!r} served {now - run.ended:.1f} s after the process died, its last event read "
-                f"{now - seen:.1f} s ago (heartbeat {beat:.1f} s)"
+                f"MFU {view.mfu!r} served {ticked - run.ended:.1f} s after the process died, its last event read "
+                f"{ticked - seen:.1f} s before the last tick (heartbeat {beat:.1f} s)"
             )
 
     def render(self, view: Any) -> None:
@@ -544,22 +549,36 @@ PROPERTY = settings(
 )
 
 
-PLAYED = [0, 0]  # sequences played, reports refused for their time (for the long run's progress lines)
+# Sequences played, reports refused for their time, sequences with a tick at which a dead run was known gone (for
+# the long run's progress lines: how often each check had something to check).
+PLAYED = [0, 0, 0]
 STARTED = time.monotonic()
 PROGRESS = int(os.environ.get("PROPERTY_PROGRESS", "0"))  # print a line every this many sequences (0: none)
+
+
+# Sequences the long run found, kept: a scrape between two ticks after a dead run's heartbeats were missed.
+FOUND = Sequence(
+    Job(1, 0.5, 1.0, 0.0, 1.5, False, False, 1.0, False, False),
+    state_dir=False,
+    tick=1.0,
+    seed=0,
+    ops=(("train", 1.0), ("pause", 10.0, False), ("crash", 4.75, False, 0.0, 0.0, 0.0), ("exporter", 0.0, True)),
+)
 
 
 @PROPERTY
 @(seed(int(SEED)) if SEED is not None else (lambda test: test))
 @given(SEQUENCES)
+@example(FOUND)
 def test_the_counters_and_gauges_of_any_sequence_keep_to_the_truth(sequence):
     world = play(sequence)
     PLAYED[0] += 1
     PLAYED[1] += world.refused
+    PLAYED[2] += world.gone_checked > 0
     if PROGRESS and PLAYED[0] % PROGRESS == 0:
         print(
             f"{PLAYED[0]} sequences played in {time.monotonic() - STARTED:.0f} s, {PLAYED[1]} reports refused for "
-            "their time",
+            f"their time, {PLAYED[2]} with a dead run's MFU checked",
             flush=True,
         )
     assert not world.broken, (world.broken[:5], sequence)
