@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-busy test-unit lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check
+.PHONY: demo run test test-busy test-unit test-property lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
+
+# The property test of tests/unit/test_truth_property.py (the job model against its reference model of the truth) for
+# longer: PROPERTY_EXAMPLES sequences (100,000; make test runs 2,000 derandomized) from seed PROPERTY_SEED (1), a line
+# every 10,000. Figures in docs/benchmarks.md ("The job model against the truth").
+test-property: $(STAMP)
+	PROPERTY_EXAMPLES=$${PROPERTY_EXAMPLES:-100000} PROPERTY_SEED=$${PROPERTY_SEED:-1} PROPERTY_PROGRESS=$${PROPERTY_PROGRESS:-10000} \
+		$(PY) -m pytest -q -s -p no:cacheprovider tests/unit/test_truth_property.py
 
 # Rewrite tests/fixtures/e2e-output.txt (the golden exposition) after an intended change of the metrics; review its diff.
 golden: $(STAMP)

@@ -10,7 +10,7 @@ import operator
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Iterable, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -78,7 +78,7 @@ class Service:
     ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it, so their families are kept
     saved_at: float = float("-inf")  # when the job counters were last written to state.dir
     save_failures: int = 0
-    saved_jobs: frozenset = frozenset()  # the jobs whose counters the last save held
+    saved_jobs: dict = field(default_factory=dict)  # the last save's jobs: their counted and their own totals
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
     # The readings collective_families joins, and its families from them (kept while the readings are the latest).
@@ -100,7 +100,7 @@ class Service:
                 await self._ticking
             self._ticking = None
         await self.scheduler.stop()
-        self.save_counters()
+        self.save_counters(final=True)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Service]:
@@ -286,23 +286,30 @@ class Service:
             log.warning("state.dir: %s is not a job counters file of this version: job counters begin at 0", path)
             return
         saved = {name: SavedCounters.from_json(value) for name, value in (jobs or {}).items()}
-        self.jobs.restore({name: counters for name, counters in saved.items() if counters is not None})
+        final = isinstance(data, dict) and data.get("final") is True  # written as its exporter stopped
+        self.jobs.restore({name: replace(c, final=final) for name, c in saved.items() if c is not None})
         log.info("state.dir: %d jobs' counters resume from %s", len(saved), path)
 
-    def save_counters(self, due: bool = True) -> None:
+    def save_counters(self, due: bool = True, final: bool = False) -> None:
         """The job counters to ``state.dir``, atomically (exporter.statefile); a failure keeps the last file. When
-        not ``due``, only if a job began counting since the last save: a crash before the next save then resumes
-        its counters (from the job's total then) instead of beginning them again."""
+        not ``due``, only if a job counted since the last save (the 1 s tick calls it): a killed exporter's next one
+        resumes the counters from the job's total at its last tick. An older total could resume them below the
+        value exported since: the job may have restarted meanwhile, its new total between the saved one and the
+        last one counted. ``final``: the exporter stops, nothing is counted after this save, so a job whose total
+        does not continue across the restart may resume from it."""
         path = self.state_path()
         if path is None:
             return
         saved = self.jobs.counters()
-        if not due and saved.keys() <= self.saved_jobs:
+        counted = {name: (counters.tokens, counters.raw_tokens) for name, counters in saved.items()}
+        if not due and counted.items() <= self.saved_jobs.items():
             return
-        self.saved_jobs = frozenset(saved)
+        self.saved_jobs = counted
         counters = {name: counters.as_json() for name, counters in saved.items()}
+        # A killed exporter's periodic save, read here and passed on uncounted, stays what it was.
+        final = final and all(counters.final for counters in saved.values())
         try:
-            write_json(path, {"version": STATE_VERSION, "saved": self.clock(), "jobs": counters})
+            write_json(path, {"version": STATE_VERSION, "saved": self.clock(), "final": final, "jobs": counters})
         except (OSError, ValueError) as error:
             self.save_failures += 1
             if self.save_failures == 1 or self.save_failures % 100 == 0:

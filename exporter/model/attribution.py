@@ -58,6 +58,7 @@ from typing import Any, Callable, Iterable
 
 from exporter.config import AttributionConfig
 from exporter.model.job_view import NOT_TRAINING, JobView
+from exporter.model.ledger import TICK_GAP_SECONDS
 from exporter.model.progress import REPORT_RESOLUTION_SECONDS
 from exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, MountSignal, PortSignal
 
@@ -81,9 +82,8 @@ SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "powe
 PRECEDENCE = {cause: rank for rank, cause in enumerate(CAUSES)}
 # An evaluation this much later than its period is a busy process, not the job: no report is overdue for it.
 LATE_EVALUATIONS = 1.5
-# Evaluations further apart than this mean the exporter itself did not run (stopped, starved, suspended): what the
-# jobs did meanwhile was not observed, so that time is booked to no job's cause but to the exporter's own counter.
-TICK_GAP_SECONDS = 5.0
+# Evaluations further apart than TICK_GAP_SECONDS (exporter.model.ledger) mean the exporter itself did not run: what
+# the jobs did meanwhile was not observed, so that time is booked to no job's cause but to the exporter's own counter.
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
 # hw_counters that mean the transport retransmitted or timed out: traffic the collective waited for.

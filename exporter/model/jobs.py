@@ -67,6 +67,7 @@ class Job:
     flops_total: float = 0.0  # model FLOPs counted so far: each token at the FLOPs/token known when it was reported
     counted_tokens: float = 0.0  # of carried + processed tokens, those already in flops_total
     counter_created: float | None = None  # Unix time its counters began (its first count here, or a saved one)
+    processed_floor: float = 0.0  # the counter at the last change: a restart's sum may round an ulp below (a reset)
     # Log-fed jobs (sources.logs): what the framework printed about its own speed, and why the log's lines give
     # no token total yet (a missing world size or sequence length), shown as the job's reason.
     framework_mfu: float | None = None
@@ -84,7 +85,7 @@ class Job:
 
     @property
     def tokens_processed(self) -> float:
-        return self.carried_tokens + self.tokens_total + self.replayed_tokens
+        return max(self.carried_tokens + self.tokens_total + self.replayed_tokens, self.processed_floor)
 
     @property
     def cadence(self) -> float | None:
@@ -443,10 +444,10 @@ class JobTracker:
     def _count_flops(self, job: Job) -> None:
         """Add the tokens not yet counted at the job's current FLOPs per token: the counter never goes back, even
         when the job changes its model facts (an earlier token keeps the FLOPs it was counted with)."""
+        processed = job.processed_floor = job.tokens_processed  # each count's value is the floor of the next
         fpt = flops_per_token({**FACT_DEFAULTS, **job.facts})
         if fpt is None:
             return  # counted once params arrive: then all tokens so far, as if they had been known from the start
-        processed = job.tokens_processed
         if processed > job.counted_tokens:
             job.flops_total += fpt * (processed - job.counted_tokens)
             job.counted_tokens = processed

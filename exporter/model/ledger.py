@@ -48,6 +48,9 @@ MAX_RUNS = 32  # runs kept for the API and the timeline; the counters count ever
 MAX_BANDS = 256  # timeline bands kept per job (consecutive bands of one kind merge)
 MAX_LOADS = 16  # closed checkpoint loads kept for the restore meter, which takes each by its number within a tick
 HEARTBEAT_MISSES = 3  # a run whose client sends heartbeats is lost after this many intervals without one
+# Evaluations further apart than this mean the exporter itself did not run (stopped, starved, suspended): what the
+# jobs did meanwhile was not observed, and what they sent meanwhile waits to be read.
+TICK_GAP_SECONDS = 5.0
 
 
 class RecentValues:
@@ -186,6 +189,8 @@ class Ledger:
     over_ideal: float = 0.0
     ended: bool = False
     fed: bool = False  # a progress feed said something: steps, or a client's start
+    last_tick: float | None = None  # the exporter's last tick
+    watching_since: float = -math.inf  # its ticks' return after a gap of its own (``tick``)
 
     # -- events -----------------------------------------------------------------------------------------------
     def start_run(self, at: float, offset: float, source: str, run_id: str | None = None, restart: bool = True) -> None:
@@ -224,10 +229,13 @@ class Ledger:
             self.start_run(at, offset, source)
         elif self.position is not None and position < self.position:
             # The position went back with no start seen: a new process resumed from a checkpoint. The old run
-            # ended at its last sign of life; the new one did at least one step before this report.
+            # ended at its last sign of life; the new one did at least one step before this report. It keeps the
+            # old one's id: its reports carry that id (torchrun keeps one across its restarts), a new id would
+            # have started a run before this.
             last = self.last_seen if self.last_seen is not None else at
+            run_id = self.run.run_id
             self.end_run(last, offset, "restarted")
-            self.start_run(max(at - (self.ideal_step() or 0.0), last), offset, source)
+            self.start_run(max(at - (self.ideal_step() or 0.0), last), offset, source, run_id)
         at = self._at(at)
         run = self.run
         assert run is not None
@@ -357,13 +365,18 @@ class Ledger:
 
     def tick(self, now: float, offset: float) -> None:
         """A lost client (no heartbeat for a few intervals) ends its run; pending time older than the holdback is
-        committed as what it looks like."""
+        committed as what it looks like. After a gap in the exporter's own ticks (it was stopped, starved), the
+        heartbeats sent meanwhile wait in its socket: a run's silence counts from its return at the earliest, and
+        from the ledger's first tick (the job may have been first heard of just before a gap)."""
+        if self.last_tick is None or now - self.last_tick > TICK_GAP_SECONDS:
+            self.watching_since = now
+        self.last_tick = now
         if (
             self.run is not None
             and self.run.end is None
             and self.heartbeat
             and self.last_seen is not None
-            and now - self.last_seen > HEARTBEAT_MISSES * self.heartbeat
+            and now - max(self.last_seen, self.watching_since) > HEARTBEAT_MISSES * self.heartbeat
         ):
             self.end_run(self.last_seen, offset, "lost")
         if self.settled is not None and now - self.holdback > self.settled:

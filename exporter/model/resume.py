@@ -24,6 +24,8 @@ class SavedCounters:
     flops: float
     created: float
     seen: float
+    # Saved as its exporter stopped (the file's "final"), not periodically: nothing was counted after it.
+    final: bool = True
 
     def as_json(self) -> dict[str, float]:
         return {field: getattr(self, field) for field in FIELDS}
@@ -37,7 +39,8 @@ class SavedCounters:
         numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if len(numbers) != len(FIELDS) or not all(math.isfinite(v) and v >= 0 for v in numbers):
             return None
-        return cls(*numbers)
+        tokens, raw, flops, created, seen = numbers
+        return cls(tokens, raw, flops, created, seen)
 
 
 FIELDS = ("tokens", "raw_tokens", "flops", "created", "seen")
@@ -50,11 +53,21 @@ def counters_start(
     to its total, FLOPs counted, tokens counted in them, Unix time the series began). At 0 with nothing saved. Saved
     by an earlier exporter: a total at or above the saved one, in a frame that survives a restart (``continues``: a
     running total of the job's own), adds what the job did meanwhile; otherwise the counters resume where they were
-    and count from this total on. Never lower than saved: Prometheus would read a reset."""
+    and count from this total on. Never lower than saved: Prometheus would read a reset.
+
+    A save that was not ``final`` (``saved.final``: a periodic one, left by an exporter that was killed) may be older than the last
+    value exported: a running total still says what the job did since, but a total in a frame of its own does not,
+    and resuming at the saved value could be lower than the last value exported. Such a job begins a new series at 0,
+    with its own ``_created``; so does a running total that went back below the saved one (the job restarted
+    meanwhile: the tokens it counted after that save, before the restart, are in no total now)."""
     if saved is None:
         return -total, 0.0, 0.0, now
     if continues and total >= saved.raw_tokens:
         carried = saved.tokens - saved.raw_tokens
-    else:
+    elif saved.final:
         carried = saved.tokens - total
+    else:
+        return -total, 0.0, 0.0, now
+    while carried + total < saved.tokens:  # rounded an ulp below the saved value: Prometheus would read a reset
+        carried = math.nextafter(carried, math.inf)
     return carried, saved.flops, saved.tokens, saved.created

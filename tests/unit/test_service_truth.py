@@ -254,7 +254,7 @@ def test_an_exporter_restart_resumes_the_counters_never_lower(tmp_path, continue
     first.load_counters()
     total = train(first, clocks, 30)
     before, flops_before = exported(first)
-    first.save_counters()
+    first.save_counters(final=True)  # as the exporter stops
     # The exporter is down 20 s; the job trains on. A log read from its tail again integrates its rate from there:
     # a total of its own frame, lower than the one the last exporter saw.
     clocks.advance(20.0)
@@ -292,6 +292,134 @@ def test_a_state_dir_that_cannot_be_written_loses_no_count(tmp_path):
     assert service.save_failures >= 2 and exported(service)[0] > 0
 
 
+def test_a_pause_of_the_exporter_loses_no_run_whose_heartbeats_wait_in_the_socket():
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    tokens = train(service, clocks, 10, run="r1", heartbeat_seconds=1)
+    # Stopped for 10 s: the client's reports and heartbeats go on and wait to be read; the tick runs first.
+    queued = []
+    for _ in range(10):
+        clocks.advance(1.0)
+        tokens += HEALTHY
+        queued.append(
+            {"job": "llama", "tokens_total": tokens, "time": clocks.time(), "run": "r1", "heartbeat_seconds": 1}
+        )
+    service.evaluate_once()
+    for body in queued:
+        service.ingest_progress(body)
+    train(service, clocks, 10, tokens, run="r1", heartbeat_seconds=1)
+    data = job_json(service)
+    assert data["ledger"]["restarts"] == 0 and len(data["ledger"]["runs"]) == 1
+    assert data["ledger"]["kinds"]["down"] == 0.0
+    # A run that really died meanwhile is still lost, its missed heartbeats counted from the exporter's return.
+    clocks.advance(10.0)
+    service.evaluate_once()
+    for _ in range(4):
+        clocks.advance(1.0)
+        service.evaluate_once()
+    data = job_json(service)
+    assert data["ledger"]["state"] == "down" and data["mfu"] == 0.0
+    assert data["ledger"]["runs"][0]["end_reason"] == "lost"
+
+
+def test_a_restart_that_keeps_its_run_id_goes_on_counting():
+    # torchrun keeps one run id across its restarts: the new process's totals go back to its checkpoint, under the
+    # same id. That is the run alive, not a late report of the one that ended.
+    clocks = Clocks()
+    service = service_with(clocks, {"llama": LLAMA})
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r1"})
+    train(service, clocks, 20, run="r1")
+    service.ingest_progress({"job": "llama", "event": "start", "run": "r1"})
+    before = exported(service)[0]
+    train(service, clocks, 20, 0.0, run="r1")
+    data = job_json(service)
+    assert abs(exported(service)[0] - (before + 19 * HEALTHY)) < 1
+    assert data["ledger"]["restarts"] == 1 and abs(data["mfu"] - 0.45) < 0.01
+
+
+def test_a_killed_exporter_never_resumes_an_integrated_frame_below_what_it_exported(tmp_path):
+    # Killed, the exporter leaves its last periodic save, older than its last counts. A log reader's integrated
+    # total cannot say what the job did since: resuming at the saved value would be lower than the last one
+    # exported, which Prometheus reads as a reset and counts again. It begins a new series at 0.
+    clocks = Clocks()
+    first = stateful(clocks, tmp_path)
+    first.load_counters()
+    for total in range(1, 16):
+        clocks.advance(1.0)
+        report = parse_progress({"job": "llama", "tokens_total": total * HEALTHY}, clocks.time())
+        first.jobs.report(replace(report, continues=False))
+        first.evaluate_once()
+    before = exported(first)[0]
+    assert first.jobs.counters()["llama"].tokens > 0  # a periodic save holds less than this
+    clocks.advance(5.0)
+    second = stateful(clocks, tmp_path)
+    second.load_counters()
+    second.jobs.report(
+        replace(parse_progress({"job": "llama", "tokens_total": HEALTHY}, clocks.time()), continues=False)
+    )
+    after = exported(second)[0]
+    assert after >= before or after == 0.0, (before, after)
+    # Stopped cleanly, the last save is its last count: the next exporter resumes there.
+    second.evaluate_once()
+    clocks.advance(1.0)
+    second.jobs.report(
+        replace(parse_progress({"job": "llama", "tokens_total": 2 * HEALTHY}, clocks.time()), continues=False)
+    )
+    before = exported(second)[0]
+    second.save_counters(final=True)
+    third = stateful(clocks, tmp_path)
+    third.load_counters()
+    third.jobs.report(
+        replace(parse_progress({"job": "llama", "tokens_total": HEALTHY}, clocks.time()), continues=False)
+    )
+    assert exported(third)[0] == before
+
+
+def test_a_killed_exporter_resumes_a_restarted_job_at_no_lower_value(tmp_path):
+    # The job restarts from a checkpoint just after a periodic save; the exporter is killed after its next tick.
+    # That tick saved the counters again: the saved running total is the new run's, so the next exporter resumes
+    # at what it exported at least.
+    clocks = Clocks()
+    first = stateful(clocks, tmp_path)
+    first.load_counters()
+    total = train(first, clocks, 20)
+    first.save_counters()
+    clocks.advance(1.0)
+    first.ingest_progress({"job": "llama", "tokens_total": total / 2, "time": clocks.time()})
+    first.evaluate_once()
+    before = exported(first)[0]
+    clocks.advance(3.0)
+    second = stateful(clocks, tmp_path)
+    second.load_counters()
+    second.ingest_progress({"job": "llama", "tokens_total": total / 2 + 3 * HEALTHY, "time": clocks.time()})
+    assert exported(second)[0] >= before
+
+
+def test_a_clean_stop_passes_on_a_killed_exporters_save_as_it_was(tmp_path):
+    # A killed exporter's periodic save, read by one that stops before the job reports again, is saved again as it
+    # came: not as a final one, which would let a log reader's integrated frame resume below what was exported.
+    clocks = Clocks()
+    first = stateful(clocks, tmp_path)
+    first.load_counters()
+    for total in range(1, 16):  # saved at the first count and 10 s later, then counting on
+        clocks.advance(1.0)
+        first.jobs.report(
+            replace(parse_progress({"job": "llama", "tokens_total": total * HEALTHY}, clocks.time()), continues=False)
+        )
+        first.evaluate_once()
+    before = exported(first)[0]
+    second = stateful(clocks, tmp_path)
+    second.load_counters()
+    second.save_counters(final=True)
+    third = stateful(clocks, tmp_path)
+    third.load_counters()
+    third.jobs.report(
+        replace(parse_progress({"job": "llama", "tokens_total": HEALTHY}, clocks.time()), continues=False)
+    )
+    after = exported(third)[0]
+    assert after >= before or after == 0.0, (before, after)
+
+
 def test_a_run_lost_for_want_of_heartbeats_that_reports_again_is_that_run_not_a_stale_one():
     clocks = Clocks()
     service = service_with(clocks, {"llama": LLAMA})
@@ -316,3 +444,19 @@ def test_saved_counters_of_a_job_silent_past_its_ttl_are_forgotten(tmp_path):
     assert "llama" in second.jobs.counters()  # not counting here yet: kept for the exporter after this one
     clocks.advance(3601.0)
     assert "llama" not in second.jobs.counters()
+
+
+def test_a_killed_exporter_resumes_no_counter_below_its_last_tick_when_the_job_restarted_meanwhile(tmp_path):
+    # The job counted for 15 s (a periodic save at 10 s), the exporter is killed after its tick, and the job restarts
+    # meanwhile from a checkpoint whose total lies between the periodic save's and the last one counted.
+    clocks = Clocks()
+    first = stateful(clocks, tmp_path)
+    first.load_counters()
+    train(first, clocks, 15)
+    before = exported(first)[0]
+    clocks.advance(5.0)
+    second = stateful(clocks, tmp_path)
+    second.load_counters()
+    second.ingest_progress({"job": "llama", "tokens_total": 13 * HEALTHY, "time": clocks.time()})
+    after = exported(second)[0]
+    assert after >= before or after == 0.0, (before, after)

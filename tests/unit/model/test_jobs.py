@@ -287,3 +287,17 @@ def test_facts_validated_once_are_told_apart_by_type_and_sign():
         with pytest.raises(ValidationError):
             facts({"params": "8B"}, gpus=[0, True])
         assert str(facts({"params": "8B"}, expected_mfu=0.0)["expected_mfu"]) == "0.0"
+
+
+def test_a_restart_from_a_checkpoint_never_lowers_the_counter_by_a_rounding():
+    # (-23309.212 + 122945.238) + (561955.641 - 122945.238) is one ulp below -23309.212 + 561955.641 in doubles: a
+    # counter one ulp lower reads as a reset to Prometheus, which counts the whole value again.
+    clock = [1000.0]
+    tracker = JobTracker({"llama": {"params": 7e9, "gpus": 8, "peak_tflops": 989}}, clock=lambda: clock[0])
+    seen = []
+    for total in (23309.212, 561955.641, 122945.238):
+        clock[0] += 10.0
+        tracker.report(parse_progress({"job": "llama", "tokens_total": total}, clock[0]))
+        (view,) = tracker.views()
+        seen.append((view.tokens_processed, view.model_flops))
+    assert seen == sorted(seen) and seen[2] == seen[1]
