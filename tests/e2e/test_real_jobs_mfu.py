@@ -2,9 +2,7 @@
 a Hugging Face Trainer (its console dicts) and a Lightning run (its CSVLogger's metrics.csv with a ThroughputMonitor),
 tiny GPT-2 shapes on the CPU (tests/support/realjobs).
 
-A CPU has no entry in the GPU peak table: both sides take one thread's float32 matmul FLOP/s, measured once, as the
-device's peak (the jobs print their MFU by it, the config declares it as ``jobs.<name>.peak_flops``), so the
-comparisons are of the same quantity. The daemon is configured with where the logs are and the jobs' facts only."""
+The peak both sides use, and what the daemon is told, are the harness's (tests/support/realjobs_harness.py)."""
 
 from __future__ import annotations
 
@@ -20,16 +18,10 @@ from tests.support.realjobs_harness import (
     hf_trainer,
     lightning_metrics,
     lightning_run,
-    model_facts,
     settled,
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def facts() -> dict:
-    return model_facts()
 
 
 # -- MFU from the frameworks' own logs -------------------------------------------------------------------------------

@@ -1,9 +1,7 @@
 """The exporter restarted (``kill -9``, then started on the same config) under a running Hugging Face Trainer: what it
 serves before, during and after, against the Trainer's own count (tests/support/realjobs).
 
-A CPU has no entry in the GPU peak table: both sides take one thread's float32 matmul FLOP/s, measured once, as the
-device's peak (the jobs print their MFU by it, the config declares it as ``jobs.<name>.peak_flops``), so the
-comparisons are of the same quantity. The daemon is configured with where the logs are and the jobs' facts only."""
+The peak both sides use, and what the daemon is told, are the harness's (tests/support/realjobs_harness.py)."""
 
 from __future__ import annotations
 
@@ -18,17 +16,11 @@ from tests.support.realjobs_harness import (
     Watcher,
     figures,
     hf_trainer,
-    model_facts,
     settled,
 )
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def facts() -> dict:
-    return model_facts()
 
 
 # -- The exporter restarted under a running job ----------------------------------------------------------------------

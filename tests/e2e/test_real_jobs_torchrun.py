@@ -2,9 +2,7 @@
 with ``kill -9`` and the group restarted from its torch.distributed.checkpoint, against what its processes recorded
 with their own clocks; and the same job with a data loader made slow, named ``input`` (tests/support/realjobs).
 
-A CPU has no entry in the GPU peak table: both sides take one thread's float32 matmul FLOP/s, measured once, as the
-device's peak (the jobs print their MFU by it, the config declares it as ``jobs.<name>.peak_flops``), so the
-comparisons are of the same quantity. The daemon is configured with where the logs are and the jobs' facts only."""
+The peak both sides use, and what the daemon is told, are the harness's (tests/support/realjobs_harness.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ from tests.support.realjobs_harness import (
     TOLERANCE,
     Daemon,
     figures,
-    model_facts,
     settled,
     torchrun_job,
     truth,
@@ -30,11 +27,6 @@ from tests.support.realjobs_harness import (
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def facts() -> dict:
-    return model_facts()
 
 
 # -- torchrun: a rank killed, the group restarted from its checkpoint ------------------------------------------------

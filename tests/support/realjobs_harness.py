@@ -4,7 +4,10 @@ whose output goes to a file, as in a pod or a Slurm job; and what the jobs recor
 
 The daemon runs on this machine's real sources: no GPU here (the GPU source finds no NVML and says so), so a job's
 peak is the CPU's, declared with ``jobs.<name>.peak_flops``.
-"""
+
+A CPU has no entry in the GPU peak table: both sides take one thread's float32 matmul FLOP/s, measured once, as the
+device's peak (the jobs print their MFU by it, the config declares it as ``jobs.<name>.peak_flops``), so the
+comparisons are of the same quantity. The daemon is configured with where the logs are and the jobs' facts only."""
 
 from __future__ import annotations
 

@@ -337,6 +337,13 @@ def test_a_restart_that_keeps_its_run_id_goes_on_counting():
     assert data["ledger"]["restarts"] == 1 and abs(data["mfu"] - 0.45) < 0.01
 
 
+def integrated(service, clocks, total):
+    """A count of a log reader's integrated rate (no running total of the job's own) at the clock's now."""
+    service.jobs.report(
+        replace(parse_progress({"job": "llama", "tokens_total": total}, clocks.time()), continues=False)
+    )
+
+
 def test_a_killed_exporter_never_resumes_an_integrated_frame_below_what_it_exported(tmp_path):
     # Killed, the exporter leaves its last periodic save, older than its last counts. A log reader's integrated
     # total cannot say what the job did since: resuming at the saved value would be lower than the last one
@@ -346,32 +353,25 @@ def test_a_killed_exporter_never_resumes_an_integrated_frame_below_what_it_expor
     first.load_counters()
     for total in range(1, 16):
         clocks.advance(1.0)
-        report = parse_progress({"job": "llama", "tokens_total": total * HEALTHY}, clocks.time())
-        first.jobs.report(replace(report, continues=False))
+        integrated(first, clocks, total * HEALTHY)
         first.evaluate_once()
     before = exported(first)[0]
     assert first.jobs.counters()["llama"].tokens > 0  # a periodic save holds less than this
     clocks.advance(5.0)
     second = stateful(clocks, tmp_path)
     second.load_counters()
-    second.jobs.report(
-        replace(parse_progress({"job": "llama", "tokens_total": HEALTHY}, clocks.time()), continues=False)
-    )
+    integrated(second, clocks, HEALTHY)
     after = exported(second)[0]
     assert after >= before or after == 0.0, (before, after)
     # Stopped cleanly, the last save is its last count: the next exporter resumes there.
     second.evaluate_once()
     clocks.advance(1.0)
-    second.jobs.report(
-        replace(parse_progress({"job": "llama", "tokens_total": 2 * HEALTHY}, clocks.time()), continues=False)
-    )
+    integrated(second, clocks, 2 * HEALTHY)
     before = exported(second)[0]
     second.save_counters(final=True)
     third = stateful(clocks, tmp_path)
     third.load_counters()
-    third.jobs.report(
-        replace(parse_progress({"job": "llama", "tokens_total": HEALTHY}, clocks.time()), continues=False)
-    )
+    integrated(third, clocks, HEALTHY)
     assert exported(third)[0] == before
 
 
@@ -403,9 +403,7 @@ def test_a_clean_stop_passes_on_a_killed_exporters_save_as_it_was(tmp_path):
     first.load_counters()
     for total in range(1, 16):  # saved at the first count and 10 s later, then counting on
         clocks.advance(1.0)
-        first.jobs.report(
-            replace(parse_progress({"job": "llama", "tokens_total": total * HEALTHY}, clocks.time()), continues=False)
-        )
+        integrated(first, clocks, total * HEALTHY)
         first.evaluate_once()
     before = exported(first)[0]
     second = stateful(clocks, tmp_path)
@@ -413,9 +411,7 @@ def test_a_clean_stop_passes_on_a_killed_exporters_save_as_it_was(tmp_path):
     second.save_counters(final=True)
     third = stateful(clocks, tmp_path)
     third.load_counters()
-    third.jobs.report(
-        replace(parse_progress({"job": "llama", "tokens_total": HEALTHY}, clocks.time()), continues=False)
-    )
+    integrated(third, clocks, HEALTHY)
     after = exported(third)[0]
     assert after >= before or after == 0.0, (before, after)
 
