@@ -7,7 +7,7 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY exporter ./exporter
+COPY mfu_exporter ./mfu_exporter
 # Wheels for the package and every dependency. Anything without a binary wheel would be compiled here, never in the
 # final image, which gets no compiler and no network access at install time.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .

@@ -16,10 +16,10 @@ system-deps:
 
 # A simulated 8-GPU training node through the real exporter: open http://localhost:9495/ (DEMO_ARGS="--speed 10").
 demo: $(STAMP)
-	$(PY) -m exporter demo $(DEMO_ARGS)
+	$(PY) -m mfu_exporter demo $(DEMO_ARGS)
 
 run: $(STAMP)
-	$(PY) -m exporter run
+	$(PY) -m mfu_exporter run
 
 # The whole suite CI runs: code checks, then every test (unit and end-to-end), Debian tools installed when root.
 # Test files run in TEST_WORKERS parallel workers (a file stays on one worker: its servers are started once); most of
@@ -67,7 +67,7 @@ bench: $(STAMP)
 	$(PY) -m bench.run --json bench/results/$$(date -u +%Y%m%dT%H%M%SZ).json
 
 # The fleet's costs of docs/benchmarks.md ("Issue 25: growth to 4,096 nodes"): 256 simulated nodes (demo --nodes,
-# whole exporters), then 1,024, 2,048 and 4,096 from the target server of exporter/sim/targets.py, through two vmagent
+# whole exporters), then 1,024, 2,048 and 4,096 from the target server of mfu_exporter/sim/targets.py, through two vmagent
 # shards → VictoriaMetrics + vmalert, and up to 2,048 through Prometheus (below), each path
 # in its own stack; the node tier of the rules centrally up to 1,024 nodes (a shard's size), above only the central
 # tier; 15 s intervals; ~25 minutes and up to ~4 GiB of memory on 2 cores. FLEET_SIZES=256,1024 for less. Exits 1

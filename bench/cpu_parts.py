@@ -24,8 +24,8 @@ import time
 from typing import Any, Callable
 
 from bench import fixture, node
-from exporter.render import encode
-from exporter.service import Service
+from mfu_exporter.render import encode
+from mfu_exporter.service import Service
 
 cost: collections.Counter = collections.Counter()
 calls: collections.Counter = collections.Counter()

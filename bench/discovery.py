@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def _serve(socket_path: str, uuids: list[str], ready) -> None:
-    from exporter.sim.podresources import PodResourcesServer, SimPod
+    from mfu_exporter.sim.podresources import PodResourcesServer, SimPod
 
     pods = []
     for i in range(8):
@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
 
-    from exporter.config import typed_config, validate
-    from exporter.sim.nvml import FakeNvml, h100
-    from exporter.sim.procfs import add_process, host_procfs, v2_job
-    from exporter.sources.discovery import DiscoverySource
+    from mfu_exporter.config import typed_config, validate
+    from mfu_exporter.sim.nvml import FakeNvml, h100
+    from mfu_exporter.sim.procfs import add_process, host_procfs, v2_job
+    from mfu_exporter.sources.discovery import DiscoverySource
 
     nvml = FakeNvml([h100(i) for i in range(8)])
     tmp = Path(tempfile.mkdtemp(prefix="bench-discovery-"))

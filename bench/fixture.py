@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exporter.config import validate
-from exporter.node.ethtool import EthtoolTextReader
-from exporter.node.nic_qos import NicQos
-from exporter.sim import nvml as fake_nvml
-from exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names
-from exporter.sources import Paths, SourceContext, build_sources
-from exporter.sources.base import Source
+from mfu_exporter.config import validate
+from mfu_exporter.node.ethtool import EthtoolTextReader
+from mfu_exporter.node.nic_qos import NicQos
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names
+from mfu_exporter.sources import Paths, SourceContext, build_sources
+from mfu_exporter.sources.base import Source
 
 GPUS = 8
 NICS = 8

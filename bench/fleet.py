@@ -4,7 +4,7 @@ For each size, the stack of tests/support/fleet_harness.py (two vmagent shards â
 Prometheus path, ``--prometheus-mode scrape`` (the default) one Prometheus scraping the nodes itself and running the
 rules as a shard is deployed (deploy/fleet/prometheus-shard.yaml), or ``agent``, an agent remote-writing every sample
 into a receiver running the rules) over a simulated fleet: ``demo --nodes N`` (whole
-exporters) up to ``--targets-above`` nodes, the target server of exporter/sim/targets.py (the project's own
+exporters) up to ``--targets-above`` nodes, the target server of mfu_exporter/sim/targets.py (the project's own
 expositions, captured at its start, served per node) above; the Prometheus path up to ``--prometheus-up-to`` nodes.
 At production intervals (15 s scrape, sample and evaluation unless ``--interval`` says otherwise), measured after a
 warm-up:
@@ -40,8 +40,8 @@ from typing import Any
 
 import requests
 
-from exporter.quantities import parse_duration
-from exporter.sim.targets import LAYOUTS
+from mfu_exporter.quantities import parse_duration
+from mfu_exporter.sim.targets import LAYOUTS
 from tests.support.fleet_harness import RULE_FILES, FleetStack
 
 TARGET_SHARE = 0.10  # every rule group under 10 % of its interval
@@ -483,7 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=90.0, help="seconds before measuring")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds measured")
     parser.add_argument(
-        "--targets-above", type=int, default=256, help="fleets larger than this are served by exporter/sim/targets.py"
+        "--targets-above",
+        type=int,
+        default=256,
+        help="fleets larger than this are served by mfu_exporter/sim/targets.py",
     )
     parser.add_argument(
         "--prometheus-up-to", type=int, default=2048, help="the Prometheus path runs up to this many nodes"
@@ -510,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         "--layout",
         choices=LAYOUTS,
         default="small",
-        help="the target server's jobs: many small ones, one on every node, or half and half (exporter/sim/targets.py)",
+        help="the target server's jobs: many small ones, one on every node, or half and half (mfu_exporter/sim/targets.py)",
     )
     parser.add_argument(
         "--prometheus-mode",

@@ -45,7 +45,7 @@ import requests
 import yaml
 
 from bench.fleet import label, loadavg, prometheus_iterations, scrape_metrics
-from exporter.quantities import parse_duration
+from mfu_exporter.quantities import parse_duration
 from tests.support.fleet_harness import DEPLOY, FleetStack, Server, Store, _copy_config
 from tests.support.prom_harness import GLOBAL_RULE_FILES
 from tests.support.tools import require_tool

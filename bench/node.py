@@ -1,4 +1,4 @@
-"""The benchmarked exporter process: the real service and server (``exporter.web.app.serve``) on the full-node fixture.
+"""The benchmarked exporter process: the real service and server (``mfu_exporter.web.app.serve``) on the full-node fixture.
 
     python -m bench.node --fixture DIR --web.listen-address 127.0.0.1:PORT
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from bench import fixture
 from bench.run import positive_seconds
-from exporter.cli import setup_logging
-from exporter.service import build_service
-from exporter.web.app import serve
+from mfu_exporter.cli import setup_logging
+from mfu_exporter.service import build_service
+from mfu_exporter.web.app import serve
 
 GPU_TICK_SECONDS = 1.0
 

@@ -15,8 +15,8 @@ import json
 import sys
 import time
 
-from exporter.sim import nvml as fake
-from exporter.sources.gpu import GpuSource
+from mfu_exporter.sim import nvml as fake
+from mfu_exporter.sources.gpu import GpuSource
 
 GPUS = 8
 

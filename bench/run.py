@@ -50,13 +50,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import fixture, loadgen
-from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.progress import parse_progress
-from exporter.node.ethtool import EthtoolTextReader
-from exporter.render.encode import encode
-from exporter.render.snapshots import snapshot_families
-from exporter.service import build_service
-from exporter.sim.mlx5 import SimulatedNode
+from mfu_exporter.model.checkpoints import parse_checkpoint_event
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.node.ethtool import EthtoolTextReader
+from mfu_exporter.render.encode import encode
+from mfu_exporter.render.snapshots import snapshot_families
+from mfu_exporter.service import build_service
+from mfu_exporter.sim.mlx5 import SimulatedNode
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SCRAPERS = 16
@@ -684,7 +684,7 @@ async def measure_demo(plan: Plan, root: Path, figures: Figures) -> None:
         [
             sys.executable,
             "-m",
-            "exporter",
+            "mfu_exporter",
             "demo",
             "--speed",
             "1",

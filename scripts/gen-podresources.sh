@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerate exporter/node/podresources/api_pb2.py, api_pb2.pyi and api_pb2_grpc.py from the vendored upstream
+# Regenerate mfu_exporter/node/podresources/api_pb2.py, api_pb2.pyi and api_pb2_grpc.py from the vendored upstream
 # api.proto (kubernetes/kubelet pkg/apis/podresources/v1, tag kubernetes-1.36.3, commit bbb4f8f0907a).
 #
 # The stubs are committed, so users need grpcio and protobuf only; grpcio-tools is pinned here so a regeneration
@@ -13,7 +13,7 @@ set -eu
 GRPCIO_TOOLS_VERSION=1.85.1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-"$ROOT/.venv/bin/python"}
-PROTO=exporter/node/podresources/api.proto
+PROTO=mfu_exporter/node/podresources/api.proto
 
 have=$("$PY" -c 'import importlib.metadata as m; print(m.version("grpcio-tools"))' 2>/dev/null || true)
 if [ "$have" != "$GRPCIO_TOOLS_VERSION" ]; then
@@ -26,18 +26,18 @@ out=$ROOT
 if [ "${1:-}" = "--check" ]; then
     out=$(mktemp -d)
     trap 'rm -rf "$out"' EXIT
-    mkdir -p "$out/exporter/node/podresources"
+    mkdir -p "$out/mfu_exporter/node/podresources"
 fi
 
-# -I is the repository root, so the generated api_pb2_grpc.py imports "from exporter.node.podresources import
+# -I is the repository root, so the generated api_pb2_grpc.py imports "from mfu_exporter.node.podresources import
 # api_pb2"; the proto's own "package v1;" is untouched, so the method paths stay /v1.PodResourcesLister/List.
 cd "$ROOT"
 "$PY" -m grpc_tools.protoc -I. --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" "$PROTO"
 
 if [ "${1:-}" = "--check" ]; then
     for f in api_pb2.py api_pb2.pyi api_pb2_grpc.py; do
-        if ! cmp -s "$out/exporter/node/podresources/$f" "exporter/node/podresources/$f"; then
-            echo "gen-podresources: exporter/node/podresources/$f differs from a fresh generation" >&2
+        if ! cmp -s "$out/mfu_exporter/node/podresources/$f" "mfu_exporter/node/podresources/$f"; then
+            echo "gen-podresources: mfu_exporter/node/podresources/$f differs from a fresh generation" >&2
             exit 1
         fi
     done

@@ -16,7 +16,7 @@ What it runs, in order:
    the perf-policy counters (74-81: their unit, against wall time), the NVLink error counters, GPM at short
    intervals, memory from the v1 and v2 calls (reserved memory), nvmlInit's reference count, the Xid wait.
 3. **A workload of known FLOP/s**: bf16 matrix products timed with CUDA events, reported through
-   ``exporter.client`` to a real daemon (``python -m exporter run``) with model facts chosen so 6·P·tokens equals
+   ``mfu_exporter.client`` to a real daemon (``python -m mfu_exporter run``) with model facts chosen so 6·P·tokens equals
    the products' FLOPs. The daemon's formula MFU must match measured FLOP/s ÷ the peak-table peak within 2 points;
    the hardware estimate (``mfu_gpu_hardware_flops_utilization_ratio``) and tensor activity are set beside it.
 4. **A real framework run**: a small transformers ``Trainer`` (random weights and data, nothing downloaded) whose
@@ -25,7 +25,7 @@ What it runs, in order:
 5. **The daemon's own CPU** at 1 s sampling (``process_cpu_seconds_total``), GPU idle and GPU busy.
 6. **nvidia-smi** sampled alongside as the reference for utilization, SM clock and power.
 
-With ``--fake`` the same steps run against ``exporter.sim.nvml`` (two simulated H100s, in this process and in the
+With ``--fake`` the same steps run against ``mfu_exporter.sim.nvml`` (two simulated H100s, in this process and in the
 daemon) with a CPU matrix product of known FLOPs as the workload and a stand-in peak (the measured CPU rate × 2, so
 the formula MFU is near 0.5 and a wrong 6·P·tokens shows), so the script cannot rot while no GPU is at hand. What
 needs the real thing (transformers, nvidia-smi, GPU-only probes) is SKIPped with the reason; the Trainer's log path
@@ -166,7 +166,7 @@ def is_hopper_or_newer(name: str) -> bool:
 
 def fake_nvml() -> Any:
     """Two simulated H100s under load, as the fake mode's NVML (in this process and in the daemon)."""
-    from exporter.sim import nvml as sim
+    from mfu_exporter.sim import nvml as sim
 
     fake = sim.node(sim.h100, count=2)
     for gpu in fake.gpus:
@@ -180,14 +180,14 @@ def fake_nvml() -> Any:
 
 
 def serve_fake(config_path: str, listen: str) -> int:
-    """The daemon of ``exporter.cli.run.run_daemon`` with the fake NVML in its SourceContext (fake mode only)."""
+    """The daemon of ``mfu_exporter.cli.run.run_daemon`` with the fake NVML in its SourceContext (fake mode only)."""
     import asyncio
 
-    from exporter.cli import setup_logging
-    from exporter.cli.flags import load_daemon_config
-    from exporter.service import build_service
-    from exporter.sources import Paths, SourceContext, build_sources
-    from exporter.web.app import serve
+    from mfu_exporter.cli import setup_logging
+    from mfu_exporter.cli.flags import load_daemon_config
+    from mfu_exporter.service import build_service
+    from mfu_exporter.sources import Paths, SourceContext, build_sources
+    from mfu_exporter.web.app import serve
 
     setup_logging("warning")
     args = argparse.Namespace(
@@ -249,11 +249,11 @@ def check_gpu_source(report: Report, nvml: Any, samples: int, pause: float) -> l
     """Sample the GPU source as the daemon builds it; returns the status's GPU list (empty when NVML is down)."""
     from prometheus_client.exposition import choose_encoder
 
-    from exporter.config import validate
-    from exporter.render.encode import encode_families
-    from exporter.render.snapshots import snapshot_families
-    from exporter.sources import SourceContext, build_sources
-    from exporter.sources.base import SourceUnavailable
+    from mfu_exporter.config import validate
+    from mfu_exporter.render.encode import encode_families
+    from mfu_exporter.render.snapshots import snapshot_families
+    from mfu_exporter.sources import SourceContext, build_sources
+    from mfu_exporter.sources.base import SourceUnavailable
 
     config = {
         "sources": {name: {"enabled": False} for name in ("rdma", "ethtool", "checkpoint", "logs", "preflight")},
@@ -540,7 +540,7 @@ def counter_rates(before: dict, after: dict) -> dict[str, Any]:
 
 
 class Daemon:
-    """The exporter as a process of its own: ``python -m exporter run`` (fake mode: the same with the fake NVML)."""
+    """The exporter as a process of its own: ``python -m mfu_exporter run`` (fake mode: the same with the fake NVML)."""
 
     def __init__(self, work: Path, config: dict, fake: bool):
         self.port = free_port()
@@ -551,7 +551,7 @@ class Daemon:
         if fake:
             argv = [sys.executable, __file__, "--serve-fake", str(path), "--listen", listen]
         else:
-            argv = [sys.executable, "-m", "exporter", "run", "--config", str(path), "--web.listen-address", listen]
+            argv = [sys.executable, "-m", "mfu_exporter", "run", "--config", str(path), "--web.listen-address", listen]
         self.log_path = work / "exporter.log"
         self.log = self.log_path.open("w")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPOSITORY), os.environ.get("PYTHONPATH", "")])}
@@ -699,8 +699,8 @@ def run_gemm(
     probes: Any,
 ) -> tuple[float, float]:
     """Run the products for ``seconds``, reporting one token per product; compare the daemon's MFU with the truth."""
-    from exporter.client import ProgressReporter
-    from exporter.model.flops import peak_flops
+    from mfu_exporter.client import ProgressReporter
+    from mfu_exporter.model.flops import peak_flops
 
     # 6·P·tokens = the products' FLOPs with one token per product: P = 2n³ / 6. On the fake, each CPU FLOP stands
     # for a million (params and the stand-in peak alike, so the MFU is unchanged): the API takes peaks from 1 GFLOP/s.
@@ -1200,7 +1200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1 and 2: the GPU source, then the probes, on NVML in this process.
     if fake:
-        import exporter.sim.nvml as sim_nvml  # noqa: F401 - imported here so the real mode never loads the fake
+        import mfu_exporter.sim.nvml as sim_nvml  # noqa: F401 - imported here so the real mode never loads the fake
 
         nvml = fake_nvml()
     else:
@@ -1254,7 +1254,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         idle_probe["memory_after_gemm"] = probes.memory()
         if have_transformers or fake:
-            from exporter.model.flops import peak_flops
+            from mfu_exporter.model.flops import peak_flops
 
             peak = peak_flops(gpus[0]["name"], "bf16")
             start = time.time()

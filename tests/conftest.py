@@ -1,8 +1,8 @@
 import pytest
 
-from exporter.config import validate
-from exporter.service import build_service
-from exporter.web.app import create_app
+from mfu_exporter.config import validate
+from mfu_exporter.service import build_service
+from mfu_exporter.web.app import create_app
 from tests.support.sources import ScriptedSource
 
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import validate
-from exporter.model.progress import parse_progress
-from exporter.node.ethtool import EthtoolTextReader
-from exporter.node.nvml_fields import THROTTLE_REASONS
-from exporter.node.pci import pci_address_from_nvml
-from exporter.render.attribution import attribution_families
-from exporter.service import build_service
-from exporter.sim import node as demo
-from exporter.sim import nvml as fake_nvml
-from exporter.sim.mlx5 import SimulatedNode
-from exporter.sources import Paths, SourceContext, build_sources
+from mfu_exporter.config import validate
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.node.ethtool import EthtoolTextReader
+from mfu_exporter.node.nvml_fields import THROTTLE_REASONS
+from mfu_exporter.node.pci import pci_address_from_nvml
+from mfu_exporter.render.attribution import attribution_families
+from mfu_exporter.service import build_service
+from mfu_exporter.sim import node as demo
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sim.mlx5 import SimulatedNode
+from mfu_exporter.sources import Paths, SourceContext, build_sources
 
 ALL_GPUS = list(range(demo.GPUS))
 SLOWED = 0.4  # share of the healthy token rate a degraded job keeps: MFU 18% against a 45% baseline

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.model.attribution import SOCKET_FALLBACK
-from exporter.sim import node as demo
+from mfu_exporter.model.attribution import SOCKET_FALLBACK
+from mfu_exporter.sim import node as demo
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.fleet_harness import FleetStack
 from tests.support.prom_harness import demo_under_rules

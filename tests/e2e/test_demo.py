@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from exporter.sim import node as demo
+from mfu_exporter.sim import node as demo
 from tests.support.demo_harness import get, get_json, metric_samples, running_demo
 from tests.support.golden import GOLDEN, names_by_source, render_full_node, sample_names
 from tests.support.prom_harness import documented_metrics

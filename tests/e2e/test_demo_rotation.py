@@ -28,7 +28,7 @@ SETTLE = 30.0  # after an incident ends: the window, its hold and a poll, before
 # crash-restart) waited for whole, and more, before it went by the job's recent progress.
 ONSET = 7.5
 # The straggler's own signal takes longer: NCCL Inspector names the slow rank by the median of each rank's last 16
-# collectives (exporter/nccl/inspector.py), which moves after ~8 of the demo's 2 s dumps. Its seconds meanwhile wait
+# collectives (mfu_exporter/nccl/inspector.py), which moves after ~8 of the demo's 2 s dumps. Its seconds meanwhile wait
 # for it (a gap no cause explains is unknown only after a window), so they still go to straggler.
 ONSET_OF = {"straggler": 20.0}
 

@@ -4,7 +4,7 @@ NVMe's read rate, measured from the ledger's load and the checkpoint mount's cou
 
 import pytest
 
-from exporter.sim.storage import DATASET_DEVICE, DATASET_MOUNT, RESTORE_READ_RATE
+from mfu_exporter.sim.storage import DATASET_DEVICE, DATASET_MOUNT, RESTORE_READ_RATE
 from tests.support.demo_harness import metric_samples, running_demo
 from tests.support.wait import wait_until
 

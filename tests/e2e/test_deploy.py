@@ -20,12 +20,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter import __version__
-from exporter.cli import build_parser
-from exporter.config import DEFAULT_LISTEN_ADDRESS, load_config
-from exporter.quantities import parse_duration
-from exporter.service import build_service
-from exporter.web.app import create_app
+from mfu_exporter import __version__
+from mfu_exporter.cli import build_parser
+from mfu_exporter.config import DEFAULT_LISTEN_ADDRESS, load_config
+from mfu_exporter.quantities import parse_duration
+from mfu_exporter.service import build_service
+from mfu_exporter.web.app import create_app
 from tests.support.scripts import load_script
 from tests.support.tools import require_tool
 

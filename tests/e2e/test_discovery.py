@@ -10,16 +10,16 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from exporter.config import validate
-from exporter.model.progress import parse_progress
-from exporter.node.ethtool import EthtoolTextReader
-from exporter.node.nvml_fields import THROTTLE_REASONS
-from exporter.service import build_service
-from exporter.sim import node as demo
-from exporter.sim import nvml as fake_nvml
-from exporter.sim.mlx5 import SimulatedNode
-from exporter.sim.podresources import PodResourcesServer, SimPod
-from exporter.sources import Paths, SourceContext, build_sources
+from mfu_exporter.config import validate
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.node.ethtool import EthtoolTextReader
+from mfu_exporter.node.nvml_fields import THROTTLE_REASONS
+from mfu_exporter.service import build_service
+from mfu_exporter.sim import node as demo
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sim.mlx5 import SimulatedNode
+from mfu_exporter.sim.podresources import PodResourcesServer, SimPod
+from mfu_exporter.sources import Paths, SourceContext, build_sources
 from tests.support.expo import samples as parse_exposition
 
 

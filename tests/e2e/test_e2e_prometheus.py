@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from exporter.sim.node import DISCOVERED_JOB, JOB
+from mfu_exporter.sim.node import DISCOVERED_JOB, JOB
 from tests.support.dashboards import LABEL_VALUES, dashboards, queries
 from tests.support.demo_harness import get_json, running_demo
 from tests.support.prom_harness import RULE_FILES, SCRAPE_JOB, Prometheus, derived_rules, listening_addresses

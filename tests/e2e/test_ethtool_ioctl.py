@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.node.ethtool import parse_ethtool_statistics
+from mfu_exporter.node.ethtool import parse_ethtool_statistics
 from tests.support.tools import require_tool
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 # Runs inside the namespace (ip netns exec); prints what the reader and ethtool saw, as JSON.
 INSIDE = r"""
 import json, subprocess, sys
-from exporter.sources.ethtool import EthtoolIoctlReader, EthtoolSource
+from mfu_exporter.sources.ethtool import EthtoolIoctlReader, EthtoolSource
 
 ethtool = sys.argv[1]
 reader = EthtoolIoctlReader()

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.client import ProgressReporter
-from exporter.config import validate
-from exporter.service import build_service
-from exporter.sim import nvml as fake_nvml
-from exporter.sim.podresources import PodResourcesServer, SimPod
-from exporter.sources import Paths, SourceContext, build_sources
-from exporter.web.app import serve
+from mfu_exporter.client import ProgressReporter
+from mfu_exporter.config import validate
+from mfu_exporter.service import build_service
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sim.podresources import PodResourcesServer, SimPod
+from mfu_exporter.sources import Paths, SourceContext, build_sources
+from mfu_exporter.web.app import serve
 from tests.support.expo import samples
 from tests.support.known_truth import GOODPUT, TRUTH, step_time
 from tests.support.net import free_port
@@ -49,7 +49,7 @@ class SimTime:
 
 
 class Daemon:
-    """The real exporter's service and HTTP server (``exporter.web.app.serve``) on a loopback port."""
+    """The real exporter's service and HTTP server (``mfu_exporter.web.app.serve``) on a loopback port."""
 
     def __init__(self, config: dict, clock: SimTime, ctx_extra: dict | None = None):
         self.port = free_port()
@@ -218,7 +218,7 @@ INIT = (
 
 async def test_the_known_truth_run_through_a_torchtitan_log(tmp_path: Path):
     """No client at all: the logs source follows the job's log as it is written; its start-up, save, load and step
-    lines (torchtitan's format strings, cited in exporter/logs/torchtitan.py) are all the ledger has."""
+    lines (torchtitan's format strings, cited in mfu_exporter/logs/torchtitan.py) are all the ledger has."""
     clock = SimTime()
     log = tmp_path / "train.log"
     log.touch()

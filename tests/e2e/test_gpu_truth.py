@@ -1,6 +1,6 @@
 """``make gpu-check`` on the fake NVML (``scripts/gpu-truth.py --fake``), so the GPU node's acceptance run cannot rot.
 
-The run itself starts a real daemon, reports the CPU stand-in's products through ``exporter.client`` and has the
+The run itself starts a real daemon, reports the CPU stand-in's products through ``mfu_exporter.client`` and has the
 logs source follow an HF-format log; here we check that every comparison it makes came out as it must on the fake,
 and that its checks can fail (a GPU without a core series, NVML that does not start).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sim import nvml as sim
+from mfu_exporter.sim import nvml as sim
 from tests.support import scripts
 
 REPOSITORY = Path(__file__).resolve().parents[2]

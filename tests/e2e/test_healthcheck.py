@@ -22,7 +22,7 @@ import yaml
 from tests.support.prom_harness import no_sources_config
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPORTER = [sys.executable, "-m", "exporter"]
+EXPORTER = [sys.executable, "-m", "mfu_exporter"]
 
 
 def free_port() -> int:
@@ -44,7 +44,7 @@ def pki(tmp_path_factory):
 
 @contextmanager
 def daemon(workdir: Path, web_config: str | None = None, *, via_env: bool = False):
-    """``python -m exporter run`` in ``workdir`` with relative config paths; yields (pid, port)."""
+    """``python -m mfu_exporter run`` in ``workdir`` with relative config paths; yields (pid, port)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(no_sources_config()))
     port = free_port()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.sim import node as demo
-from exporter.sim.storage import DATASET_MOUNT
+from mfu_exporter.sim import node as demo
+from mfu_exporter.sim.storage import DATASET_MOUNT
 from tests.support.demo_harness import get_json, metric_samples
 from tests.support.prom_harness import demo_under_rules
 from tests.support.wait import wait_until

@@ -6,7 +6,7 @@ socket (root, 0755) and the logs source can read the pods' logs (root, 0640); de
 process (``setpriv``: that uid and gid, no groups, empty capability sets and bounding set, no_new_privs), in a mount
 namespace of its own where the rendered hostPath volumes are bind-mounted read-only at the rendered mountPaths and the
 root filesystem is read-only (readOnlyRootFilesystem). The kubelet is a real gRPC server on a unix socket
-(exporter/sim/podresources.py, the upstream proto) and the pod's log is a root-owned 0640 CRI file of torchtitan
+(mfu_exporter/sim/podresources.py, the upstream proto) and the pod's log is a root-owned 0640 CRI file of torchtitan
 lines. Not reproduced: the seccomp RuntimeDefault profile (the container runtime's, not ours to load) and the NVIDIA
 runtime (the GPUs are the fake NVML's, tests/support/fake_gpu_daemon).
 """
@@ -27,9 +27,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.config import load_config
-from exporter.sim import nvml as fake_nvml
-from exporter.sim.podresources import PodResourcesServer, SimPod
+from mfu_exporter.config import load_config
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sim.podresources import PodResourcesServer, SimPod
 from tests.support.demo_harness import get, get_json
 from tests.support.net import free_port
 from tests.support.prom_harness import stop_process

@@ -43,7 +43,7 @@ def test_tls_starts_and_serves_on_a_read_only_root(tmp_path):
         [
             sys.executable,
             "-m",
-            "exporter",
+            "mfu_exporter",
             "--web.config.file",
             str(web_config),
             "--web.listen-address",

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from exporter.client import ProgressReporter
-from exporter.config import defaults
+from mfu_exporter.client import ProgressReporter
+from mfu_exporter.config import defaults
 from tests.support.expo import matching, samples
 from tests.support.net import free_port
 from tests.support.wait import wait_until
@@ -32,7 +32,7 @@ class ExporterProcess:
 
     def start(self):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--config", str(self.config_path)],
+            [sys.executable, "-m", "mfu_exporter", "--config", str(self.config_path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )

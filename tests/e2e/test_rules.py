@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.client import ProgressReporter
+from mfu_exporter.client import ProgressReporter
 from tests.support.prom_harness import (  # noqa: F401 - start_exporter and start_prometheus are fixtures
     RULE_FILES,
     SCRAPE_JOB,

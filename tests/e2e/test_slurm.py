@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import validate
-from exporter.node import slurm as slurm_node
-from exporter.service import build_service
-from exporter.sim import node as demo
-from exporter.sim import nvml as fake_nvml
-from exporter.sources import Paths, SourceContext, build_sources
+from mfu_exporter.config import validate
+from mfu_exporter.node import slurm as slurm_node
+from mfu_exporter.service import build_service
+from mfu_exporter.sim import node as demo
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sources import Paths, SourceContext, build_sources
 from tests.support.slurm_harness import SlurmCluster, SlurmError, missing_tools
 from tests.support.tools import require_tool
 from tests.support.unprivileged import checkout_view, python_in
@@ -265,7 +265,7 @@ def test_cgroup_path_finds_the_job_through_its_tasks_pids(cluster, jobs):
     # As the systemd unit's unprivileged user (no capabilities): a root job's task's cgroup file, its step's
     # slurmstepd title and the prolog's files are readable, which is all the unit's sandbox must leave open.
     probe = (
-        "import sys; from exporter.node.slurm import MappingDir, ProcessJobs; "
+        "import sys; from mfu_exporter.node.slurm import MappingDir, ProcessJobs; "
         "found = ProcessJobs().job_of(int(sys.argv[1])); read = MappingDir(sys.argv[2]).read(); "
         "print(found.job, found.by, sorted(read.gpus), dict(read.errors))"
     )

@@ -22,18 +22,18 @@ import pynvml
 import pytest
 import requests
 
-from exporter.client import ProgressReporter
-from exporter.config import validate
-from exporter.node.ethtool import EthtoolTextReader
-from exporter.service import build_service
-from exporter.sim import nvml as fake_nvml
-from exporter.sim.mlx5 import SimulatedNode, hw_counters, port_counters
-from exporter.sim.sysfs import KernfsOs
-from exporter.sources import rdma
-from exporter.sources.ethtool import EthtoolSource
-from exporter.sources.gpu import GpuSource
-from exporter.sources.rdma import RdmaSource
-from exporter.web.app import serve
+from mfu_exporter.client import ProgressReporter
+from mfu_exporter.config import validate
+from mfu_exporter.node.ethtool import EthtoolTextReader
+from mfu_exporter.service import build_service
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sim.mlx5 import SimulatedNode, hw_counters, port_counters
+from mfu_exporter.sim.sysfs import KernfsOs
+from mfu_exporter.sources import rdma
+from mfu_exporter.sources.ethtool import EthtoolSource
+from mfu_exporter.sources.gpu import GpuSource
+from mfu_exporter.sources.rdma import RdmaSource
+from mfu_exporter.web.app import serve
 from tests.support.expo import matching, samples
 from tests.support.net import free_port
 from tests.support.wait import wait_until

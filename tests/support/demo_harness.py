@@ -42,7 +42,7 @@ def running_demo(
     command = [
         sys.executable,
         "-m",
-        "exporter",
+        "mfu_exporter",
         "demo",
         "--web.listen-address",
         f"127.0.0.1:{port}",

@@ -1,5 +1,5 @@
 """``mfu-exporter run`` over the fake NVML, as a process of its own: the daemon ``run_daemon`` builds, its GPUs eight
-simulated H100s (``exporter/sim/nvml.py``, the one fake the project allows, at the pynvml boundary). Tests start it
+simulated H100s (``mfu_exporter/sim/nvml.py``, the one fake the project allows, at the pynvml boundary). Tests start it
 as a given user with given capabilities (``setpriv``) to see what that user can read on a node:
 
     python -m tests.support.fake_gpu_daemon [--gpus N] -- <mfu-exporter run flags>
@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from exporter.cli import build_parser, setup_logging
-from exporter.cli.run import run_daemon
-from exporter.sim import node as demo
-from exporter.sim import nvml as fake_nvml
+from mfu_exporter.cli import build_parser, setup_logging
+from mfu_exporter.cli.run import run_daemon
+from mfu_exporter.sim import node as demo
+from mfu_exporter.sim import nvml as fake_nvml
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 """A simulated fleet on two real distributed metrics paths, all on loopback, in temp directories.
 
 - The fleet: ``mfu-exporter demo --nodes N`` as a subprocess, node i on 127.0.0.1:(base + i) (``source="demo"``,
-  whole exporters, up to a few hundred nodes); or, for thousands, the target server of exporter/sim/targets.py
+  whole exporters, up to a few hundred nodes); or, for thousands, the target server of mfu_exporter/sim/targets.py
   (``source="targets"``): one port, node i at ``/node/<i>/metrics``, its ``instance`` set in the target list.
 - The VictoriaMetrics path: two ``vmagent`` shards (``-promscrape.cluster.membersCount=2``, ``memberNum`` 0 and 1)
   scrape the nodes (deploy/fleet/vmagent-static.yaml) and remote-write to ``victoria-metrics``; ``vmalert``
@@ -40,9 +40,9 @@ from typing import Any, Callable, Sequence
 import requests
 import yaml
 
-from exporter.quantities import parse_duration
-from exporter.sim.targets import TARGET_INCIDENTS, file_sd
-from exporter.sim.targets import instance as target_instance
+from mfu_exporter.quantities import parse_duration
+from mfu_exporter.sim.targets import TARGET_INCIDENTS, file_sd
+from mfu_exporter.sim.targets import instance as target_instance
 from tests.support.net import free_port
 from tests.support.prom_harness import (
     GLOBAL_RULE_FILES,
@@ -220,7 +220,7 @@ class FleetStack:
     interval: str = "2s"
     paths: Sequence[str] = ("victoria-metrics", "prometheus")
     fleet_args: Sequence[str] = ()
-    source: str = "demo"  # or "targets": exporter/sim/targets.py serves the nodes
+    source: str = "demo"  # or "targets": mfu_exporter/sim/targets.py serves the nodes
     rule_files: Sequence[Path] = RULE_FILES  # what vmalert and the receiver evaluate (one evaluator)
     # 0: one evaluator holds the fleet (every tier at once). N: three tiers, N shards each evaluating the node and
     # shard tiers over its share of the nodes, a global evaluator the global tier over their partial aggregates.
@@ -307,7 +307,7 @@ class FleetStack:
                 return [
                     sys.executable,
                     "-m",
-                    "exporter",
+                    "mfu_exporter",
                     "demo",
                     "--nodes",
                     str(self.nodes),
@@ -351,7 +351,7 @@ class FleetStack:
             return [
                 sys.executable,
                 "-m",
-                "exporter.sim.targets",
+                "mfu_exporter.sim.targets",
                 "--nodes",
                 str(self.nodes),
                 "--listen",

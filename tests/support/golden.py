@@ -28,11 +28,11 @@ import re
 from pathlib import Path
 
 from bench import fixture
-from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.progress import parse_progress
-from exporter.node.nic_qos import GlobalPause
-from exporter.service import Service, build_service
-from exporter.sources import build_sources
+from mfu_exporter.model.checkpoints import parse_checkpoint_event
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.node.nic_qos import GlobalPause
+from mfu_exporter.service import Service, build_service
+from mfu_exporter.sources import build_sources
 from tests.support.expo import samples, snapshot_samples
 from tests.support.nodes import FakeQos
 from tests.support.sources import Clock

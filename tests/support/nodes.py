@@ -9,8 +9,8 @@ import os
 import struct
 from pathlib import Path
 
-from exporter.sim.mlx5 import hw_counters, port_counters
-from exporter.sim.sysfs import FakeSysfs
+from mfu_exporter.sim.mlx5 import hw_counters, port_counters
+from mfu_exporter.sim.sysfs import FakeSysfs
 
 GPU_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # the fake's HGX bus numbers
 

@@ -29,7 +29,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.config import SCHEMA
+from mfu_exporter.config import SCHEMA
 from tests.support.demo_harness import running_demo
 from tests.support.net import free_port
 from tests.support.tools import require_tool
@@ -227,7 +227,7 @@ class Prometheus:
 
 
 class Exporter:
-    """``python -m exporter run`` as a process on a free loopback port; ``start()`` returns it once ``/readyz`` answers."""
+    """``python -m mfu_exporter run`` as a process on a free loopback port; ``start()`` returns it once ``/readyz`` answers."""
 
     def __init__(self, workdir: Path, config: dict, extra_args: Sequence[str] = ()):
         self.workdir = workdir
@@ -256,7 +256,7 @@ class Exporter:
                     [
                         sys.executable,
                         "-m",
-                        "exporter",
+                        "mfu_exporter",
                         "run",
                         "--config",
                         str(config),

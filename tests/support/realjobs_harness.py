@@ -136,7 +136,7 @@ def truth(out: Path, rank: int = 0) -> list[dict[str, Any]]:
 
 
 class Daemon:
-    """``python -m exporter run --config`` as a process on a loopback port; restartable on the same config."""
+    """``python -m mfu_exporter run --config`` as a process on a loopback port; restartable on the same config."""
 
     def __init__(self, tmp: Path, files: list[dict], jobs: dict[str, dict], extra: dict | None = None):
         self.port = free_port()
@@ -157,7 +157,7 @@ class Daemon:
         self.starts += 1
         with open(self.output, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "exporter", "run", "--config", str(self.config_path)],
+                [sys.executable, "-m", "mfu_exporter", "run", "--config", str(self.config_path)],
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -9,8 +9,8 @@ from typing import Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.render.snapshots import register
-from exporter.sources.base import Snapshot, SourceUnavailable
+from mfu_exporter.render.snapshots import register
+from mfu_exporter.sources.base import Snapshot, SourceUnavailable
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""docs/architecture.md names every package and module of exporter/ (issue 33: the map is drawn from the code), and no
-file of exporter/ but the simulation's fakes is over 600 lines."""
+"""docs/architecture.md names every package and module of mfu_exporter/ (issue 33: the map is drawn from the code), and no
+file of mfu_exporter/ but the simulation's fakes is over 600 lines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "exporter"
+PACKAGE = ROOT / "mfu_exporter"
 GENERATED = re.compile(r"_pb2(_grpc)?$")  # the kubelet's generated gRPC stubs
 MAX_LINES = 600
 

@@ -5,7 +5,7 @@ import time
 import requests
 import responses
 
-from exporter.client import ProgressReporter as Reporter
+from mfu_exporter.client import ProgressReporter as Reporter
 from tests.support.wait import wait_until
 
 URL = "http://exporter.test:9495"
@@ -142,7 +142,7 @@ def test_a_reporter_that_never_reported_sends_nothing_on_close_and_a_bad_state_i
 
 
 def test_job_name_from_the_environment_matches_discovery():
-    from exporter.client import ProgressReporter, job_name_from_env
+    from mfu_exporter.client import ProgressReporter, job_name_from_env
 
     assert job_name_from_env({"MFU_TRAINING_JOB": "team/llama 70b", "SLURM_JOB_ID": "1"}) == "team_llama_70b"
     assert job_name_from_env({"SLURM_JOB_ID": "4242"}) == "4242"

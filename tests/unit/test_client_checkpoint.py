@@ -8,7 +8,7 @@ import pytest
 import requests
 import responses
 
-from exporter.client import ProgressReporter
+from mfu_exporter.client import ProgressReporter
 from tests.support.wait import wait_until
 
 URL = "http://exporter.test:9495"
@@ -149,7 +149,7 @@ def test_a_full_queue_drops_the_oldest_events_with_a_warning(caplog):
     reporter = reporter_with(clocks, checkpoint_queue=3)
     with reporter.checkpoint("step-1"):
         assert entered.wait(5)  # "started" of step-1 is in flight; the queue holds what follows
-    with caplog.at_level(logging.WARNING, logger="exporter.client"):
+    with caplog.at_level(logging.WARNING, logger="mfu_exporter.client"):
         for step in (2, 3):
             with reporter.checkpoint(f"step-{step}"):
                 pass

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.config import JOB_NAME_PATTERN, ConfigError, defaults, load_config, validate
-from exporter.service import build_service
-from exporter.sources import Paths, SourceContext, build_sources
-from exporter.web.app import create_app
-from exporter.web.webconfig import load_web_config
+from mfu_exporter.config import JOB_NAME_PATTERN, ConfigError, defaults, load_config, validate
+from mfu_exporter.service import build_service
+from mfu_exporter.sources import Paths, SourceContext, build_sources
+from mfu_exporter.web.app import create_app
+from mfu_exporter.web.webconfig import load_web_config
 
 MAX_JOBS = 3
 MAX_BODY = 4096
@@ -428,7 +428,7 @@ def test_a_garbage_config_exits_2_with_one_line_and_no_traceback(tmp_path):
     path = tmp_path / "garbage.yaml"
     path.write_bytes(b"jobs:\n  llama:\n    params: " + b"9" * 400 + b"\nweb: \xff\n")
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "--config", str(path)], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "mfu_exporter", "--config", str(path)], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

@@ -14,13 +14,13 @@ from collections import Counter
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from exporter.logs.stream import MAX_FIGURE, LogStream
-from exporter.nccl import inspector
-from exporter.nccl.debug import TransportScanner
-from exporter.nccl.perf import MAX_BUSBW_GBPS, read_text
-from exporter.node.storage import COUNTER_MAX, parse_mountstats, parse_nvfs_stats
-from exporter.render.collectives import inspector_families
-from exporter.sources.inspector import InspectorReading
+from mfu_exporter.logs.stream import MAX_FIGURE, LogStream
+from mfu_exporter.nccl import inspector
+from mfu_exporter.nccl.debug import TransportScanner
+from mfu_exporter.nccl.perf import MAX_BUSBW_GBPS, read_text
+from mfu_exporter.node.storage import COUNTER_MAX, parse_mountstats, parse_nvfs_stats
+from mfu_exporter.render.collectives import inspector_families
+from mfu_exporter.sources.inspector import InspectorReading
 
 FUZZ = settings(
     max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], database=None

@@ -23,19 +23,19 @@ import bcrypt
 import pytest
 import trustme
 
-from exporter.config import typed_config, validate
-from exporter.model.checkpoints import CheckpointTracker
-from exporter.node.nvml import NvmlSession
-from exporter.node.tail import Follower
-from exporter.render.snapshots import snapshot_families
-from exporter.service import build_service
-from exporter.sim.nvml import FakeNvml, h100
-from exporter.sources.checkpoint import CheckpointSource
-from exporter.sources.nccl import NcclSource
-from exporter.web import security as websecurity
-from exporter.web.app import create_app
-from exporter.web.security import WebSecurity
-from exporter.web.webconfig import load_web_config
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.model.checkpoints import CheckpointTracker
+from mfu_exporter.node.nvml import NvmlSession
+from mfu_exporter.node.tail import Follower
+from mfu_exporter.render.snapshots import snapshot_families
+from mfu_exporter.service import build_service
+from mfu_exporter.sim.nvml import FakeNvml, h100
+from mfu_exporter.sources.checkpoint import CheckpointSource
+from mfu_exporter.sources.nccl import NcclSource
+from mfu_exporter.web import security as websecurity
+from mfu_exporter.web.app import create_app
+from mfu_exporter.web.security import WebSecurity
+from mfu_exporter.web.webconfig import load_web_config
 from tests.support.expo import samples
 from tests.support.wait import wait_for
 from tests.unit.web import test_app as app_tests
@@ -68,7 +68,7 @@ def secured(aiohttp_client):
 
 
 def exporter_command(*argv: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exporter", *argv], capture_output=True, timeout=60, **kwargs)
+    return subprocess.run([sys.executable, "-m", "mfu_exporter", *argv], capture_output=True, timeout=60, **kwargs)
 
 
 # --- what failed --------------------------------------------------------------------------------------------------
@@ -229,7 +229,9 @@ def test_nccl_json_into_a_closed_pipe_ends_quietly(tmp_path):
     path = tmp_path / "empty.txt"
     path.write_text("")
     child = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "nccl", str(path), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "mfu_exporter", "nccl", str(path), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     child.stdout.close()  # as `| head` that has already gone
     stderr = child.stderr.read()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.config import validate
-from exporter.service import build_service
-from exporter.sim.node import INCIDENT_TABLE, INCIDENTS, ROTATION_SECONDS
-from exporter.web.app import create_app
+from mfu_exporter.config import validate
+from mfu_exporter.service import build_service
+from mfu_exporter.sim.node import INCIDENT_TABLE, INCIDENTS, ROTATION_SECONDS
+from mfu_exporter.web.app import create_app
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

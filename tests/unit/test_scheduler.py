@@ -1,7 +1,7 @@
 import asyncio
 
-from exporter.scheduler import Scheduler
-from exporter.sources.base import Snapshot
+from mfu_exporter.scheduler import Scheduler
+from mfu_exporter.sources.base import Snapshot
 
 
 class InstantSource:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.render import gpu
+from mfu_exporter.render import gpu
 from tests.support.dashboards import queries
 from tests.support.expo import samples, snapshot_samples
 from tests.support.golden import render_one_job_node

@@ -1,8 +1,8 @@
-"""exporter.service: the wiring's own helpers (the service's API is driven through the server in tests/unit/web)."""
+"""mfu_exporter.service: the wiring's own helpers (the service's API is driven through the server in tests/unit/web)."""
 
 from prometheus_client.core import GaugeMetricFamily
 
-from exporter.service import kept_while, once_a_second
+from mfu_exporter.service import kept_while, once_a_second
 
 
 def test_the_process_read_is_made_once_a_second_and_its_families_kept_between():

@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.config import validate
-from exporter.model.checkpoints import CheckpointTracker
-from exporter.model.errors import ValidationError
-from exporter.model.progress import parse_progress
-from exporter.service import build_service
+from mfu_exporter.config import validate
+from mfu_exporter.model.checkpoints import CheckpointTracker
+from mfu_exporter.model.errors import ValidationError
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.service import build_service
 
 
 class Clocks:

@@ -47,11 +47,11 @@ from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 
-from exporter.config import validate
-from exporter.model.errors import ValidationError
-from exporter.model.ledger import HEARTBEAT_MISSES, KINDS, TICK_GAP_SECONDS
-from exporter.model.progress import MAX_CLOCK_SKEW_SECONDS, parse_progress
-from exporter.service import build_service
+from mfu_exporter.config import validate
+from mfu_exporter.model.errors import ValidationError
+from mfu_exporter.model.ledger import HEARTBEAT_MISSES, KINDS, TICK_GAP_SECONDS
+from mfu_exporter.model.progress import MAX_CLOCK_SKEW_SECONDS, parse_progress
+from mfu_exporter.service import build_service
 from tests.support.reference_model import JobTruth, Run, Series, TokenTruth
 
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "2000"))
@@ -528,7 +528,7 @@ class World:
 
 def play(sequence: Sequence) -> World:
     # The job model logs a job's reason for having no MFU once per job; thousands of sequences need none of it.
-    logger = logging.getLogger("exporter")
+    logger = logging.getLogger("mfu_exporter")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:

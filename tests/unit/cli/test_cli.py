@@ -8,11 +8,11 @@ import urllib.request
 
 import pytest
 
-from exporter.cli import build_parser, main
-from exporter.cli.flags import add_flag
-from exporter.config import ConfigError, validate
-from exporter.sources import require_sources
-from exporter.sources.base import SourceUnavailable
+from mfu_exporter.cli import build_parser, main
+from mfu_exporter.cli.flags import add_flag
+from mfu_exporter.config import ConfigError, validate
+from mfu_exporter.sources import require_sources
+from mfu_exporter.sources.base import SourceUnavailable
 from tests.support.net import free_port
 from tests.support.sources import ScriptedSource
 
@@ -25,7 +25,7 @@ def test_daemon_runs_without_config_and_stops_cleanly_on_sigterm(tmp_path):
         "MFU_EXPORTER_PATH_SYSFS": str(tmp_path),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "mfu_exporter"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
         deadline = time.monotonic() + 20
@@ -53,7 +53,7 @@ def test_daemon_runs_without_config_and_stops_cleanly_on_sigterm(tmp_path):
 
 def test_help_documents_every_env_var():
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "run", "--help"], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "mfu_exporter", "run", "--help"], capture_output=True, text=True, timeout=30
     )
     for env in (
         "MFU_EXPORTER_CONFIG",
@@ -65,7 +65,9 @@ def test_help_documents_every_env_var():
 
 
 def test_plain_help_shows_the_daemon_flags_and_their_env_vars():
-    result = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "mfu_exporter", "--help"], capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0
     for flag, env in (
         ("--config", "MFU_EXPORTER_CONFIG"),
@@ -81,7 +83,7 @@ def test_plain_help_shows_the_daemon_flags_and_their_env_vars():
 
 def test_a_bad_env_value_exits_two_naming_the_variable():
     env = {**os.environ, "MFU_EXPORTER_LOG_LEVEL": "bogus"}
-    result = subprocess.run([sys.executable, "-m", "exporter"], env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run([sys.executable, "-m", "mfu_exporter"], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert (
         result.stderr
@@ -133,7 +135,7 @@ def test_a_required_source_that_cannot_start_stops_the_start_with_exit_two(tmp_p
     config.write_text("sources:\n  rdma: {enabled: true}\n  checkpoint: {enabled: true}\n")
     env = {**os.environ, "MFU_EXPORTER_WEB_LISTEN_ADDRESS": f"127.0.0.1:{free_port()}"}
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "--config", str(config), "--path.sysfs", str(tmp_path)],
+        [sys.executable, "-m", "mfu_exporter", "--config", str(config), "--path.sysfs", str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,

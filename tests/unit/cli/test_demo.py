@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from exporter.cli import main
-from exporter.cli.demo import demo_flags
-from exporter.config import ConfigError, load_config
-from exporter.sim.node import JOB, MODEL, DemoNode, Schedule, SimClock, build_demo, demo_config
+from mfu_exporter.cli import main
+from mfu_exporter.cli.demo import demo_flags
+from mfu_exporter.config import ConfigError, load_config
+from mfu_exporter.sim.node import JOB, MODEL, DemoNode, Schedule, SimClock, build_demo, demo_config
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser, main
-from exporter.cli.check import run_check
-from exporter.cli.nccl import run_nccl
-from exporter.sim.nvml import FakeNvml, h100
+from mfu_exporter.cli import build_parser, main
+from mfu_exporter.cli.check import run_check
+from mfu_exporter.cli.nccl import run_nccl
+from mfu_exporter.sim.nvml import FakeNvml, h100
 from tests.support.nodes import FakeQos, hgx_node
 from tests.unit.nccl.real_nccl import load
 
@@ -168,14 +168,16 @@ def test_missing_file_and_bad_expectation_exit_2(tmp_path: Path, capsys) -> None
 def test_stdin_through_the_installed_entry_point(tmp_path: Path) -> None:
     text = "\n".join(PERF["nccl-tests-78-eight-nodes-allreduce"].lines) + "\n"
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "nccl", "-", "--json", "--path.sysfs", str(tmp_path)],
+        [sys.executable, "-m", "mfu_exporter", "nccl", "-", "--json", "--path.sysfs", str(tmp_path)],
         input=text.encode(),
         capture_output=True,
         check=False,
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["perf"]["avg_busbw_gbps"] == 4.32178
-    empty = subprocess.run([sys.executable, "-m", "exporter", "nccl", "-"], input=b"", capture_output=True, check=False)
+    empty = subprocess.run(
+        [sys.executable, "-m", "mfu_exporter", "nccl", "-"], input=b"", capture_output=True, check=False
+    )
     assert empty.returncode == 2
 
 
@@ -239,7 +241,7 @@ def test_a_closed_pipe_ends_quietly_with_the_verdicts_exit_code(tmp_path: Path) 
     good = write(tmp_path, PERF["coreweave-nccl-tests-43-nvl72"].lines)
     # The reader is gone before the command writes (as `| head` after its lines): the write meets EPIPE.
     child = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "nccl", good, "--json", "--expect-busbw", "400"],
+        [sys.executable, "-m", "mfu_exporter", "nccl", good, "--json", "--expect-busbw", "400"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

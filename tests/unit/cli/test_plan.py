@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from exporter.cli import build_parser
-from exporter.cli.plan import PlanError, make_plan, run_plan
-from exporter.model.flops import ModelShape
+from mfu_exporter.cli import build_parser
+from mfu_exporter.cli.plan import PlanError, make_plan, run_plan
+from mfu_exporter.model.flops import ModelShape
 
 DAY = 86400.0
 
@@ -169,7 +169,7 @@ def test_mfu_as_percent_and_make_plan_directly():
 
 def test_console_script_entry_point():
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "plan", *LLAMA3_405B], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "mfu_exporter", "plan", *LLAMA3_405B], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     assert "67.7d" in result.stdout

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from exporter.cli import build_parser, main
+from mfu_exporter.cli import build_parser, main
 
 
 def refused(argv: list[str], capsys) -> str:

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from exporter.config import (
+from mfu_exporter.config import (
     DEFAULTS,
     Config,
     ConfigError,
@@ -15,12 +15,12 @@ from exporter.config import (
     typed_config,
     validate,
 )
-from exporter.model.attribution import Thresholds
-from exporter.model.errors import ValidationError
-from exporter.model.jobs import JobTracker
-from exporter.model.progress import ProgressReport, parse_progress
-from exporter.preflight.facts import PreflightSettings
-from exporter.quantities import parse_duration, parse_quantity
+from mfu_exporter.model.attribution import Thresholds
+from mfu_exporter.model.errors import ValidationError
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.progress import ProgressReport, parse_progress
+from mfu_exporter.preflight.facts import PreflightSettings
+from mfu_exporter.quantities import parse_duration, parse_quantity
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ def test_cli_exits_2_with_one_clear_line(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("jobs:\n  llama:\n    params: seventy\n")
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "--config", str(path)], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "mfu_exporter", "--config", str(path)], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 2
     assert (
@@ -146,7 +146,7 @@ def test_cli_exits_2_with_one_clear_line(tmp_path):
 
 def test_cli_rejects_bad_listen_flag():
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "run", "--web.listen-address", "nope"],
+        [sys.executable, "-m", "mfu_exporter", "run", "--web.listen-address", "nope"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from exporter.logs import LogStream, Progress
-from exporter.logs.base import local_time
-from exporter.logs.transport import parse_rfc3339
+from mfu_exporter.logs import LogStream, Progress
+from mfu_exporter.logs.base import local_time
+from mfu_exporter.logs.transport import parse_rfc3339
 from tests.support.pastes import read_blocks
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "real" / "pastes.txt"

@@ -3,16 +3,16 @@ and the families render/collectives.py makes of them (issue 32, item 3)."""
 
 from __future__ import annotations
 
-from exporter.config import typed_config, validate
-from exporter.model.attribution import SOCKET_FALLBACK, Attributor, NodeSignals
-from exporter.model.job_view import GpuInfo, JobView
-from exporter.model.jobs import JobTracker
-from exporter.node.counters import Changes
-from exporter.node.rdma import RdmaPort
-from exporter.render.collectives import collective_families, log_families
-from exporter.service import job_collectives
-from exporter.sources.logs import LogsSample, LogsSource
-from exporter.sources.rdma import PortReading
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.model.attribution import SOCKET_FALLBACK, Attributor, NodeSignals
+from mfu_exporter.model.job_view import GpuInfo, JobView
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.node.counters import Changes
+from mfu_exporter.node.rdma import RdmaPort
+from mfu_exporter.render.collectives import collective_families, log_families
+from mfu_exporter.service import job_collectives
+from mfu_exporter.sources.logs import LogsSample, LogsSource
+from mfu_exporter.sources.rdma import PortReading
 from tests.unit.logs import framework_lines as fl
 
 T0 = 1_787_300_000.0

@@ -1,6 +1,6 @@
-"""Data-loading time read from training logs (exporter.logs.datawait): the real pastes' figures (Megatron, GPT-NeoX,
+"""Data-loading time read from training logs (mfu_exporter.logs.datawait): the real pastes' figures (Megatron, GPT-NeoX,
 Lightning, DeepSpeed's pipeline engine), none from any other paste, each framework's form from its format string,
-and the running total the job model gets (exporter.logs.derive)."""
+and the running total the job model gets (mfu_exporter.logs.derive)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from exporter.logs import DataWait, Facts, JobLog, LogStream, WaitAction
-from exporter.logs.datawait import parse_data_wait
+from mfu_exporter.logs import DataWait, Facts, JobLog, LogStream, WaitAction
+from mfu_exporter.logs.datawait import parse_data_wait
 from tests.unit.logs import real_pastes
 
 PASTES = [p for p in real_pastes.load() if "data_wait" in p.headers]

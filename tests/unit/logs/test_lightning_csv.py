@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.logs import Facts, JobLog, LogStream, Progress, Update
-from exporter.logs.lightning_csv import LightningCsvParser
-from exporter.logs.records import Line
+from mfu_exporter.logs import Facts, JobLog, LogStream, Progress, Update
+from mfu_exporter.logs.lightning_csv import LightningCsvParser
+from mfu_exporter.logs.records import Line
 
 T0 = 1_780_000_000.0
 # Written by tests/support/realjobs/lightning_run.py (400 steps, batch 8 of 128 tokens), its first rows verbatim.

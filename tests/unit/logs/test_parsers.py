@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.logs import Checkpoint, Line, LogStream, Progress, Restore, Startup
-from exporter.logs.deepspeed import DeepSpeedParser
-from exporter.logs.hf import HfParser
-from exporter.logs.megatron import MegatronParser
-from exporter.logs.nemo import NemoParser
-from exporter.logs.regex import RegexParser
-from exporter.logs.torchtitan import TorchtitanParser
-from exporter.logs.transport import ANSI, Peeler, parse_rfc3339
+from mfu_exporter.logs import Checkpoint, Line, LogStream, Progress, Restore, Startup
+from mfu_exporter.logs.deepspeed import DeepSpeedParser
+from mfu_exporter.logs.hf import HfParser
+from mfu_exporter.logs.megatron import MegatronParser
+from mfu_exporter.logs.nemo import NemoParser
+from mfu_exporter.logs.regex import RegexParser
+from mfu_exporter.logs.torchtitan import TorchtitanParser
+from mfu_exporter.logs.transport import ANSI, Peeler, parse_rfc3339
 from tests.unit.logs import framework_lines as fl
 
 T0 = 1_787_300_000.0  # 2026-08-21
@@ -318,7 +318,7 @@ def test_checkpoint_load_lines(parser, text, expected):
 
 
 def test_start_up_lines_after_progress_are_a_new_run_and_the_load_bounds_its_restore():
-    from exporter.logs import Facts, JobLog, RunAction
+    from mfu_exporter.logs import Facts, JobLog, RunAction
 
     stream, joblog = LogStream("torchtitan"), JobLog()
     t = fl.titan_logger

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.logs import LogStream, Progress
+from mfu_exporter.logs import LogStream, Progress
 from tests.unit.logs import real_pastes
 
 PASTES = real_pastes.load()
@@ -104,7 +104,7 @@ def test_launcher_prefixes_are_peeled_once_for_detection_and_reading():
 
 
 def updates(paste_name: str, facts) -> list:
-    from exporter.logs import JobLog, Update
+    from mfu_exporter.logs import JobLog, Update
 
     stream = LogStream("auto")
     events = stream.feed_many(by_name(paste_name).lines, real_pastes.READ_TIME)
@@ -112,7 +112,7 @@ def updates(paste_name: str, facts) -> list:
 
 
 def test_fork_fields_reach_the_job_model_in_their_unit_and_scope():
-    from exporter.logs import Facts
+    from mfu_exporter.logs import Facts
 
     share = 8 / 16
     # Argonne's consumed tokens: a global running total, preferred over consumed samples.

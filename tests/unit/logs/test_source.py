@@ -11,16 +11,16 @@ import time
 
 import pytest
 
-from exporter.config import LOG_FORMATS, ConfigError, typed_config, validate
-from exporter.logs import FORMATS
-from exporter.model.checkpoints import CheckpointTracker
-from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
-from exporter.model.job_view import GpuInfo
-from exporter.model.jobs import JobTracker
-from exporter.model.progress import parse_progress
-from exporter.render.jobs import job_families
-from exporter.sources.discovery import DiscoverySample
-from exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
+from mfu_exporter.config import LOG_FORMATS, ConfigError, typed_config, validate
+from mfu_exporter.logs import FORMATS
+from mfu_exporter.model.checkpoints import CheckpointTracker
+from mfu_exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
+from mfu_exporter.model.job_view import GpuInfo
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.render.jobs import job_families
+from mfu_exporter.sources.discovery import DiscoverySample
+from mfu_exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
 from tests.unit.logs import framework_lines as fl
 
 H100 = "NVIDIA H100 80GB HBM3"

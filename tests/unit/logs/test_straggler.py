@@ -1,8 +1,8 @@
-"""The slow rank as Megatron-LM and nvidia-resiliency-ext print it (exporter/logs/straggler.py)."""
+"""The slow rank as Megatron-LM and nvidia-resiliency-ext print it (mfu_exporter/logs/straggler.py)."""
 
 from __future__ import annotations
 
-from exporter.logs.straggler import StragglerScanner
+from mfu_exporter.logs.straggler import StragglerScanner
 
 # megatron/core/README_STRAGGLER.md's example line, verbatim (NVIDIA/Megatron-LM): ranks within 1% of each other.
 MEGATRON_README = (

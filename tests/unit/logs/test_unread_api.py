@@ -3,8 +3,8 @@ and /metrics say so, with the line (issue 29). Every wait is on the served value
 
 from __future__ import annotations
 
-from exporter.config import typed_config, validate
-from exporter.sources.logs import LogsSource
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.sources.logs import LogsSource
 from tests.support.expo import samples
 from tests.support.wait import wait_for
 from tests.unit.logs.real_pastes import load

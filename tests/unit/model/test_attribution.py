@@ -6,18 +6,18 @@ import functools
 
 import pytest
 
-from exporter.model.attribution import CAUSES, Attributor, NodeSignals, Thresholds
-from exporter.model.datawait import DataWaitView
-from exporter.model.job_view import JobView
-from exporter.model.readings import GpuReading, JobCollectives
-from exporter.node.counters import Changes
-from exporter.node.pci import nearest_devices
-from exporter.node.rdma import RdmaPort, discover_ports
-from exporter.render.attribution import attribution_families
-from exporter.sim.nvml import h100
-from exporter.sources.ethtool import InterfaceReading
-from exporter.sources.rdma import PortReading
-from exporter.sources.storage import MountReading
+from mfu_exporter.model.attribution import CAUSES, Attributor, NodeSignals, Thresholds
+from mfu_exporter.model.datawait import DataWaitView
+from mfu_exporter.model.job_view import JobView
+from mfu_exporter.model.readings import GpuReading, JobCollectives
+from mfu_exporter.node.counters import Changes
+from mfu_exporter.node.pci import nearest_devices
+from mfu_exporter.node.rdma import RdmaPort, discover_ports
+from mfu_exporter.render.attribution import attribution_families
+from mfu_exporter.sim.nvml import h100
+from mfu_exporter.sources.ethtool import InterfaceReading
+from mfu_exporter.sources.rdma import PortReading
+from mfu_exporter.sources.storage import MountReading
 from tests.support.nodes import hgx_node
 
 

@@ -1,5 +1,5 @@
 """The cluster's loss attribution (group mfu-exporter.attribution) and the exporter's own
-(exporter/model/attribution.py) agree: each node attributes its own jobs' gap (mfu_job_bottleneck), and the global
+(mfu_exporter/model/attribution.py) agree: each node attributes its own jobs' gap (mfu_job_bottleneck), and the global
 rules pick, of the causes a job's nodes blame, the first in the exporter's precedence, with the exporter's
 tolerance. Their values are tested by promtool (alerts/tests/attribution.test.yaml); this ties them to the node
 side's constants."""
@@ -11,7 +11,7 @@ from dataclasses import fields
 
 import yaml
 
-from exporter.model import attribution
+from mfu_exporter.model import attribution
 from tests.support.prom_harness import GLOBAL_RULE_FILES
 
 RULES_FILE = GLOBAL_RULE_FILES[0]

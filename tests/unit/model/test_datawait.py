@@ -1,8 +1,8 @@
-"""A job's data wait (exporter.model.datawait): running totals of one rank's wait to GPU-seconds and a share."""
+"""A job's data wait (mfu_exporter.model.datawait): running totals of one rank's wait to GPU-seconds and a share."""
 
 import pytest
 
-from exporter.model.datawait import RECENT_SECONDS, DataWaitMeter
+from mfu_exporter.model.datawait import RECENT_SECONDS, DataWaitMeter
 
 
 def test_running_totals_count_each_increase_once_per_gpu_and_a_lower_total_is_a_new_process():

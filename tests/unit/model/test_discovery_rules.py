@@ -2,7 +2,7 @@
 
 import pytest
 
-from exporter.model.discovery import (
+from mfu_exporter.model.discovery import (
     DEFAULT_LABEL_KEYS,
     DEFAULT_POD_NAME_PATTERN,
     NodeGpu,

@@ -3,9 +3,9 @@ and tests/unit/web/test_checkpoint_api.py pin the answers' bodies)."""
 
 import pytest
 
-from exporter.model import errors
-from exporter.model.checkpoints import CheckpointConflict
-from exporter.model.errors import TooManyJobs, ValidationError
+from mfu_exporter.model import errors
+from mfu_exporter.model.checkpoints import CheckpointConflict
+from mfu_exporter.model.errors import TooManyJobs, ValidationError
 
 
 @pytest.mark.parametrize(

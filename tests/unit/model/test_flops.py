@@ -1,6 +1,6 @@
 import pytest
 
-from exporter.model import flops as mfu
+from mfu_exporter.model import flops as mfu
 
 
 def test_palm_540b_reproduces_published_mfu():

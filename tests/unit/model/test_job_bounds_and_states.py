@@ -8,15 +8,15 @@ import math
 import pytest
 from prometheus_client.core import Metric
 
-from exporter.config import ConfigError, validate
-from exporter.model.attribution import Attributor, NodeSignals
-from exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
-from exporter.model.errors import TooManyJobs, ValidationError
-from exporter.model.job_view import GpuInfo
-from exporter.model.jobs import JobTracker
-from exporter.model.progress import parse_progress
-from exporter.render.attribution import attribution_families
-from exporter.render.jobs import job_families
+from mfu_exporter.config import ConfigError, validate
+from mfu_exporter.model.attribution import Attributor, NodeSignals
+from mfu_exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
+from mfu_exporter.model.errors import TooManyJobs, ValidationError
+from mfu_exporter.model.job_view import GpuInfo
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.render.attribution import attribution_families
+from mfu_exporter.render.jobs import job_families
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
@@ -169,7 +169,7 @@ def test_a_zero_or_sub_second_step_divides_nothing(step):
 def test_a_tiny_peak_override_withholds_mfu_and_peak_naming_peak_tflops_logged_once(caplog):
     clock = Clock()
     jobs = JobTracker(window=60, gpu_inventory=eight_h100, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="exporter.jobs"):
+    with caplog.at_level(logging.WARNING, logger="mfu_exporter.jobs"):
         view = train(jobs, clock, model=MODEL, peak_tflops=0.5)
         for _ in range(3):
             clock.now += 1

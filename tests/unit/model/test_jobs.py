@@ -2,10 +2,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.model.errors import TooManyJobs, ValidationError
-from exporter.model.job_view import GpuInfo
-from exporter.model.jobs import JobTracker
-from exporter.model.progress import parse_progress
+from mfu_exporter.model.errors import TooManyJobs, ValidationError
+from mfu_exporter.model.job_view import GpuInfo
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.progress import parse_progress
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
@@ -139,7 +139,7 @@ def test_a_gpu_named_by_index_and_uuid_is_not_counted_twice():
 def test_the_no_mfu_line_is_logged_once_per_job_and_reason(caplog):
     clock = Clock()
     jobs = JobTracker(gpu_inventory=eight_h100, job_ttl=100, clock=clock)
-    with caplog.at_level("WARNING", logger="exporter.model.jobs"):
+    with caplog.at_level("WARNING", logger="mfu_exporter.model.jobs"):
         for job in ("a", "b", "a", "b"):
             jobs.report(report(job=job))
         assert [r.getMessage() for r in caplog.records] == [
@@ -222,7 +222,7 @@ def test_views_change_nothing_and_the_tick_forgets_expired_jobs(caplog):
     jobs.report(report(job="b", model={"params": "7B"}, tokens=1000))
     clock.now += 51  # a is past job_ttl, b is not
     generation = jobs.generation
-    with caplog.at_level("WARNING", logger="exporter.model.jobs"):
+    with caplog.at_level("WARNING", logger="mfu_exporter.model.jobs"):
         caplog.clear()
         for _ in range(3):
             assert [view.name for view in jobs.views()] == ["b"]  # a is left out of every read...
@@ -230,7 +230,7 @@ def test_views_change_nothing_and_the_tick_forgets_expired_jobs(caplog):
         assert [view.name for view in jobs.tick()] == ["b"]
     assert jobs.names() == ["b"] and jobs.generation == generation + 1
     jobs.report(report(job="c"), view=False)
-    with caplog.at_level("WARNING", logger="exporter.model.jobs"):
+    with caplog.at_level("WARNING", logger="mfu_exporter.model.jobs"):
         caplog.clear()
         jobs.views()
         assert caplog.records == []  # a read logs nothing, the tick does, once

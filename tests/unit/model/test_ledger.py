@@ -1,4 +1,4 @@
-"""The time ledger (exporter.model.ledger) alone and through the job model: the known-truth run, each feed's way of
+"""The time ledger (mfu_exporter.model.ledger) alone and through the job model: the known-truth run, each feed's way of
 saying a run started or ended, and the property that the kinds partition time whatever happens."""
 
 import math
@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
-from exporter.model.job_view import GpuInfo
-from exporter.model.jobs import JobTracker
-from exporter.model.ledger import KINDS, Ledger, RecentValues
-from exporter.model.progress import parse_progress
+from mfu_exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
+from mfu_exporter.model.job_view import GpuInfo
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.ledger import KINDS, Ledger, RecentValues
+from mfu_exporter.model.progress import parse_progress
 from tests.support.known_truth import END, TRUTH, play, script
 
 OFFSET = 1_800_000_000.0

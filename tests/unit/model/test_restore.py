@@ -1,10 +1,10 @@
-"""Checkpoint restores (exporter.model.restore): a load's time from the ledger's bands, its bytes from the checkpoint
+"""Checkpoint restores (mfu_exporter.model.restore): a load's time from the ledger's bands, its bytes from the checkpoint
 mounts' read counters around it, and the loads it cannot measure."""
 
 import pytest
 
-from exporter.model.ledger import Ledger
-from exporter.model.restore import RestoreMeter
+from mfu_exporter.model.ledger import Ledger
+from mfu_exporter.model.restore import RestoreMeter
 from tests.support.known_truth import END, play
 
 LOAD = [(1, 2, 200.0, 215.0)]  # (number, run, start, end): the ledger's ended loads

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.nccl.perf import judge, read_text, report
+from mfu_exporter.nccl.perf import judge, read_text, report
 from tests.support.pastes import read_blocks
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nccl"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.nccl import TransportFinding, TransportScanner, scan_transport
+from mfu_exporter.nccl import TransportFinding, TransportScanner, scan_transport
 
 P0 = "node-a:1234:1290 [0] NCCL INFO "
 P1 = "node-b:2234:2290 [0] NCCL INFO "

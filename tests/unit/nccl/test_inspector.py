@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.nccl.inspector import (
+from mfu_exporter.nccl.inspector import (
     JSON_FILE,
     PROM_FILE,
     CollectiveTally,

@@ -1,10 +1,10 @@
-"""exporter.nccl.perf on the cases the real pastes do not pin down: prefixes, strictness with bad rows, runs."""
+"""mfu_exporter.nccl.perf on the cases the real pastes do not pin down: prefixes, strictness with bad rows, runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.nccl.perf import judge, peel, read_text
+from mfu_exporter.nccl.perf import judge, peel, read_text
 
 ROW = "     1048576        262144     float     sum      -1    51.20   20.48   20.48      0    50.90   20.60   20.60      0"
 HEADER = "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"

@@ -1,9 +1,9 @@
-"""exporter.node.counters: the increase of a hardware counter between two reads (32-bit wraps told from resets by
+"""mfu_exporter.node.counters: the increase of a hardware counter between two reads (32-bit wraps told from resets by
 the rate they would imply), and the per-counter history the fabric sources keep."""
 
 import pytest
 
-from exporter.node.counters import CounterHistory, increase
+from mfu_exporter.node.counters import CounterHistory, increase
 
 
 @pytest.mark.parametrize(

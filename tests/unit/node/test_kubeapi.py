@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import trustme
 
-from exporter.node.kubeapi import PENDING, LookupFailed, PodLookup, PodMeta, in_cluster_url, parse_pod
+from mfu_exporter.node.kubeapi import PENDING, LookupFailed, PodLookup, PodMeta, in_cluster_url, parse_pod
 
 TOKEN = "test-token-not-a-credential"
 

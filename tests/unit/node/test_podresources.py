@@ -9,8 +9,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from exporter.node.podresources import PodResourcesClient, PodResourcesError, api_pb2
-from exporter.sim.podresources import PodResourcesServer, SimPod
+from mfu_exporter.node.podresources import PodResourcesClient, PodResourcesError, api_pb2
+from mfu_exporter.sim.podresources import PodResourcesServer, SimPod
 
 UUID0 = "GPU-b8ea3855-276c-c9cb-b366-c6fa655957c5"
 UUID1 = "GPU-0d9a7e51-4b0c-4a43-9a61-2b1f3c4d5e6f"

@@ -33,7 +33,7 @@ def test_committed_stubs_match_a_fresh_generation():
 
 
 def test_vendored_proto_is_the_upstream_v1_api():
-    proto = (ROOT / "exporter/node/podresources/api.proto").read_text()
+    proto = (ROOT / "mfu_exporter/node/podresources/api.proto").read_text()
     assert "package v1;" in proto
     assert "rpc List(ListPodResourcesRequest) returns (ListPodResourcesResponse) {}" in proto
     assert "rpc GetAllocatableResources(AllocatableResourcesRequest) returns (AllocatableResourcesResponse) {}" in proto

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter
 
-from exporter.node.slurm import (
+from mfu_exporter.node.slurm import (
     JobNames,
     MappingDir,
     ProcessJobs,
@@ -20,7 +20,7 @@ from exporter.node.slurm import (
     nvml_compute_pids,
     parse_cgroup,
 )
-from exporter.sim.procfs import HOST, OWN, V1, V2, V2_MULTI, V2_SLUID, add_process, host_procfs
+from mfu_exporter.sim.procfs import HOST, OWN, V1, V2, V2_MULTI, V2_SLUID, add_process, host_procfs
 
 
 def test_parse_cgroup_layouts():

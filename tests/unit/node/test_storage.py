@@ -1,4 +1,4 @@
-"""The storage read plane's parsers (exporter.node.storage): fixture files in the kernel's and the drivers' layouts
+"""The storage read plane's parsers (mfu_exporter.node.storage): fixture files in the kernel's and the drivers' layouts
 (tests/fixtures/storage, README there says where each layout comes from), and this machine's real procfs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.node.storage import (
+from mfu_exporter.node.storage import (
     MIB,
     block_device,
     lustre_client,

@@ -8,7 +8,7 @@ import shutil
 import threading
 import time
 
-from exporter.node.tail import BACKLOG, HEAD, LIVE, Follower, Lines
+from mfu_exporter.node.tail import BACKLOG, HEAD, LIVE, Follower, Lines
 from tests.support.wait import wait_until
 
 

@@ -10,21 +10,21 @@ import sys
 import pynvml
 import pytest
 
-from exporter.cli import build_parser
-from exporter.cli.check import run_check
-from exporter.config import ConfigError, defaults, validate
-from exporter.node import nic_qos
-from exporter.node.nic_qos import GlobalPause
-from exporter.node.pci import pci_address_from_nvml
-from exporter.preflight import checks as preflight
-from exporter.preflight import facts as facts_module
-from exporter.preflight.facts import PreflightSettings, Status
-from exporter.render.preflight import check_families
-from exporter.render.snapshots import snapshot_families
-from exporter.sim.nvml import FakeNvml, a100, h100
-from exporter.sources import build_sources
-from exporter.sources.base import Paths, SourceContext
-from exporter.sources.preflight import PreflightSource
+from mfu_exporter.cli import build_parser
+from mfu_exporter.cli.check import run_check
+from mfu_exporter.config import ConfigError, defaults, validate
+from mfu_exporter.node import nic_qos
+from mfu_exporter.node.nic_qos import GlobalPause
+from mfu_exporter.node.pci import pci_address_from_nvml
+from mfu_exporter.preflight import checks as preflight
+from mfu_exporter.preflight import facts as facts_module
+from mfu_exporter.preflight.facts import PreflightSettings, Status
+from mfu_exporter.render.preflight import check_families
+from mfu_exporter.render.snapshots import snapshot_families
+from mfu_exporter.sim.nvml import FakeNvml, a100, h100
+from mfu_exporter.sources import build_sources
+from mfu_exporter.sources.base import Paths, SourceContext
+from mfu_exporter.sources.preflight import PreflightSource
 from tests.support.nodes import FakeQos, Node, hgx_node
 from tests.support.tools import require_tool
 
@@ -542,7 +542,7 @@ def test_command_line_runs_on_this_machine(tmp_path):
         [
             sys.executable,
             "-m",
-            "exporter",
+            "mfu_exporter",
             "check",
             "--json",
             "--path.sysfs",
@@ -558,7 +558,7 @@ def test_command_line_runs_on_this_machine(tmp_path):
     assert result.returncode == 0, result.stderr
     assert {r["status"] for r in document["results"]} <= {"SKIP", "PASS"}
     bad = subprocess.run(
-        [sys.executable, "-m", "exporter", "check", "--env-file", str(tmp_path / "nope")],
+        [sys.executable, "-m", "mfu_exporter", "check", "--env-file", str(tmp_path / "nope")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -567,7 +567,7 @@ def test_command_line_runs_on_this_machine(tmp_path):
     assert "a readable env file" in bad.stderr
     (tmp_path / "latin1.env").write_bytes(b"NCCL_DEBUG=caf\xe9\n")
     bad = subprocess.run(
-        [sys.executable, "-m", "exporter", "check", "--env-file", str(tmp_path / "latin1.env")],
+        [sys.executable, "-m", "mfu_exporter", "check", "--env-file", str(tmp_path / "latin1.env")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,12 +1,12 @@
-"""exporter.render.collector: the jobs' families built one job at a time and joined are what the renderers make of
+"""mfu_exporter.render.collector: the jobs' families built one job at a time and joined are what the renderers make of
 all the jobs at once, before and after one job changes; the kept ones are reused while their views are."""
 
-from exporter.model.jobs import JobTracker
-from exporter.model.progress import parse_progress
-from exporter.render.collector import ExporterCollector
-from exporter.render.jobs import job_families
-from exporter.render.ledger import ledger_families
-from exporter.scheduler import Scheduler
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.render.collector import ExporterCollector
+from mfu_exporter.render.jobs import job_families
+from mfu_exporter.render.ledger import ledger_families
+from mfu_exporter.scheduler import Scheduler
 
 MODEL = {"model": {"params": "7B"}, "gpus": 8, "peak_tflops": 989.4}
 

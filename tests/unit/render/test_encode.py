@@ -1,4 +1,4 @@
-"""exporter.render.encode: ``encode`` writes exactly the bytes prometheus_client's encoders write, for every format a
+"""mfu_exporter.render.encode: ``encode`` writes exactly the bytes prometheus_client's encoders write, for every format a
 scraper can ask for, on a real node's families and on arbitrary ones (which it partly hands to the library); the
 cache serves those bytes, encoding a source's snapshot once per format, ahead of the scrape when it can."""
 
@@ -22,23 +22,23 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Exemplar
 
-from exporter.config import validate
-from exporter.model.checkpoints import parse_checkpoint_event
-from exporter.model.jobs import JobTracker
-from exporter.model.progress import parse_progress
-from exporter.node.ethtool import EthtoolTextReader
-from exporter.render import encode as exposition
-from exporter.render.collector import ExporterCollector
-from exporter.render.encode import MetricsCache, encode
-from exporter.render.snapshots import register
-from exporter.scheduler import Scheduler
-from exporter.service import build_service
-from exporter.sim import nvml as fake_nvml
-from exporter.sim.mlx5 import SimulatedNode
-from exporter.sources.base import Snapshot
-from exporter.sources.ethtool import EthtoolSource
-from exporter.sources.gpu import GpuSource
-from exporter.sources.rdma import RdmaSource
+from mfu_exporter.config import validate
+from mfu_exporter.model.checkpoints import parse_checkpoint_event
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.node.ethtool import EthtoolTextReader
+from mfu_exporter.render import encode as exposition
+from mfu_exporter.render.collector import ExporterCollector
+from mfu_exporter.render.encode import MetricsCache, encode
+from mfu_exporter.render.snapshots import register
+from mfu_exporter.scheduler import Scheduler
+from mfu_exporter.service import build_service
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sim.mlx5 import SimulatedNode
+from mfu_exporter.sources.base import Snapshot
+from mfu_exporter.sources.ethtool import EthtoolSource
+from mfu_exporter.sources.gpu import GpuSource
+from mfu_exporter.sources.rdma import RdmaSource
 from tests.support.wait import wait_for
 
 ACCEPT_HEADERS = [
@@ -121,8 +121,8 @@ def test_a_node_is_encoded_as_the_library_encodes_it(tmp_path):
 
 
 def test_checkpoint_histograms_are_encoded_as_the_library_encodes_them():
-    from exporter.model.checkpoints import CheckpointTracker
-    from exporter.render.checkpoint import checkpoint_families
+    from mfu_exporter.model.checkpoints import CheckpointTracker
+    from mfu_exporter.render.checkpoint import checkpoint_families
 
     tracker = CheckpointTracker()
     for index, seconds in enumerate((0.5, 38.2, 900.0)):

@@ -7,8 +7,8 @@ import types
 
 from prometheus_client import ProcessCollector
 
-from exporter.render import process
-from exporter.render.process import DaemonProcessCollector, open_descriptors
+from mfu_exporter.render import process
+from mfu_exporter.render.process import DaemonProcessCollector, open_descriptors
 
 
 def test_the_families_are_client_pythons_names_help_and_types():

@@ -5,9 +5,9 @@ began and ended on the demo clock."""
 import pytest
 from pynvml import NVML_GPM_METRIC_ANY_TENSOR_UTIL
 
-from exporter.cli import main
-from exporter.model.attribution import CAUSES
-from exporter.sim import node as demo
+from mfu_exporter.cli import main
+from mfu_exporter.model.attribution import CAUSES
+from mfu_exporter.sim import node as demo
 
 WALL = 1_800_000_000.0
 

@@ -1,10 +1,10 @@
-"""The fleet simulator (exporter/sim/fleet.py) without serving it: job layout, shared sampling, lockstep jobs."""
+"""The fleet simulator (mfu_exporter/sim/fleet.py) without serving it: job layout, shared sampling, lockstep jobs."""
 
 from __future__ import annotations
 
-from exporter.sim.fleet import Fleet, FleetSchedule, SharedSample, layout_jobs
-from exporter.sim.node import RATE_FACTOR, SimClock
-from exporter.sources.base import Snapshot
+from mfu_exporter.sim.fleet import Fleet, FleetSchedule, SharedSample, layout_jobs
+from mfu_exporter.sim.node import RATE_FACTOR, SimClock
+from mfu_exporter.sources.base import Snapshot
 
 
 def test_jobs_take_8_to_32_nodes_in_turn_and_the_last_takes_the_rest():

@@ -1,4 +1,4 @@
-"""The demo's NCCL verification file (exporter/sim/nccl.py ``NcclTestsOutput``), read by the real readers: the
+"""The demo's NCCL verification file (mfu_exporter/sim/nccl.py ``NcclTestsOutput``), read by the real readers: the
 nccl-tests parser, the judge and the daemon's nccl source."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import typed_config, validate
-from exporter.nccl.perf import judge, read_text
-from exporter.sim.nccl import NcclTestsOutput
-from exporter.sources.nccl import NcclSource
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.nccl.perf import judge, read_text
+from mfu_exporter.sim.nccl import NcclTestsOutput
+from mfu_exporter.sources.nccl import NcclSource
 
 HOSTS = ("demo-node-0", "demo-node-1")
 

@@ -1,12 +1,12 @@
-"""The demo's storage (exporter.sim.storage): its files parse as the storage source reads them, the dataset mount's
+"""The demo's storage (mfu_exporter.sim.storage): its files parse as the storage source reads them, the dataset mount's
 counters and nvidia-fs's advance as the demo job trains, and the read-rate knob flattens them."""
 
 from __future__ import annotations
 
-from exporter.config import typed_config
-from exporter.sim.node import JOB, DemoNode, Schedule, SimClock, demo_config
-from exporter.sim.storage import DATASET_MOUNT
-from exporter.sources import SOURCES
+from mfu_exporter.config import typed_config
+from mfu_exporter.sim.node import JOB, DemoNode, Schedule, SimClock, demo_config
+from mfu_exporter.sim.storage import DATASET_MOUNT
+from mfu_exporter.sources import SOURCES
 
 
 def storage_of(node: DemoNode):
@@ -49,7 +49,7 @@ def test_the_attribution_sees_the_jobs_data_mounts_through_the_service(tmp_path)
     """NodeSignals.mounts: the storage source's mounts with their jobs and read rate, for the input evidence."""
     import asyncio
 
-    from exporter.service import build_service
+    from mfu_exporter.service import build_service
 
     monotonic = [0.0]
     clock = SimClock(1.0, wall=lambda: 1_800_000_000.0, monotonic=lambda: monotonic[0])

@@ -1,4 +1,4 @@
-"""The fake scrape targets of exporter/sim/targets.py: expositions captured from the simulated fleet at start, served
+"""The fake scrape targets of mfu_exporter/sim/targets.py: expositions captured from the simulated fleet at start, served
 per node with its own labels, counters moving at the captured rates, the incident and the lost GPU on their nodes.
 One capture for the module (a few seconds: about 70 steps of two 18-node fleets)."""
 
@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from exporter.sim.node import STEADY_MFU
-from exporter.sim.targets import STATES, TargetFleet, capture, create_app, file_sd, instance, served_jobs
+from mfu_exporter.sim.node import STEADY_MFU
+from mfu_exporter.sim.targets import STATES, TargetFleet, capture, create_app, file_sd, instance, served_jobs
 
 NODES = 64
 ADDRESS = "127.0.0.1:9400"

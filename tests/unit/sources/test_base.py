@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from exporter.sources.base import Snapshot
+from mfu_exporter.sources.base import Snapshot
 
 
 def test_a_status_given_as_a_call_is_built_when_first_read_and_once():

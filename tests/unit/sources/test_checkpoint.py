@@ -14,20 +14,20 @@ import pytest
 from inotify_simple import Event, INotify
 from inotify_simple import flags as IN
 
-from exporter.config import typed_config, validate
-from exporter.model.checkpoints import (
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.model.checkpoints import (
     MAX_ENDED_BY_US_PER_JOB,
     MAX_OPEN_PER_JOB,
     CheckpointConflict,
     CheckpointTracker,
     parse_checkpoint_event,
 )
-from exporter.model.errors import ValidationError
-from exporter.node.fswatch import filesystem_type, is_network_filesystem
-from exporter.render.checkpoint import checkpoint_families
-from exporter.render.snapshots import snapshot_families
-from exporter.sources import checkpoint as checkpoint_module
-from exporter.sources.checkpoint import CheckpointSource
+from mfu_exporter.model.errors import ValidationError
+from mfu_exporter.node.fswatch import filesystem_type, is_network_filesystem
+from mfu_exporter.render.checkpoint import checkpoint_families
+from mfu_exporter.render.snapshots import snapshot_families
+from mfu_exporter.sources import checkpoint as checkpoint_module
+from mfu_exporter.sources.checkpoint import CheckpointSource
 
 NOW = 1_800_000_000.0
 JOB = "llama3-70b"

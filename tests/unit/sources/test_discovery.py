@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from exporter.config import ConfigError, typed_config, validate
-from exporter.sim.nvml import FakeNvml, h100
-from exporter.sim.podresources import PodResourcesServer, SimPod
-from exporter.sim.procfs import V1, V2, add_process, host_procfs
-from exporter.sources.base import SourceUnavailable
-from exporter.sources.discovery import DiscoverySource
+from mfu_exporter.config import ConfigError, typed_config, validate
+from mfu_exporter.sim.nvml import FakeNvml, h100
+from mfu_exporter.sim.podresources import PodResourcesServer, SimPod
+from mfu_exporter.sim.procfs import V1, V2, add_process, host_procfs
+from mfu_exporter.sources.base import SourceUnavailable
+from mfu_exporter.sources.discovery import DiscoverySource
 from tests.unit.node.test_kubeapi import Api
 
 
@@ -278,7 +278,7 @@ def test_ten_thousand_pods_degrade_nothing_and_the_cap_holds(sock, nvml):
 
 
 def test_demo_config_applies_the_files_discovery_section(tmp_path):
-    from exporter.sim.node import DemoNode, Schedule, SimClock, demo_config
+    from mfu_exporter.sim.node import DemoNode, Schedule, SimClock, demo_config
 
     node = DemoNode(tmp_path / "node", SimClock(1.0), Schedule())
     mapping = tmp_path / "map"

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from exporter.config import typed_config, validate
-from exporter.node.ethtool import EthtoolTextReader, parse_ethtool_statistics
-from exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names, format_ethtool_statistics
-from exporter.sim.sysfs import FakeSysfs
-from exporter.sources import build_sources, ethtool
-from exporter.sources.base import Paths, SourceContext, SourceUnavailable
-from exporter.sources.ethtool import EthtoolSource, ethtool_source
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.node.ethtool import EthtoolTextReader, parse_ethtool_statistics
+from mfu_exporter.sim.mlx5 import SimulatedNode, ethtool_stat_names, format_ethtool_statistics
+from mfu_exporter.sim.sysfs import FakeSysfs
+from mfu_exporter.sources import build_sources, ethtool
+from mfu_exporter.sources.base import Paths, SourceContext, SourceUnavailable
+from mfu_exporter.sources.ethtool import EthtoolSource, ethtool_source
 from tests.support.expo import exposition, snapshot_samples, snapshot_value
 from tests.support.nodes import representors
 from tests.support.sources import Clock

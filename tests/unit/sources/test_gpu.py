@@ -6,19 +6,19 @@ import subprocess
 import pynvml
 import pytest
 
-from exporter.config import typed_config, validate
-from exporter.model.job_view import GpuInfo
-from exporter.model.jobs import JobTracker
-from exporter.model.progress import parse_progress
-from exporter.node import gpm as gpm_module
-from exporter.node import nvml_fields as fields_module
-from exporter.node.nvml_fields import NVLINK_READ_INTERVAL, decode_throttle_reasons
-from exporter.node.nvml_gpus import MIG_READ_INTERVAL
-from exporter.service import build_service
-from exporter.sim import nvml as fake
-from exporter.sources.base import SourceContext, SourceUnavailable
-from exporter.sources.gpu import GpuSource
-from exporter.web.app import create_app
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.model.job_view import GpuInfo
+from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.node import gpm as gpm_module
+from mfu_exporter.node import nvml_fields as fields_module
+from mfu_exporter.node.nvml_fields import NVLINK_READ_INTERVAL, decode_throttle_reasons
+from mfu_exporter.node.nvml_gpus import MIG_READ_INTERVAL
+from mfu_exporter.service import build_service
+from mfu_exporter.sim import nvml as fake
+from mfu_exporter.sources.base import SourceContext, SourceUnavailable
+from mfu_exporter.sources.gpu import GpuSource
+from mfu_exporter.web.app import create_app
 from tests.support import expo
 from tests.support.tools import require_tool
 from tests.support.wait import wait_for
@@ -285,7 +285,7 @@ def test_no_nvml_library_reports_down_logs_once_and_retries_slowly(caplog):
     nvml = fake.FakeNvml([fake.h100(0)], library_present=False)
     config = validate({"sources": {"gpu": {"retry_interval": "2m"}}})
     source = GpuSource.from_config(typed_config(config).sources.gpu, SourceContext(config, nvml=nvml))
-    caplog.set_level(logging.INFO, logger="exporter.node.nvml_gpus")
+    caplog.set_level(logging.INFO, logger="mfu_exporter.node.nvml_gpus")
     for _ in range(3):
         with pytest.raises(SourceUnavailable) as raised:
             source.sample()
@@ -878,10 +878,10 @@ def test_a_gpu_unbound_from_the_driver_leaves_the_enumeration_and_labels_follow_
 
 
 def test_gpu_source_discovery_and_preflight_share_one_nvml_session_so_a_reinit_enumerates_anew():
-    from exporter.config import typed_config
-    from exporter.node.nvml import NvmlSession
-    from exporter.preflight.facts import read_gpus
-    from exporter.sources.discovery import DiscoverySource
+    from mfu_exporter.config import typed_config
+    from mfu_exporter.node.nvml import NvmlSession
+    from mfu_exporter.preflight.facts import read_gpus
+    from mfu_exporter.sources.discovery import DiscoverySource
 
     nvml = fake.node(fake.h100, count=4)
     session = NvmlSession(nvml)

@@ -1,12 +1,12 @@
 """The GPU source makes the optional NVML calls only at the series levels whose families use their figures
-(``READ_LEVELS``): held to exporter.render.gpu's tables, and counted on the fake NVML."""
+(``READ_LEVELS``): held to mfu_exporter.render.gpu's tables, and counted on the fake NVML."""
 
 from __future__ import annotations
 
-from exporter.render import gpu as render_gpu
-from exporter.sim import nvml as fake
-from exporter.sources.base import exports
-from exporter.sources.gpu import READ_LEVELS, GpuSource
+from mfu_exporter.render import gpu as render_gpu
+from mfu_exporter.sim import nvml as fake
+from mfu_exporter.sources.base import exports
+from mfu_exporter.sources.gpu import READ_LEVELS, GpuSource
 from tests.support.expo import snapshot_samples
 
 # What each optional call feeds: the per-GPU families of render/gpu.py, by family name.

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import typed_config, validate
-from exporter.node.nvml import NvmlSession
-from exporter.render.collectives import collective_families
-from exporter.render.snapshots import snapshot_families
-from exporter.sim.nvml import FakeNvml, h100
-from exporter.sources.nccl import NcclSource
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.node.nvml import NvmlSession
+from mfu_exporter.render.collectives import collective_families
+from mfu_exporter.render.snapshots import snapshot_families
+from mfu_exporter.sim.nvml import FakeNvml, h100
+from mfu_exporter.sources.nccl import NcclSource
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "nccl" / "inspector"
 LARGE = 256 << 20

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, validate
-from exporter.sources import SOURCES, Paths, SourceContext, build_sources
-from exporter.sources.nccl import NcclSource
+from mfu_exporter.config import ConfigError, validate
+from mfu_exporter.sources import SOURCES, Paths, SourceContext, build_sources
+from mfu_exporter.sources.nccl import NcclSource
 from tests.support.expo import snapshot_samples, snapshot_value
 from tests.support.nodes import hgx_node
 from tests.unit.nccl.real_nccl import load
@@ -98,7 +98,7 @@ def test_a_file_is_read_again_only_when_it_changes(tmp_path: Path, monkeypatch) 
     first = source.sample().readings.test
     assert first.passed is True and first.expected_bytes_per_second == 40e9  # expect_busbw, in GB/s
     reads = []
-    import exporter.sources.nccl_tests as module
+    import mfu_exporter.sources.nccl_tests as module
 
     monkeypatch.setattr(module, "read_lines", lambda path: reads.append(path) or [])
     assert source.sample().readings.test is first

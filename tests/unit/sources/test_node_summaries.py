@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.config import ConfigError, validate
-from exporter.node.counters import Totals, WindowedRates
-from exporter.sim import nvml as fake
-from exporter.sim.mlx5 import hw_counters, port_counters
-from exporter.sim.sysfs import FakeSysfs
-from exporter.sources.gpu import GpuSource
-from exporter.sources.rdma import RdmaSource
+from mfu_exporter.config import ConfigError, validate
+from mfu_exporter.node.counters import Totals, WindowedRates
+from mfu_exporter.sim import nvml as fake
+from mfu_exporter.sim.mlx5 import hw_counters, port_counters
+from mfu_exporter.sim.sysfs import FakeSysfs
+from mfu_exporter.sources.gpu import GpuSource
+from mfu_exporter.sources.rdma import RdmaSource
 from tests.support.expo import snapshot_samples, snapshot_value
 from tests.support.sources import Clock
 

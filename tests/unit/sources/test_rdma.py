@@ -1,6 +1,6 @@
-"""The RDMA source on sysfs trees written by exporter.sim: RoCE and IB ports, missing and N/A counters, VFs,
+"""The RDMA source on sysfs trees written by mfu_exporter.sim: RoCE and IB ports, missing and N/A counters, VFs,
 representors, per-file errors injected into the source's ``os``, 32-bit wraps, resets and hot unplug. The wrap/reset
-rules of exporter.node.counters it relies on are tested in test_counters.py."""
+rules of mfu_exporter.node.counters it relies on are tested in test_counters.py."""
 
 import errno
 import os
@@ -8,13 +8,13 @@ import subprocess
 
 import pytest
 
-from exporter.config import validate
-from exporter.node.rdma import discover_ports
-from exporter.sim.mlx5 import hw_counters, port_counters
-from exporter.sim.sysfs import FakeSysfs, KernfsOs
-from exporter.sources import build_sources, rdma
-from exporter.sources.base import Paths, SourceContext, SourceUnavailable
-from exporter.sources.rdma import RdmaSource
+from mfu_exporter.config import validate
+from mfu_exporter.node.rdma import discover_ports
+from mfu_exporter.sim.mlx5 import hw_counters, port_counters
+from mfu_exporter.sim.sysfs import FakeSysfs, KernfsOs
+from mfu_exporter.sources import build_sources, rdma
+from mfu_exporter.sources.base import Paths, SourceContext, SourceUnavailable
+from mfu_exporter.sources.rdma import RdmaSource
 from tests.support.expo import exposition, snapshot_samples, snapshot_value
 from tests.support.nodes import representors
 from tests.support.sources import Clock

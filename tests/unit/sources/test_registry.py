@@ -1,11 +1,11 @@
 """One registry, one factory signature: ``build_sources(config, ctx)`` builds every enabled source from its typed
 section and the ``SourceContext``, and the sources then read through what the context injected, nothing else."""
 
-from exporter.config import typed_config, validate
-from exporter.node.ethtool import EthtoolTextReader
-from exporter.sim import nvml as fake_nvml
-from exporter.sim.mlx5 import SimulatedNode
-from exporter.sources import SOURCES, Paths, SourceContext, build_sources, enabled
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.node.ethtool import EthtoolTextReader
+from mfu_exporter.sim import nvml as fake_nvml
+from mfu_exporter.sim.mlx5 import SimulatedNode
+from mfu_exporter.sources import SOURCES, Paths, SourceContext, build_sources, enabled
 from tests.support.nodes import FakeQos
 from tests.support.sources import Clock
 

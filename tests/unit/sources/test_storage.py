@@ -1,5 +1,5 @@
-"""The storage source (exporter.sources.storage) over procfs and sysfs trees holding the fixture files, rendered by
-exporter.render.storage; and over this machine's own procfs, reading a real file (the end-to-end check)."""
+"""The storage source (mfu_exporter.sources.storage) over procfs and sysfs trees holding the fixture files, rendered by
+mfu_exporter.render.storage; and over this machine's own procfs, reading a real file (the end-to-end check)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, Enabled, typed_config, validate
-from exporter.node.storage import MIB, mount_of, parse_mountstats
-from exporter.sources import SOURCES, SourceContext, build_sources
-from exporter.sources.base import Paths, SourceUnavailable
-from exporter.sources.storage import StorageReading, StorageSource
+from mfu_exporter.config import ConfigError, Enabled, typed_config, validate
+from mfu_exporter.node.storage import MIB, mount_of, parse_mountstats
+from mfu_exporter.sources import SOURCES, SourceContext, build_sources
+from mfu_exporter.sources.base import Paths, SourceUnavailable
+from mfu_exporter.sources.storage import StorageReading, StorageSource
 from tests.support.expo import snapshot_samples
 from tests.support.sources import Clock
 
@@ -185,7 +185,7 @@ def test_config_keys_and_the_registered_factory(tmp_path):
 
 
 def test_data_paths_are_config_only_not_a_progress_report_fact():
-    from exporter.config import validate_job_facts
+    from mfu_exporter.config import validate_job_facts
 
     with pytest.raises(ConfigError, match="data_paths"):
         validate_job_facts({"data_paths": ["/x"]}, "request")

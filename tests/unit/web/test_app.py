@@ -9,11 +9,11 @@ import pytest
 from aiohttp import web
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from exporter.config import validate
-from exporter.service import build_service
-from exporter.sources.base import SourceUnavailable
-from exporter.web.app import create_app, serve
-from exporter.web.security import HTTP_LIMITS
+from mfu_exporter.config import validate
+from mfu_exporter.service import build_service
+from mfu_exporter.sources.base import SourceUnavailable
+from mfu_exporter.web.app import create_app, serve
+from mfu_exporter.web.security import HTTP_LIMITS
 from tests.support.expo import samples
 from tests.support.sources import ScriptedSource
 from tests.support.tools import require_tool

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from exporter.config import typed_config, validate
-from exporter.model.checkpoints import CheckpointTracker
-from exporter.sources.checkpoint import CheckpointSource
+from mfu_exporter.config import typed_config, validate
+from mfu_exporter.model.checkpoints import CheckpointTracker
+from mfu_exporter.sources.checkpoint import CheckpointSource
 from tests.support.expo import samples
 from tests.support.tools import require_tool
 from tests.support.wait import wait_for

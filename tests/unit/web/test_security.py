@@ -18,12 +18,12 @@ import trustme
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from exporter.config import ConfigError, validate
-from exporter.service import build_service
-from exporter.web import security as websecurity
-from exporter.web.app import create_app, serve
-from exporter.web.security import WebSecurity, is_loopback
-from exporter.web.webconfig import load_web_config
+from mfu_exporter.config import ConfigError, validate
+from mfu_exporter.service import build_service
+from mfu_exporter.web import security as websecurity
+from mfu_exporter.web.app import create_app, serve
+from mfu_exporter.web.security import WebSecurity, is_loopback
+from mfu_exporter.web.webconfig import load_web_config
 from tests.support.net import free_port
 from tests.support.wait import wait_for
 
@@ -203,7 +203,7 @@ def test_a_bad_web_config_exits_2_with_one_line(pki):
         [
             sys.executable,
             "-m",
-            "exporter",
+            "mfu_exporter",
             "--web.config.file",
             path,
             "--web.listen-address",
@@ -323,7 +323,7 @@ async def test_web_config_changes_apply_without_restart_and_a_broken_file_fails_
     ).status == 401  # removed: the cached success does not outlive it
     assert (await client.get("/metrics", headers=bob)).status == 200
     write(path, "basic_auth_users: {bob: 'not a hash'}\n")
-    with caplog.at_level(logging.ERROR, logger="exporter.web.security"):
+    with caplog.at_level(logging.ERROR, logger="mfu_exporter.web.security"):
         broken = await client.get("/metrics", headers=bob)
     assert broken.status == 503
     assert "web config is invalid" in await broken.text()
@@ -415,7 +415,7 @@ async def test_without_a_token_ingest_from_other_hosts_gets_403_and_reads_still_
 def test_a_network_listener_without_a_token_logs_a_warning(tmp_path, caplog):
     token_file = write(tmp_path / "token", "t0ken\n")
     os.chmod(token_file, 0o600)
-    with caplog.at_level(logging.WARNING, logger="exporter.web.security"):
+    with caplog.at_level(logging.WARNING, logger="mfu_exporter.web.security"):
         for address in ("127.0.0.1:9495", "[::1]:9495", "localhost:9495"):
             WebSecurity().warn_if_exposed(address)
         assert caplog.records == []
@@ -590,7 +590,7 @@ async def test_a_reload_that_fails_with_an_io_error_refuses_requests_until_a_goo
     write(path, f"basic_auth_users: {{bob: '{ALICE_HASH}'}}\n")
     full = OSError(28, "No space left on device")
     with mock.patch.object(websecurity, "load_web_config", side_effect=full):
-        with caplog.at_level(logging.ERROR, logger="exporter.web.webconfig"):
+        with caplog.at_level(logging.ERROR, logger="mfu_exporter.web.webconfig"):
             answers = [await client.get("/metrics", headers=who) for who in (alice, alice, bob)]
         assert [a.status for a in answers] == [503, 503, 503]  # never the removed user's old access
         assert answers[0].headers["Retry-After"] == "5"

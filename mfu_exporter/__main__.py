@@ -1,0 +1,5 @@
+import sys
+
+from mfu_exporter.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""The attribution's standings (``mfu_exporter.model.attribution.Attributor.standings``) as metric families."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from mfu_exporter.model.attribution import CAUSES, JobStanding
+
+
+def attribution_families(standings: Iterable[JobStanding], unobserved_seconds: float = 0.0) -> Iterable[Metric]:
+    label = ["training_job", "cause"]
+    bottleneck = GaugeMetricFamily(
+        "mfu_job_bottleneck",
+        "1 for the cause the job's MFU gap is attributed to now, 0 for the others.",
+        labels=label,
+    )
+    lost = CounterMetricFamily(
+        "mfu_job_lost_gpu_seconds",
+        "GPU-seconds lost below the job's baseline MFU, by cause: GPUs × (baseline − MFU) ÷ baseline over time.",
+        labels=label,
+    )
+    baseline = GaugeMetricFamily(
+        "mfu_job_baseline_mfu_ratio",
+        "The job's healthy MFU: expected_mfu, or a high percentile of its recent MFU.",
+        labels=["training_job"],
+    )
+    for standing in standings:
+        name = standing.job
+        for cause, seconds in standing.lost_seconds:
+            lost.add_metric([name, cause], seconds)
+        verdict = standing.verdict
+        if verdict is None:
+            continue
+        for cause in CAUSES:
+            bottleneck.add_metric([name, cause], 1.0 if cause == verdict.cause else 0.0)
+        if verdict.baseline is not None:
+            baseline.add_metric([name], verdict.baseline)
+    unobserved = CounterMetricFamily(
+        "mfu_exporter_unobserved_seconds",
+        "Seconds the exporter did not run its 1 s evaluation (stopped, starved, suspended), booked to no job's cause.",
+        value=unobserved_seconds,
+    )
+    return (bottleneck, lost, baseline, unobserved)
