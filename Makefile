@@ -3,12 +3,15 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-busy test-unit test-property lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check
+.PHONY: demo run test test-busy test-unit test-property lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check docs dist
 
-$(STAMP): pyproject.toml
+# The daemon requires the client distribution (clients/python) at its own version: both come from this checkout,
+# editable. The daemon's editable finder is read first (its .pth file sorts first), so mfu_exporter is this
+# checkout's whole package.
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e ./clients/python -e '.[test]'
 	touch $(STAMP)
 
 system-deps:
@@ -99,6 +102,20 @@ GPU_PYTHON ?= $(PY)
 gpu-check: $(STAMP)
 	$(GPU_PYTHON) scripts/gpu-truth.py --json bench/results/gpu-truth-$$(date -u +%Y%m%dT%H%M%SZ).json $(GPU_CHECK_ARGS)
 
+# The documentation site (mkdocs.yml: README.md as its home page and the guides of docs/) into site/, in strict mode:
+# a broken link, a missing page or an unknown anchor fails it. make test builds it too (tests/unit/test_docs_site.py).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The two distributions, wheel and sdist each, into dist/, checked by twine: mfu-exporter-client (clients/python, the
+# training-side client, standard library only) and mfu-exporter (the daemon, which requires the client at its
+# version). make test builds, checks and installs them too (tests/e2e/test_packaging.py).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist clients/python
+	$(PY) -m build --no-isolation --outdir dist .
+	$(PY) -m twine check --strict dist/*
+
 # Regenerate the Kubernetes PrometheusRule after editing alerts/*.yaml (a test fails while it drifts), and point every
 # runbook_url in alerts/ and the PrometheusRule at RUNBOOK_BASE/runbook.md#<alert> (default: the repository's docs;
 # a site with its own copy of the runbook: make rules RUNBOOK_BASE=https://wiki.example.org/mfu).
@@ -106,4 +123,4 @@ rules: $(STAMP)
 	$(PY) scripts/gen-prometheusrule.py $(if $(RUNBOOK_BASE),--runbook-base '$(RUNBOOK_BASE)')
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info clients/python/build clients/python/*.egg-info
