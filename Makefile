@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-busy test-unit test-property lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check docs dist
+.PHONY: demo run test test-busy test-unit test-property lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check docs dist screenshot
 
 # The daemon requires the client distribution (clients/python) at its own version: both come from this checkout,
 # editable. The daemon's editable finder is read first (its .pth file sorts first), so mfu_exporter is this
@@ -106,6 +106,11 @@ gpu-check: $(STAMP)
 # a broken link, a missing page or an unknown anchor fails it. make test builds it too (tests/unit/test_docs_site.py).
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Retake docs/img/status-page.png, the README's picture of the status page, from the demo in Chromium (Debian's,
+# installed by system-deps) after a change of the page; review it before committing.
+screenshot: $(STAMP) system-deps
+	$(PY) -m pytest -q tests/e2e/test_screenshot.py --update-screenshot
 
 # The two distributions, wheel and sdist each, into dist/, checked by twine: mfu-exporter-client (clients/python, the
 # training-side client, standard library only) and mfu-exporter (the daemon, which requires the client at its
