@@ -83,14 +83,14 @@ bench-fleet: $(STAMP) system-deps
 	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-256,1024,2048,4096} --paths-apart --node-tier-up-to 1024 \
 		--layout $${FLEET_LAYOUT:-small} $(BENCH_FLEET_ARGS) --json bench/results/fleet-$$(date -u +%Y%m%dT%H%M%SZ).json
 
-# The global tier of the rules fed S shards' partial aggregates (bench/global_tier.py; README "Rules in three
-# tiers"): PARTIALS from `make bench-fleet FLEET_SIZES=2048 FLEET_LAYOUT=one BENCH_FLEET_ARGS="--partials-out ..."`,
+# The global tier of the rules fed S shards' partial aggregates (bench/global_tier.py; docs/scaling.md "Rules in
+# three tiers"): PARTIALS from `make bench-fleet FLEET_SIZES=2048 FLEET_LAYOUT=one BENCH_FLEET_ARGS="--partials-out ..."`,
 # replayed as 2, 4 and 8 shards of 2,048 nodes, on VictoriaMetrics and Prometheus; ~10 minutes.
 bench-global: $(STAMP) system-deps
 	$(PY) -m bench.global_tier --partials $(PARTIALS) --json bench/results/global-$$(date -u +%Y%m%dT%H%M%SZ).json
 
 # A simulated fleet (FLEET_NODES, default 64) on both distributed paths, the UIs printed (VictoriaMetrics,
-# vmalert, the Prometheus receiver's alerts), until Ctrl-C: README "A fleet of 10,000 nodes".
+# vmalert, the Prometheus receiver's alerts), until Ctrl-C: docs/scaling.md "A fleet of 10,000 nodes".
 fleet: $(STAMP) system-deps
 	$(PY) -m tests.support.fleet_harness --nodes $${FLEET_NODES:-64} $(FLEET_ARGS)
 
@@ -102,7 +102,7 @@ GPU_PYTHON ?= $(PY)
 gpu-check: $(STAMP)
 	$(GPU_PYTHON) scripts/gpu-truth.py --json bench/results/gpu-truth-$$(date -u +%Y%m%dT%H%M%SZ).json $(GPU_CHECK_ARGS)
 
-# The documentation site (mkdocs.yml: README.md as its home page and the guides of docs/) into site/, in strict mode:
+# The documentation site (mkdocs.yml: the guides of docs/, docs/index.md its home page) into site/, in strict mode:
 # a broken link, a missing page or an unknown anchor fails it. make test builds it too (tests/unit/test_docs_site.py).
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
