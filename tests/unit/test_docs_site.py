@@ -122,7 +122,7 @@ def test_the_site_builds_in_strict_mode(tmp_path):
 
 
 def test_a_broken_link_fails_the_strict_build(tmp_path):
-    """The strict build is a check: a guide linking to a page that does not exist stops it."""
+    """The strict build is a check: a guide linking to a page, a file or a heading that does not exist stops it."""
     tree = tmp_path / "tree"
     (tree / "docs").mkdir(parents=True)
     (tree / "scripts").mkdir()
@@ -130,7 +130,9 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     config["nav"] = [{"Home": "index.md"}]
     (tree / "mkdocs.yml").write_text(yaml.safe_dump(config))
-    (tree / "docs" / "index.md").write_text("# Home\n\nSee [the guide](missing.md) and [a file](../absent.yaml).\n")
+    (tree / "docs" / "index.md").write_text(
+        "# Home\n\nSee [the guide](missing.md), [a file](../absent.yaml), [a heading](#nowhere).\n"
+    )
     built = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=tree,
@@ -139,4 +141,4 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
         timeout=300,
     )
     assert built.returncode != 0
-    assert "missing.md" in built.stderr and "absent.yaml" in built.stderr
+    assert all(name in built.stderr for name in ("missing.md", "absent.yaml", "#nowhere")), built.stderr
