@@ -61,3 +61,11 @@ def test_the_cause_table_lists_every_cause_in_the_order_of_precedence():
     section = MFU.split("\n## Where did the MFU go", 1)[1]
     listed = list(table_rows(section, 2))
     assert listed == [cause for cause in CAUSES if cause != "none"]
+
+
+def test_the_configuration_guide_points_to_every_section_of_the_config():
+    text = (ROOT / "docs" / "configuration.md").read_text().split("\n## The config file's sections", 1)[1]
+    config = validate({})
+    names = [*(name for name in config if name != "sources"), *(f"sources.{name}" for name in config["sources"])]
+    missing = [name for name in names if f"`{name}`" not in text]
+    assert missing == [], f"sections docs/configuration.md does not place: {missing}"
