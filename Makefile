@@ -119,6 +119,7 @@ dist: $(STAMP)
 	rm -rf dist
 	$(PY) -m build --no-isolation --outdir dist clients/python
 	$(PY) -m build --no-isolation --outdir dist .
+	rm -rf build clients/python/build *.egg-info clients/python/*.egg-info  # setuptools' leftovers in the tree
 	$(PY) -m twine check --strict dist/*
 
 # Regenerate the Kubernetes PrometheusRule after editing alerts/*.yaml (a test fails while it drifts), and point every
