@@ -125,6 +125,8 @@ class ProgressReporter:
         announce: bool = True,
     ):
         self._base = url.rstrip("/")
+        if session is None and not self._base.startswith(("http://", "https://")):
+            raise ValueError(f"the exporter's URL must start with http:// or https://, got {url!r}")
         if job is None:
             job = job_name_from_env()
             if job is None:

@@ -180,6 +180,11 @@ def test_job_name_from_the_environment_matches_discovery():
             ProgressReporter("http://127.0.0.1:9")
 
 
+def test_a_url_without_its_scheme_is_refused_at_once_rather_than_retried_for_ever():
+    with pytest.raises(ValueError, match="http:// or https://"):
+        ProgressReporter("127.0.0.1:9495", "job")
+
+
 def test_a_reporter_announces_its_run_sends_heartbeats_and_times_a_checkpoint_load(exporter):
     exporter.add(PROGRESS)
     monotonic = [100.0]

@@ -69,3 +69,11 @@ def test_the_configuration_guide_points_to_every_section_of_the_config():
     names = [*(name for name in config if name != "sources"), *(f"sources.{name}" for name in config["sources"])]
     missing = [name for name in names if f"`{name}`" not in text]
     assert missing == [], f"sections docs/configuration.md does not place: {missing}"
+
+
+def test_the_readme_stays_a_front_door():
+    """What it is, the picture, the quick start, the ways to install and where to go next; the rest is in docs/."""
+    assert len(README.splitlines()) <= 250
+    headings = re.findall(r"^## (.+)$", README, re.M)
+    assert headings[:2] == ["Contents", "Quick start"] and "Install" in headings and "Where to go next" in headings
+    assert "](docs/img/status-page.png)" in README
