@@ -12,7 +12,7 @@ model), timed with ``time.process_time``. Mixes:
 - ``unrecognised``: lines of no known format (auto detection tries every anchor on each).
 
 It also reads the real pasted logs of tests/fixtures/logs/real/pastes.txt in auto mode and prints the share of
-their progress lines read right and the false progress from their other lines (issue 29; target >= 95 %, none).
+their progress lines read right and the false progress from their other lines (target >= 95 %, none).
 
 Usage: ``python -m bench.logs [--lines 100000] [--json FILE]``; exit 1 when the noise or unrecognised mix misses.
 """
