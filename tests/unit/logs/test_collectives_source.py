@@ -1,5 +1,5 @@
 """A job's NCCL transport and named straggler through the logs source on real files, to the attribution's cause
-and the families render/collectives.py makes of them (issue 32, item 3)."""
+and the families render/collectives.py makes of them."""
 
 from __future__ import annotations
 
