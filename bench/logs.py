@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from mfu_exporter.config import typed_config, validate
-from mfu_exporter.model.job_view import GpuInfo
 from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.sources.logs import LogsSource
 from tests.unit.logs import framework_lines as fl
 from tests.unit.logs import real_pastes

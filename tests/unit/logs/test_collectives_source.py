@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from mfu_exporter.config import typed_config, validate
 from mfu_exporter.model.attribution import SOCKET_FALLBACK, Attributor, NodeSignals
-from mfu_exporter.model.job_view import GpuInfo, JobView
+from mfu_exporter.model.job_view import JobView
 from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.node.counters import Changes
 from mfu_exporter.node.rdma import RdmaPort
 from mfu_exporter.render.collectives import collective_families, log_families

@@ -7,9 +7,9 @@ import pynvml
 import pytest
 
 from mfu_exporter.config import typed_config, validate
-from mfu_exporter.model.job_view import GpuInfo
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.node import gpm as gpm_module
 from mfu_exporter.node import nvml_fields as fields_module
 from mfu_exporter.node.nvml_fields import NVLINK_READ_INTERVAL, decode_throttle_reasons
