@@ -60,8 +60,8 @@ const headline = (job) => {
 // A time-axis step that gives at most six ticks over ``span`` seconds.
 const TIME_STEPS = [10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
 const timeStep = (span) => TIME_STEPS.find((s) => span / s <= 6) ?? Math.ceil(span / 6 / 86400) * 86400;
-// How long before now a tick is: whole hours, whole minutes or seconds, in the page's duration units.
-const ago = (s) => s === 0 ? "now" : "−" + (s % 3600 === 0 ? s / 3600 + " h" : s % 60 === 0 ? s / 60 + " m" : duration(s));
+// How long before now a tick is, every tick of an axis in the unit of its step: hours, minutes or seconds.
+const ago = (s, step) => s === 0 ? "now" : "−" + (step % 3600 === 0 ? s / 3600 + " h" : step % 60 === 0 ? s / 60 + " m" : s + " s");
 
 // points: [time, MFU, tokens/s, hardware estimate] on the exporter's clock; ``now`` is that clock's time of the
 // answer. The chart draws what the headline shows, against the job's baseline and the 25% line, on a scale from 0
@@ -88,7 +88,7 @@ function chart(points, kind, baseline, now) {
   for (let back = 0; back <= span + 1e-9; back += every) {
     if (back > 0 && x(t1 - back) < left + 20) continue;  // its label would run into the percent axis
     const at = x(t1 - back).toFixed(1);
-    xTicks.push(`<line class="grid" x1="${at}" x2="${at}" y1="${top}" y2="${top + ph}"/><text class="tick" data-axis="x" data-seconds="${back}" x="${at}" y="${H - 6}" text-anchor="${back === 0 ? "end" : "middle"}">${ago(back)}</text>`);
+    xTicks.push(`<line class="grid" x1="${at}" x2="${at}" y1="${top}" y2="${top + ph}"/><text class="tick" data-axis="x" data-seconds="${back}" x="${at}" y="${H - 6}" text-anchor="${back === 0 ? "end" : "middle"}">${ago(back, every)}</text>`);
   }
   const path = values.map((p, i) => (i ? "L" : "M") + x(p[0]).toFixed(1) + "," + y(p[column]).toFixed(1)).join(" ");
   const what = kind === "mfu" ? "MFU" : "hardware estimate";
