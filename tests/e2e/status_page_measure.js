@@ -14,7 +14,7 @@ const seen = (el) => {
 const cell = (el) => ({text: el.textContent.trim(), label: el.dataset.label ?? null, cls: el.className, ...box(el),
   seen: seen(el), overflow: el.scrollWidth - el.clientWidth, before: getComputedStyle(el, "::before").content});
 const tables = [...document.querySelectorAll("div.table")].map((t) => ({
-  name: t.dataset.table, stacked: t.classList.contains("stacked"),
+  name: t.dataset.table, stacked: t.classList.contains("stacked"), compact: t.classList.contains("compact"),
   headers: [...t.querySelectorAll("thead th")].map((th) => ({text: th.textContent.trim(), ...box(th), seen: seen(th)})),
   rows: [...t.querySelectorAll("tbody tr")].map((tr) => [...tr.children].map(cell)),
 }));

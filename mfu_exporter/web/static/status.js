@@ -193,11 +193,15 @@ function table(rows, columns, name) {
   return `<div class="table" data-table="${name}"><table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table></div>`;
 }
 
-// Each table as a table where it fits its box, else stacked. Measured after every redraw and on resize.
+// Each table as a table where it fits its box, else in smaller type where that fits, else stacked. Measured after
+// every redraw and on resize.
 function fitTables() {
   for (const box of document.querySelectorAll("div.table")) {
-    box.classList.remove("stacked");
-    if (box.querySelector("table").getBoundingClientRect().width > box.clientWidth + 0.5) box.classList.add("stacked");
+    const table = box.querySelector("table"), fits = () => table.getBoundingClientRect().width <= box.clientWidth + 0.5;
+    box.classList.remove("compact", "stacked");
+    if (fits()) continue;
+    box.classList.add("compact");
+    if (!fits()) box.classList.replace("compact", "stacked");
   }
   // How far the page runs wider than the window (0: no sideways scrolling).
   document.body.dataset.overflowX = String(document.documentElement.scrollWidth - document.documentElement.clientWidth);
