@@ -284,6 +284,21 @@ def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path, width):
 # --- the page as drawn: geometry, labels and formats at 1,400 and 800 px ----------------------------------------
 
 MEASURE = (Path(__file__).parent / "status_page_measure.js").read_text()
+# The page's chart() drawn into the page from given points (arguments: points, kind, baseline): its scale's top, its
+# percent ticks' labels and centres, and the line's box.
+CHART = """
+const probe = document.createElement("div");
+probe.className = "card";
+probe.innerHTML = chart(arguments[0], arguments[1], arguments[2], arguments[0][arguments[0].length - 1][0]);
+document.getElementById("jobs").appendChild(probe);
+const svg = probe.querySelector("svg.chart"), line = svg.querySelector("path.line").getBoundingClientRect();
+const ticks = [...svg.querySelectorAll('text[data-axis="y"]')].map((t) => {
+  const r = t.getBoundingClientRect();
+  return {text: t.textContent, value: Number(t.dataset.value), at: r.top + r.height / 2};
+});
+probe.remove();
+return {top: Number(svg.dataset.top), ticks, line: {top: line.top, bottom: line.bottom}};
+"""
 
 NUMBER = re.compile(r"-?[0-9]{1,3}(?:,[0-9]{3})*(?:\.([0-9]+))?")
 
@@ -343,6 +358,11 @@ def test_the_page_fits_the_window_and_labels_what_it_draws(tmp_path, width):
             poll()
             history = poll()["history"]
             page.screenshot(tmp_path / f"status-page-{width}.png")
+            # The page's own chart() on figures above 70 % (the demo's stay below): the scale grows to hold them.
+            high = [
+                [t, 0.5 + t / 1000, None, 0.9 + t / 2000] for t in range(0, 420, 60)
+            ]  # MFU to 0.86, estimate to 1.08
+            scaled = {kind: page.execute(CHART, high, kind, 0.8) for kind in ("mfu", "hardware")}
 
     assert drawn["innerWidth"] == width, drawn["innerWidth"]
     viewport = drawn["viewport"]
@@ -441,3 +461,12 @@ def test_the_page_fits_the_window_and_labels_what_it_draws(tmp_path, width):
                 job["job"],
                 t,
             )
+    for kind, highest in (("mfu", 0.86), ("hardware", 1.08)):
+        drawn_high = scaled[kind]
+        ticks = drawn_high["ticks"]
+        assert ticks[-1]["value"] == drawn_high["top"] and highest <= drawn_high["top"] < highest + 0.2, (
+            kind,
+            drawn_high,
+        )
+        assert ticks[-1]["text"] == f"{round(100 * drawn_high['top'])}%", ticks
+        assert ticks[-1]["at"] - 1 <= drawn_high["line"]["top"], (kind, "the line runs above the scale", drawn_high)
