@@ -80,6 +80,10 @@ NCCL_TEST_BUSBW_GBPS = 362.0  # the verification's bus bandwidth toward 1 GiB: 0
 RANK_PIDS = {gpu: 4100 + gpu for gpu in JOB_GPUS}  # the job's processes, one per GPU (NVML's compute processes)
 INSPECTOR_EVERY = 2.0  # seconds between NCCL Inspector's dumps (NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS)
 ALLREDUCE_US = 2400.0  # a healthy rank's 256 MiB all-reduce
+# A tick this many simulated seconds after the last is late: the job sent nothing meanwhile, as a real job's process
+# descheduled on a loaded machine would not. The truth lists such spans (``late``), the most recent ``LATE_KEPT``.
+LATE_AFTER = 2.0
+LATE_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -538,6 +542,7 @@ class DemoNode:
         self._stall_pending = False
         # The incidents as they happened, on the simulated clock: the truth of GET /api/v1/demo.
         self.timeline: list[dict[str, Any]] = []
+        self.late: list[dict[str, float]] = []  # spans with no tick: the simulation fell behind its clock
         # The NICs' counters advance when a source reads them (sync_fabric), under this lock.
         self._fabric_lock = threading.Lock()
         self._fabric_at = clock.monotonic()
@@ -567,6 +572,9 @@ class DemoNode:
         now = elapsed - self._origin
         stamp = self.stamp = self.clock.wall_at(elapsed)
         dt = max(now - self._last, 0.0)
+        if dt > LATE_AFTER and self._last > 0.0:
+            self.late.append({"start": stamp - dt, "end": stamp})
+            del self.late[:-LATE_KEPT]
         self._last = now
         incident = self.schedule.incident(now)
         if incident != self.incident:
@@ -647,7 +655,8 @@ class DemoNode:
     def truth(self) -> dict[str, Any]:
         """What the simulation knows, for ``GET /api/v1/demo``: the incident table (each one's cause and the jobs it
         touches), the jobs and their GPUs, and the incidents so far with their start and end on the demo clock
-        (simulated Unix time, as the status API's ``time``; ``*_elapsed``: seconds since the schedule began)."""
+        (simulated Unix time, as the status API's ``time``; ``*_elapsed``: seconds since the schedule began), and
+        the spans in which the simulation fell behind its clock (``late``: the job was silent there, truly)."""
         now = self.clock.time()
         return {
             "time": now,
@@ -665,6 +674,7 @@ class DemoNode:
             "incident_table": [incident.as_json() for incident in INCIDENT_TABLE],
             "incident": self.incident,
             "incidents": [dict(row) for row in self.timeline],
+            "late": [dict(span) for span in self.late],
         }
 
     def _checkpoint(self, now: float) -> None:
