@@ -57,17 +57,13 @@ MEGATRON_PAIR = re.compile(r"([0-9]+(?:\.[0-9]+)?)/(\d+),")
 NVRX_HEADER = re.compile(r"GPU (relative|individual) performance:")
 NVRX_SCORE = re.compile(r"\bRank=(\d+)\s+Node=(\S+)\s+Score=([0-9.]+)")
 COMPOSER = re.compile(r"\b(Min|Max)Throughput/Rank:\s*([0-9]+(?:\.[0-9]+)?)\s*TF/(?:Rank-)?(\d+)\b")
-FLAGSCALE_HEADER = re.compile(r"=== Straggler Report at Step (\d+) ===")
-FLAGSCALE_NAMED = re.compile(r"Detected Stragglers: \[([0-9, ]*)\]")
-FLAGSCALE_NODE = re.compile(r"^\s*- Rank (\d+) \((.*)\)\s*$")
-FLAGSCALE_RANK_TIME = re.compile(r"^\s*Rank (\d+): ([0-9]+(?:\.[0-9]+)?)ms\s*$")
-FLAGSCALE_GPU = re.compile(r"^\s*Rank (\d+) \((.*)\): ([0-9]+(?:\.[0-9]+)?)\s*$")
-FLAGSCALE_SECTION = re.compile(r"^\s*(\S+):\s*$")
-# The report's other lines: its headings, a section's summary, the communication statistics' "key: value".
-FLAGSCALE_OTHER = re.compile(
-    r"No stragglers detected|Section Timings \(ms\):|GPU Performance Scores|Communication Statistics:"
-    r"|^\s*Min: .*Slowdown:|^\s+\S[^:]*: \S"
-)
+FLAGSCALE_HEADER = re.compile(r"=== Straggler Report at [Ss]tep (\d+) ===")
+FLAGSCALE_NAMED = re.compile(r"Detected [Ss]tragglers:\s*(?:\[([0-9, ]*)\])?\s*$")
+FLAGSCALE_NODE = re.compile(r"^\s*(?:- )?[Rr]ank (\d+) \((.*)\)\s*$")
+FLAGSCALE_VALUE = re.compile(r"^\s*[Rr]ank (\d+)(?: \((.*)\))?: ([0-9]+(?:\.[0-9]+)?)(?:ms)?\s*$")
+FLAGSCALE_SECTION = re.compile(r"^\s*(\S+):(?:\s*$| min=)")
+# The report's other lines: a section's summary, the communication statistics' "key: value", an elision.
+FLAGSCALE_OTHER = re.compile(r"^\s*Min: .*Slowdown:|^\s+\S[^:]*: \S|^\s*\.\.\.\s*$")
 MAX_RANK = 1 << 24
 # Substrings one of which every line the scanner reads contains (inside a block, any line is read: it may end it).
 KEYWORDS = ("Rnk:", "Ranks with", "performance:", "Score=", "performing", "Throughput/Rank:", "Straggler Report")
@@ -90,14 +86,16 @@ def _rank(text: str) -> int | None:
 class _FlagScaleReport:
     """One FlagScale report being read: its lines share the header's launcher prefix."""
 
-    __slots__ = ("prefix", "step", "named", "nodes", "times", "gpu", "section")
+    __slots__ = ("prefix", "step", "named", "listed", "nodes", "times", "gpu", "part", "section")
 
     def __init__(self, prefix: str, step: int) -> None:
         self.prefix, self.step = prefix, step
         self.named: list[int] | None = None
+        self.listed = True  # whether the verdict line listed the ranks (else the lines after it do)
         self.nodes: dict[int, str] = {}
         self.times: dict[str, dict[int, float]] = {}
         self.gpu: dict[int, float] = {}
+        self.part = ""  # "sections", "gpu" or "comm": the heading the lines are under
         self.section: str | None = None
 
     def feed(self, line: str) -> bool:
@@ -105,38 +103,50 @@ class _FlagScaleReport:
         if not line.startswith(self.prefix):
             return False
         text = line[len(self.prefix) :].rstrip()
+        lower = text.lower()
         if not text.strip():
             return True
-        named = FLAGSCALE_NAMED.search(text)
-        if named:
-            ranks = [_rank(r) for r in named.group(1).replace(" ", "").split(",") if r]
-            self.named = [r for r in ranks if r is not None]
+        if (named := FLAGSCALE_NAMED.search(text)) is not None:
+            ranks = [_rank(r) for r in (named.group(1) or "").replace(" ", "").split(",") if r]
+            self.named, self.listed = [r for r in ranks if r is not None], named.group(1) is not None
             return True
-        if "No stragglers detected" in text:
+        if "no stragglers detected" in lower:
             self.named = []
             return True
-        if (node := FLAGSCALE_NODE.match(text)) is not None:
+        for heading, part in (
+            ("section timings", "sections"),
+            ("gpu performance scores", "gpu"),
+            ("gpu scores", "gpu"),
+        ):
+            if heading in lower:
+                self.part = part
+                return True
+        if "communication statistics:" in lower:
+            self.part = "comm"
+            return True
+        return self._line(text)
+
+    def _line(self, text: str) -> bool:
+        if (node := FLAGSCALE_NODE.match(text)) is not None and self.part == "":
             rank = _rank(node.group(1))
             if rank is not None:
                 self.nodes[rank] = node.group(2)[:256]
+                if not self.listed and self.named is not None and rank not in self.named:
+                    self.named.append(rank)
             return True
-        if (gpu := FLAGSCALE_GPU.match(text)) is not None:
-            rank = _rank(gpu.group(1))
-            if rank is not None:
-                self.gpu[rank] = float(gpu.group(3))
-                self.nodes.setdefault(rank, gpu.group(2)[:256])
+        if (value := FLAGSCALE_VALUE.match(text)) is not None and self.part in ("sections", "gpu"):
+            rank = _rank(value.group(1))
+            if rank is not None and self.part == "gpu":
+                self.gpu[rank] = float(value.group(3))
+            elif rank is not None and self.section is not None:
+                self.times.setdefault(self.section, {})[rank] = float(value.group(3))
+            if rank is not None and value.group(2) and value.group(2) != f"rank-{rank}":
+                self.nodes.setdefault(rank, value.group(2)[:256])
             return True
-        if (timed := FLAGSCALE_RANK_TIME.match(text)) is not None and self.section is not None:
-            rank = _rank(timed.group(1))
-            if rank is not None:
-                self.times.setdefault(self.section, {})[rank] = float(timed.group(2))
-            return True
-        if FLAGSCALE_OTHER.search(text):
-            return True
-        if (section := FLAGSCALE_SECTION.match(text)) is not None:
+        if self.part in ("sections", "comm") and (section := FLAGSCALE_SECTION.match(text)) is not None:
             self.section = section.group(1)[:256]
             return True
-        return False
+        return FLAGSCALE_OTHER.search(text) is not None
 
     def finding(self) -> StragglerFinding | None:
         if not self.named:
@@ -161,9 +171,7 @@ class _FlagScaleReport:
         best = max(self.gpu.values(), default=0.0)
         if rank in self.gpu and best > 0:
             return self.gpu[rank] / best
-        ratios = [
-            min(times.values()) / times[rank] for times in self.times.values() if times.get(rank, 0.0) > 0
-        ]
+        ratios = [min(times.values()) / times[rank] for times in self.times.values() if times.get(rank, 0.0) > 0]
         return min(ratios) if ratios else None
 
 
@@ -297,7 +305,9 @@ class StragglerScanner:
             self._megatron = None
             return
         score, rank, value = slow[0]
-        others = f"; ranks {', '.join(str(r) for _, r, _ in slow)} are under {THRESHOLD:g} of it" if len(slow) > 1 else ""
+        others = (
+            f"; ranks {', '.join(str(r) for _, r, _ in slow)} are under {THRESHOLD:g} of it" if len(slow) > 1 else ""
+        )
         self._megatron = StragglerFinding(
             rank,
             None,

@@ -1,0 +1,94 @@
+"""The straggler reports and profiler output of tests/fixtures/logs/real/formats.txt, each read right, and no paste of
+another format (the training-log pastes, the NCCL ones) giving a straggler, a data wait or progress it does not
+print."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from mfu_exporter.logs import DataWait, LogStream, Progress
+from mfu_exporter.logs.straggler import StragglerScanner
+from mfu_exporter.sources.logs import _JobScanners
+from tests.support.pastes import Block, read_blocks
+from tests.unit.logs import real_pastes
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+BLOCKS = read_blocks(FIXTURES / "logs" / "real" / "formats.txt")
+OTHERS = [
+    *read_blocks(FIXTURES / "logs" / "real" / "pastes.txt"),
+    *(block for path in sorted((FIXTURES / "nccl" / "real").glob("*.txt")) for block in read_blocks(path)),
+]
+
+
+def straggler(lines: list[str]):
+    scanner = StragglerScanner()
+    for line in lines:
+        scanner.feed(line)
+    return scanner.finding()
+
+
+def described(found) -> str:
+    if found is None:
+        return "none"
+    score = "none" if found.score is None else f"{found.score:.2f}"
+    return f"[{found.source}] rank={found.rank} score={score}"
+
+
+def read(lines: list[str]) -> tuple[list[DataWait], list]:
+    """The data waits and the progress events the logs' own path reads from the lines, in auto mode."""
+    events = LogStream("auto").feed_many(lines, real_pastes.READ_TIME)
+    waits = [e.record for e in events if isinstance(e.record, DataWait)]
+    return waits, [e for e in events if isinstance(e.record, Progress)]
+
+
+def test_the_fixture_names_where_each_paste_comes_from_and_which_were_produced_here():
+    assert len(BLOCKS) >= 12
+    for block in BLOCKS:
+        assert block.lines and {"source", "straggler", "data_wait"} <= set(block.headers), block.name
+    produced = {b.name for b in BLOCKS if b.headers["source"].startswith("produced: ")}
+    assert produced == {"pytorch/produced-key-averages-table", "lightning/produced-advanced-profiler"}
+    assert all("tests.support.profiler_output" in b.headers["source"] for b in BLOCKS if b.name in produced)
+    real = {b.name.split("/")[0] for b in BLOCKS if b.name not in produced}
+    assert real >= {"megatron", "composer", "flagscale", "nvrx", "pytorch", "lightning"}
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
+def test_each_paste_reads_right(block: Block):
+    assert described(straggler(block.lines)) == block.headers["straggler"]
+    waits, progress = read(block.lines)
+    expected = [] if block.headers["data_wait"] == "none" else [block.headers["data_wait"].split()]
+    assert [(f"[{w.framework}]", w.scope) for w in waits] == [(e[0], e[1]) for e in expected]
+    for wait, (_, _, seconds) in zip(waits, expected):
+        assert math.isclose(wait.seconds, float(seconds), rel_tol=1e-9)
+    wanted = block.headers.get("progress")
+    if wanted is None:
+        assert progress == [], block.name
+    else:
+        (event,) = progress  # a fragment of a wrapped line reads what it prints and guesses nothing wrapped away
+        framework, fields = real_pastes.parse_expect(wanted)
+        assert real_pastes.mismatch(event, framework, fields) is None
+
+
+@pytest.mark.parametrize("block", OTHERS, ids=[b.name for b in OTHERS])
+def test_no_paste_of_another_format_names_a_straggler(block: Block):
+    assert straggler(block.lines) is None
+
+
+def test_no_new_format_paste_reads_as_another_frameworks_data_wait_or_progress():
+    """Each block's data wait is only its own framework's; the profiler tables' and reports' lines never look like
+    a training framework's progress."""
+    for block in BLOCKS:
+        waits, _ = read(block.lines)
+        frameworks = {f"[{w.framework}]" for w in waits}
+        expected = set() if block.headers["data_wait"] == "none" else {block.headers["data_wait"].split()[0]}
+        assert frameworks == expected, block.name
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.headers["straggler"] != "none" or "report" in b.name])
+def test_the_logs_source_hands_every_line_of_a_report_to_the_scanner(block: Block):
+    scanners = _JobScanners()
+    scanners.feed(block.lines)
+    assert described(scanners.reading().straggler) == block.headers["straggler"]
