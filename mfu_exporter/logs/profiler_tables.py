@@ -20,7 +20,7 @@ not in it. The same tables re-typeset in Markdown (``| Name | Self CPU % | ... |
 **Lightning's AdvancedProfiler** (Lightning-AI/pytorch-lightning ``src/lightning/pytorch/profilers/advanced.py``
 ``summary`` and ``profiler.py`` ``_stats_to_str``, 2.6): per action ``f"Profile stats for: {action}"`` (with
 ``f" rank: {local_rank}"`` when set) and ``pstats`` of its cProfile, whose first line is ``N function calls (M
-primitive calls) in X seconds``: X is the action's whole time in the stage so far. For the loop's
+primitive calls) in X seconds`` on the next line: X is the action's whole time in the stage so far. For the loop's
 ``[_TrainingEpochLoop].train_dataloader_next`` (``get_train_batch`` before 2022-06) it is the running total of the
 wait (``RUNNING_TOTAL``), as the simple profiler's row (``mfu_exporter.logs.datawait``).
 
@@ -54,7 +54,7 @@ ADVANCED_ACTION = re.compile(
 ADVANCED_TOTAL = re.compile(r"^\s*\d+ function calls(?: \(\d+ primitive calls\))? in ([0-9]+(?:\.[0-9]+)?) seconds\s*$")
 # A wrapped timer line's later part: "name: value" fields between "|", a comment or quote marker before them.
 FIELDS = re.compile(r"^[#>\s]*(?:[A-Za-z][\w\- ]*: [0-9]+(?:\.[0-9]+)?\s*(?:\||$)\s*)+$")
-WRAPPED = re.compile(r"(?:^|\|)\s*(batch-generator|batch generator|batch_input): ([0-9]+(?:\.[0-9]+)?)\s*(?:\||$)")
+WRAPPED = re.compile(r"(?:^[#>\s]*|\|)\s*(batch-generator|batch generator|batch_input): ([0-9]+(?:\.[0-9]+)?)\s*(?:\||$)")
 
 
 def _cells(text: str) -> list[str]:
@@ -78,19 +78,19 @@ class WaitReader:
     def __init__(self) -> None:
         self._columns: list[str] | None = None  # the current profiler table's header
         self._taken = False  # the current table gave its figure
-        self._advanced = False  # the previous line named the data loader's action in an AdvancedProfiler report
+        self._advanced: int | None = None  # the line that named the data loader's action in an AdvancedProfiler report
         self._timer_open: int | None = None  # the line number of a "time (ms)" line left open
 
     def read(self, text: str, line_number: int) -> DataWait | None:
         """The figure ``text`` (the file's ``line_number``-th line) completes, or None."""
-        if self._advanced:
-            self._advanced = False
-            found = ADVANCED_TOTAL.match(text)
+        if self._advanced is not None:
+            named, self._advanced = self._advanced, None
+            found = ADVANCED_TOTAL.match(text) if line_number == named + 1 else None
             if found:
                 seconds = number(found.group(1))
                 return DataWait(seconds, RUNNING_TOTAL, "lightning") if seconds is not None else None
         if "Profile stats for:" in text:
-            self._advanced = ADVANCED_ACTION.search(text) is not None
+            self._advanced = line_number if ADVANCED_ACTION.search(text) is not None else None
             return None
         if "CPU total" in text:
             cells = _cells(text)

@@ -92,3 +92,77 @@ def test_the_logs_source_hands_every_line_of_a_report_to_the_scanner(block: Bloc
     scanners = _JobScanners()
     scanners.feed(block.lines)
     assert described(scanners.reading().straggler) == block.headers["straggler"]
+
+
+def waits_of(*lines: str) -> list[tuple[str, str, float]]:
+    waits, _ = read(list(lines))
+    return [(w.framework, w.scope, round(w.seconds, 9)) for w in waits]
+
+
+# torch/autograd/profiler_util.py _build_table: right-aligned columns two spaces apart, names cut to 52 + "...",
+# times from _format_time ("{:.3f}s", "ms", "us"). Synthetic rows in that layout.
+HEADER = (
+    "                                                   Name    Self CPU %      Self CPU   CPU total %     CPU total  "
+    "CPU time avg    # of Calls  "
+)
+RULE = "-" * 55 + "  " + "  ".join(["------------"] * 6) + "  "
+
+
+def row(name: str, total: str) -> str:
+    return f"{name:>55}  {'50.00%':>12}  {'1.000s':>12}  {'60.00%':>12}  {total:>12}  {'100.000ms':>12}  {'10':>12}  "
+
+
+def test_the_first_data_loader_row_of_each_table_counts_once():
+    """Lightning's PyTorchProfiler shows its action and the loader's own __next__ in one table: the table gives one
+    figure, its first such row's; the next table gives its own."""
+    table = [
+        RULE,
+        HEADER,
+        RULE,
+        row("[pl][profile][_TrainingEpochLoop].train_dataloader_n...", "2.500s"),
+        row("enumerate(DataLoader)#_MultiProcessingDataLoaderIter...", "2.400s"),
+        RULE,
+        "Self CPU time total: 4.000s",
+    ]
+    assert waits_of(*table, *table) == [("lightning", "since_last", 2.5), ("lightning", "since_last", 2.5)]
+    whole = row("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "812.000us")
+    assert waits_of(RULE, HEADER, RULE, whole) == [("pytorch", "since_last", 0.000812)]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [row("enumerate(DataLoader)#_SingleProcessDataLoaderIter._...", "2.500s")],  # a row with no header before it
+        [RULE, HEADER, RULE, row("aten::addmm", "2.500s")],  # another op
+        [RULE, HEADER, RULE, row("enumerate(DataLoader)#_SingleProcessDataLoaderIter._...", "--")],  # no time
+        [RULE, HEADER.replace("CPU total  ", "CPU tot..  "), RULE, row("enumerate(DataLoader)#_Single...", "2.5s")],
+        ["Profile stats for: [_TrainingEpochLoop].val_next", "  12 function calls in 0.300 seconds"],
+        ["Profile stats for: [_TrainingEpochLoop].train_dataloader_next", "", "  12 function calls in 0.300 seconds"],
+        ["time (ms) | forward-compute: 10.00 |", *["x"] * 13, "# optimizer: 1.00 | batch-generator: 7.50"],
+        ["time (ms) | forward-compute: 10.00 | backward-compute: 20.00", "| batch-generator: 7.50"],
+        ["iteration 10 |", "batch-generator: 7.50 | other text here"],
+    ],
+)
+def test_lines_that_only_look_like_the_multi_line_forms_give_no_data_wait(lines):
+    assert waits_of(*lines) == []
+
+
+def test_lightning_advanced_profiler_with_a_rank_and_re_wrapped_deepspeed_timers():
+    advanced = [
+        "Profile stats for: [_TrainingEpochLoop].train_dataloader_next rank: 0",
+        "         1287 function calls (1182 primitive calls) in 0.397 seconds",
+    ]
+    assert waits_of(*advanced) == [("lightning", "total", 0.397)]
+    # DeepSpeed's pipeline timer line, broken after a "|": "time (ms)" + " | {}: {:.2f}" per timer.
+    deepspeed = [
+        "[Rank 0] time (ms) | forward_microstep: 2785.85 |",
+        "> batch_input: 209.59 | backward_microstep: 3.00",
+    ]
+    assert waits_of(*deepspeed) == [("deepspeed", "since_last", 0.20959)]
+
+
+def test_the_simple_profiler_row_re_typeset_in_markdown():
+    """Lightning's simple profiler row (datawait's "\\t|" cells) as a Markdown table row reads the same."""
+    assert waits_of("| [_TrainingEpochLoop].train_dataloader_next | 0.012 | 1000 | 12.0 | 8.5 |") == [
+        ("lightning", "total", 12.0)
+    ]
