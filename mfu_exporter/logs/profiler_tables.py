@@ -54,7 +54,9 @@ ADVANCED_ACTION = re.compile(
 ADVANCED_TOTAL = re.compile(r"^\s*\d+ function calls(?: \(\d+ primitive calls\))? in ([0-9]+(?:\.[0-9]+)?) seconds\s*$")
 # A wrapped timer line's later part: "name: value" fields between "|", a comment or quote marker before them.
 FIELDS = re.compile(r"^[#>\s]*(?:[A-Za-z][\w\- ]*: [0-9]+(?:\.[0-9]+)?\s*(?:\||$)\s*)+$")
-WRAPPED = re.compile(r"(?:^[#>\s]*|\|)\s*(batch-generator|batch generator|batch_input): ([0-9]+(?:\.[0-9]+)?)\s*(?:\||$)")
+WRAPPED = re.compile(
+    r"(?:^[#>\s]*|\|)\s*(batch-generator|batch generator|batch_input): ([0-9]+(?:\.[0-9]+)?)\s*(?:\||$)"
+)
 
 
 def _cells(text: str) -> list[str]:
