@@ -69,7 +69,8 @@ def _cells(text: str) -> list[str]:
 
 def _seconds(cell: str) -> float | None:
     found = TIME.match(cell)
-    return float(found.group(1)) * UNITS[found.group(2)] if found else None
+    value = number(found.group(1)) if found else None
+    return value * UNITS[found.group(2)] if found and value is not None else None
 
 
 class WaitReader:

@@ -47,6 +47,7 @@ recovers is no longer named at the next report.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ FLAGSCALE_SECTION = re.compile(r"^\s*(\S+):(?:\s*$| min=)")
 # The report's other lines: a section's summary, the communication statistics' "key: value", an elision.
 FLAGSCALE_OTHER = re.compile(r"^\s*Min: .*Slowdown:|^\s+\S[^:]*: \S|^\s*\.\.\.\s*$")
 MAX_RANK = 1 << 24
+MAX_FIGURE = 1e12  # past any TFLOP/s, millisecond or score a report prints
 # Substrings one of which every line the scanner reads contains (inside a block, any line is read: it may end it).
 KEYWORDS = ("Rnk:", "Ranks with", "performance:", "Score=", "performing", "Throughput/Rank:", "Straggler Report")
 
@@ -79,8 +81,16 @@ class StragglerFinding:
 
 
 def _rank(text: str) -> int | None:
-    value = int(text)
-    return value if value < MAX_RANK else None
+    return int(text) if len(text) < 9 and int(text) < MAX_RANK else None
+
+
+def _figure(text: str) -> float | None:
+    """A printed figure, or None for one no GPU prints (thousands of digits read as infinity)."""
+    try:
+        value = float(text)
+    except ValueError:  # "1.2.3": a figure's pattern, not a figure
+        return None
+    return value if math.isfinite(value) and value < MAX_FIGURE else None
 
 
 class _FlagScaleReport:
@@ -136,10 +146,11 @@ class _FlagScaleReport:
             return True
         if (value := FLAGSCALE_VALUE.match(text)) is not None and self.part in ("sections", "gpu"):
             rank = _rank(value.group(1))
-            if rank is not None and self.part == "gpu":
-                self.gpu[rank] = float(value.group(3))
-            elif rank is not None and self.section is not None:
-                self.times.setdefault(self.section, {})[rank] = float(value.group(3))
+            figure = _figure(value.group(3))
+            if rank is not None and figure is not None and self.part == "gpu":
+                self.gpu[rank] = figure
+            elif rank is not None and figure is not None and self.section is not None:
+                self.times.setdefault(self.section, {})[rank] = figure
             if rank is not None and value.group(2) and value.group(2) != f"rank-{rank}":
                 self.nodes.setdefault(rank, value.group(2)[:256])
             return True
@@ -216,9 +227,9 @@ class StragglerScanner:
         if self._scores is not None:
             score = NVRX_SCORE.search(line)
             if score:
-                rank = _rank(score.group(1))
-                if rank is not None:
-                    self._scores[rank] = (score.group(2), float(score.group(3)))
+                rank, figure = _rank(score.group(1)), _figure(score.group(3))
+                if rank is not None and figure is not None:
+                    self._scores[rank] = (score.group(2)[:256], figure)
             elif "performing" not in line:  # "Worst/Best performing 3/N ranks:" stay inside the block
                 self._close()
 
@@ -267,7 +278,11 @@ class StragglerScanner:
         )
 
     def _megatron_line(self, line: str) -> None:
-        fields = {(mn + kind): (float(value), int(rank)) for mn, kind, value, _, rank in MEGATRON_FIELD.findall(line)}
+        fields = {
+            (mn + kind): (figure, who)
+            for mn, kind, value, _, rank in MEGATRON_FIELD.findall(line)
+            if (figure := _figure(value)) is not None and (who := _rank(rank)) is not None
+        }
         if "MnEtpt" in fields and "MxEtpt" in fields and fields["MxEtpt"][0] > 0:
             (low, rank), (high, best) = fields["MnEtpt"], fields["MxEtpt"]
             score, what = low / high, f"{low:g} TFLOP/s against rank {best}'s {high:g}"
@@ -289,7 +304,11 @@ class StragglerScanner:
         found = MEGATRON_RANKS.search(line)
         if found is None:
             return
-        pairs = [(float(v), int(r)) for v, r in MEGATRON_PAIR.findall(found.group(3) + ",") if int(r) < MAX_RANK]
+        pairs = [
+            (figure, rank)
+            for v, r in MEGATRON_PAIR.findall(found.group(3) + ",")
+            if (figure := _figure(v)) is not None and (rank := _rank(r)) is not None
+        ]
         if found.group(1) == "Bottom":
             self._bottom = pairs
             return
@@ -319,9 +338,10 @@ class StragglerScanner:
 
     def _composer_line(self, line: str) -> None:
         found = COMPOSER.search(line)
-        if found is None or int(found.group(3)) >= MAX_RANK:
+        value = _figure(found.group(2)) if found is not None else None
+        rank = _rank(found.group(3)) if found is not None else None
+        if found is None or value is None or rank is None:
             return
-        value, rank = float(found.group(2)), int(found.group(3))
         if found.group(1) == "Min":
             self._composer_min = (value, rank)
             return
