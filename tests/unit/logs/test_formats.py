@@ -87,7 +87,7 @@ def test_no_new_format_paste_reads_as_another_frameworks_data_wait_or_progress()
         assert frameworks == expected, block.name
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.headers["straggler"] != "none" or "report" in b.name])
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_the_logs_source_hands_every_line_of_a_report_to_the_scanner(block: Block):
     scanners = _JobScanners()
     scanners.feed(block.lines)
@@ -166,3 +166,18 @@ def test_the_simple_profiler_row_re_typeset_in_markdown():
     assert waits_of("| [_TrainingEpochLoop].train_dataloader_next | 0.012 | 1000 | 12.0 | 8.5 |") == [
         ("lightning", "total", 12.0)
     ]
+
+
+def test_each_table_adds_its_window_and_the_advanced_profiler_sets_the_total():
+    """A table's figure is the wait of the window it covers: two tables printed one after the other add up; the
+    AdvancedProfiler's figure is the stage's running total, taken as it is."""
+    from mfu_exporter.logs import Facts, JobLog, WaitAction
+
+    table = next(b for b in BLOCKS if b.name == "pytorch/produced-key-averages-table").lines
+    events = LogStream("auto").feed_many([*table, *table], real_pastes.READ_TIME)
+    totals = [a.seconds for a in JobLog().feed("f", events, Facts(node_gpus=1)) if isinstance(a, WaitAction)]
+    assert totals == pytest.approx([0.693529, 2 * 0.693529])
+    report = next(b for b in BLOCKS if b.name == "lightning/lightning-782-advanced-profiler").lines
+    events = LogStream("auto").feed_many([*report, *report], real_pastes.READ_TIME)
+    totals = [a.seconds for a in JobLog().feed("g", events, Facts(node_gpus=1)) if isinstance(a, WaitAction)]
+    assert totals == pytest.approx([19.107, 19.107])
