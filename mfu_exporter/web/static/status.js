@@ -29,6 +29,16 @@ const mfuClass = (r, bottleneck) => {
   return cause && cause !== "none" ? "warn" : "good";
 };
 
+// A GPU's health (mfu_gpu_health): its state, what to do (the hover, and the notes under the table), and the last
+// Xid with its own state.
+const HEALTH_CHIP = {healthy: "up", degraded: "warn"};
+function healthCell(g) {
+  const h = g.health;
+  if (!h) return "–";
+  const last = h.last_xid ? ` <span class="muted" title="${esc(h.last_xid.state + ": " + h.last_xid.action)}">Xid ${esc(h.last_xid.code)}</span>` : "";
+  return `<span class="chip ${HEALTH_CHIP[h.state] || "down"}" title="${esc(h.action)}">${esc(h.state)}</span>${last}`;
+}
+
 // The job's headline: its MFU, else the hardware estimate (GPM tensor activity × clock, or utilization) that the
 // fleet rules use for a job that reports nothing, labelled as such.
 const headline = (job) => job.mfu != null
@@ -183,6 +193,7 @@ function render(status) {
     : table(gpus, [
       ["GPU", (g) => esc(g.index)], ["name", (g) => esc(g.name)],
       ["state", (g) => g.up === false ? '<span class="chip down">lost</span>' : '<span class="chip up">up</span>'],
+      ["health", healthCell, "wrap"],
       ["utilization", (g) => bar(g.utilization)], ["tensor active", (g) => bar(g.tensor_active)],
       ["SM clock", (g) => si(g.sm_clock_hz, "Hz"), "num"], ["temp", (g) => g.temperature_celsius == null ? "–" : g.temperature_celsius + " °C", "num"],
       ["power", (g) => g.power_watts == null ? "–" : num(g.power_watts) + " W", "num"],
