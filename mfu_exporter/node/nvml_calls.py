@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 from mfu_exporter.node.gpm import Gpm
 
-
 # How many of a GPU's latest Xids are kept in order, for a reader that samples less often than they are drained.
 RECENT_XIDS = 256
 
