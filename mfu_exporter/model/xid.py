@@ -22,6 +22,8 @@ Sources, each entry naming its own:
   failure flags, the recovery action flag), https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/.
 - XID_DOC: NVIDIA, "Xid Errors", https://docs.nvidia.com/deploy/xid-errors/index.html (Xid 74: "GPU reset or system
   reboot is needed to clear the error").
+- DEBUG: NVIDIA, "GPU Debug Guidelines", Xid messages (Xid 48 followed by 63 or 64: drain and reset the GPU),
+  https://docs.nvidia.com/deploy/gpu-debug-guidelines/index.html#xid-messages.
 - NVML: nvml.h, nvmlReturn_t NVML_ERROR_GPU_IS_LOST ("fallen off the bus or otherwise become inaccessible") and
   NVML_ERROR_RESET_REQUIRED ("requires a reset before it can be used again"); nvmlDeviceGpuRecoveryAction_t, read
   as field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230).
@@ -50,6 +52,7 @@ CATALOGUE = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.htm
 NVLINK_DECODE = CATALOGUE + ", sheet XID 144-150 Decode"
 MEMORY = "https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/ (Error Recovery and Response Flags)"
 XID_DOC = "https://docs.nvidia.com/deploy/xid-errors/index.html"
+DEBUG = "https://docs.nvidia.com/deploy/gpu-debug-guidelines/index.html#xid-messages"
 NVML = "nvml.h (nvmlReturn_t, nvmlDeviceGpuRecoveryAction_t)"
 
 # The actions, written once: what a person does in each case.
@@ -158,6 +161,7 @@ XIDS: dict[int, XidClass] = {
             RESET_REQUIRED,
             "drain the GPU's jobs and reset the GPU; the Xid 63 (row remapped) or 64 (remap failed) after it says "
             "whether its memory recovered",
+            f"{CATALOGUE}; {DEBUG}",
         ),
         _x(62, "PMU_HALT_ERROR", "RESET_GPU", RESET_REQUIRED, RESET_GPU),
         _x(

@@ -111,7 +111,7 @@ def test_a_reset_seen_clears_what_the_xids_latched(before, after):
     health = GpuHealth()
     health.observe(before)
     health.xid(48)
-    assert health.view().state == RESET_REQUIRED
+    assert health.view().state in (RESET_REQUIRED, REBOOT_REQUIRED)  # the Xid's, or the lost GPU's if worse
     health.observe(after)
     assert health.view().state == HEALTHY
     assert health.view().last_xid.code == 48  # the last Xid stays on record
