@@ -13,6 +13,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU of this node as the GPU source sees it; all that jobs need to know to find their peak."""
+
+    index: int
+    uuid: str
+    name: str
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU in one sample, in base units and ratios 0–1. A figure is None when NVML did not give it this time

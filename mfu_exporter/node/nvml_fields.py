@@ -24,7 +24,8 @@ THROTTLE_REASONS = (
 
 # Cumulative time the SM clock was held down, per reason: (reason, nvml.h field ID, clock-event bit). The fields are
 # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP (= NVML_FI_DEV_PERF_POLICY_POWER), _SW_THERM_SLOWDOWN, _HW_THERM_SLOWDOWN
-# and _HW_POWER_BRAKE_SLOWDOWN. Four reasons, not seven: 32 series on an 8-GPU node (issue 28's budget, with NVLink).
+# and _HW_POWER_BRAKE_SLOWDOWN. Four reasons, not seven: 32 series on an 8-GPU node, which with NVLink's errors fits
+# the ~40 the node's series budget leaves for them (tests/unit/test_series_budget.py).
 # Where the driver lacks a field, that reason's time is the bit integrated over samples instead (``_integrate``).
 THROTTLE_TIME = (
     ("sw_power_cap", 74, 0x4),

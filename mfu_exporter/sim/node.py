@@ -189,8 +189,9 @@ def _nccl_socket_fallback(node: DemoNode) -> None:
 
 
 def _input_stall(node: DemoNode) -> None:
-    # The dataset mount (NFS, i34a's knob) reads slower; the job's client times 40% of each second in the wait for
-    # its next batch. Between waits the GPUs compute as before: busy, tensor cores less so overall.
+    # The dataset mount (NFS, sim/storage.py's dataset_read_rate) reads slower; the job's client times 40% of each
+    # second in the wait for its next batch. Between waits the GPUs compute as before: busy, tensor cores less so
+    # overall.
     node.storage.dataset_read_rate = DATASET_READ_RATE * SLOW_MOUNT_READ_FACTOR
     node.data_wait_share = INPUT_STALL_WAIT_SHARE
     for index in JOB_GPUS:

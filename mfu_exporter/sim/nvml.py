@@ -167,8 +167,8 @@ def h100(index: int, **overrides: Any) -> FakeGpu:
 
 
 def h200(index: int, **overrides: Any) -> FakeGpu:
-    """An H200 SXM as a real one answered (driver 580.159.04, 2026-12-04): the PCIe byte fields 197/198 present but
-    32-bit (UNSIGNED_INT, wrapping every 4 GiB), 615 MiB reserved by the driver at idle."""
+    """An H200 SXM as a real one answered (driver 580.159.04; docs/benchmarks.md "On a real H200"): the PCIe byte
+    fields 197/198 present but 32-bit (UNSIGNED_INT, wrapping every 4 GiB), 615 MiB reserved by the driver at idle."""
     return h100(
         index,
         **{

@@ -15,8 +15,7 @@ from typing import Any, Callable
 
 from mfu_exporter.config import GpuConfig
 from mfu_exporter.model.flops import gpu_model
-from mfu_exporter.model.job_view import GpuInfo
-from mfu_exporter.model.readings import GpuReading
+from mfu_exporter.model.readings import GpuInfo, GpuReading
 from mfu_exporter.model.xid import Conditions, GpuHealth, HealthView
 from mfu_exporter.node.counters import Totals
 from mfu_exporter.node.nvml import NvmlSession

@@ -22,7 +22,7 @@ GAP = 40.0
 WINDOW = 15.0  # the demo's MFU window
 SETTLE = 30.0  # after an incident ends: the window, its hold and a poll, before the next incident (GAP) begins
 # Demo seconds from an incident's start to its cause in the page's API. One sample and one evaluation (a simulated
-# second each) make it 1-2 s on a quiet machine, the 2 s. The demo clock runs on the wall clock, though: on
+# second each) make it 1-2 s on a quiet machine, within 2 s. The demo clock runs on the wall clock, though: on
 # two cores shared with other test workers a thread lags a few tenths of a wall second, seconds of demo time at speed
 # 10 (up to 5 s seen under make test). The bound is half the 15 s MFU window, which the cause of a stop (gpu-lost,
 # crash-restart) waited for whole, and more, before it went by the job's recent progress.

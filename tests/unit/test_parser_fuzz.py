@@ -31,7 +31,13 @@ DEEP_OBJECT = '{"a":' * 100_000 + "1" + "}" * 100_000
 hostile_numbers = st.sampled_from(
     ["1e308", "-1e308", "1e400", "Infinity", "-Infinity", "NaN", "[1]", "{}", '"7"', "true", "9" * 5000, "-0", "1.5"]
 )
-lines_of_text = st.text(max_size=200) | st.binary(max_size=200).map(lambda b: b.decode("utf-8", "replace"))
+
+
+def replace_undecodable(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+lines_of_text = st.text(max_size=200) | st.binary(max_size=200).map(replace_undecodable)
 
 
 def _record(rank=0, pid=5000, sn=1, size=256 << 20, busbw=400.0):
@@ -148,7 +154,7 @@ NCCL_DEBUG_LINES = st.sampled_from(
 
 
 @FUZZ
-@given(lines=st.lists(NCCL_DEBUG_LINES | lines_of_text.map(lambda t: "h:1:2 [0] NCCL INFO " + t), max_size=12))
+@given(lines=st.lists(NCCL_DEBUG_LINES | lines_of_text.map("h:1:2 [0] NCCL INFO ".__add__), max_size=12))
 @example(lines=["node-a:1:2 [0] NCCL INFO comm 0x1 rank 0 nRanks 16 nNodes " + "9" * 5000 + " localRanks 8"])
 def test_nccl_debug_lines_never_raise(lines):
     scanner = TransportScanner()

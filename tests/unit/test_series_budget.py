@@ -1,4 +1,4 @@
-"""The series budget (issue 25, README "Series budget"): a default 8-GPU, 8-NIC node running one job exports at most
+"""The series budget (README "Series budget"): a default 8-GPU, 8-NIC node running one job exports at most
 500 series, counted from a real exposition of the fixture node; and whatever a rule, dashboard panel or runbook step
 reads is among them, so the default level (``series: standard``) cuts nothing anyone looks at."""
 

@@ -210,7 +210,7 @@ function render(status) {
     ["age", (s) => s.sample_age_seconds == null ? "–" : s.sample_age_seconds.toFixed(1) + " s", "num"],
   ]);
 
-  // The logs source's files: what was detected in each, and why a detected format reads nothing (issue 29).
+  // The logs source's files: what was detected in each, and why a detected format reads nothing.
   const logs = sources.logs;
   const files = logs && logs.status && logs.status.files ? logs.status.files : [];
   document.getElementById("logs").innerHTML = table(files, [

@@ -1,12 +1,13 @@
 """A job's NCCL transport and named straggler through the logs source on real files, to the attribution's cause
-and the families render/collectives.py makes of them (issue 32, item 3)."""
+and the families render/collectives.py makes of them."""
 
 from __future__ import annotations
 
 from mfu_exporter.config import typed_config, validate
 from mfu_exporter.model.attribution import SOCKET_FALLBACK, Attributor, NodeSignals
-from mfu_exporter.model.job_view import GpuInfo, JobView
+from mfu_exporter.model.job_view import JobView
 from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.node.counters import Changes
 from mfu_exporter.node.rdma import RdmaPort
 from mfu_exporter.render.collectives import collective_families, log_families
