@@ -718,7 +718,8 @@ def test_nvlink_errors_are_summed_over_links_and_kinds_per_gpu():
 
 
 def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
-    # 72 of an 18-link H100's 78 fields: a 1 s sample between two reads asks for the other 6 only.
+    # 72 of an 18-link H100's 82 fields: a 1 s sample between two reads asks for the other 10 only (byte counters,
+    # throttle time, and the 4 health fields read every cycle).
     node = h100_node(count=1)
     node.tick()
     node.tick()  # planned again (the fake H100 lacks the PCIe byte fields): NVLink read again, the plan settled
@@ -731,7 +732,7 @@ def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
         assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 0.0  # the last read's total stands, still a series
     _, values = exposition(node.tick())
     assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 3.0  # 10 s after the last read: read again
-    assert asked == [6] * (int(NVLINK_READ_INTERVAL) - 1) + [78]
+    assert asked == [10] * (int(NVLINK_READ_INTERVAL) - 1) + [82]
 
 
 def test_an_unknown_error_on_one_field_degrades_that_series_only(caplog):
