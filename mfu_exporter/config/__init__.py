@@ -276,7 +276,9 @@ class AttributionConfig:
     """The loss attribution's thresholds (``mfu_exporter.model.attribution``)."""
 
     tolerance: float = setting(ratio, 0.10)  # a gap under 10% of the baseline is noise: cause "none"
-    pause_ratio: float = setting(ratio, 0.05)  # share of time a port was paused
+    pause_ratio: float = setting(ratio, 0.05)  # share of the interval a port was paused
+    # Share of the interval a GPU's SM clock was held down for heat (thermal) or power (power).
+    throttle_ratio: float = setting(ratio, 0.05)
     # A fixed level, not a rise: above what the job's ports see when healthy.
     cnp_per_second: float = setting(positive_quantity, 1000.0)
     idle_utilization: float = setting(ratio, 0.5)  # mean GPU utilization under which GPUs count as mostly idle

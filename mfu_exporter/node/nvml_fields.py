@@ -66,10 +66,10 @@ def decode_throttle_reasons(mask: int) -> list[str]:
 
 
 class FieldValues(NvmlCalls):
-    """Reads a GPU's field values through the NVML gate; ``read_throttle_time`` and ``read_nvlink_errors`` say whether
-    the series level (``sources.gpu.series``) exports what those fields feed."""
+    """Reads a GPU's field values through the NVML gate; ``read_nvlink_errors`` says whether the series level
+    (``sources.gpu.series``) exports what those fields feed. The throttle-time fields are read at every level: the
+    loss attribution reads the share of each interval they grew by."""
 
-    read_throttle_time = True
     read_nvlink_errors = True
 
     def _plan_fields(self, gpu: GpuState) -> None:
@@ -77,10 +77,7 @@ class FieldValues(NvmlCalls):
         specs: list[FieldSpec] = [
             ("counter", key, field_id, scope, scale) for key, field_id, scope, scale in FIELD_COUNTERS
         ]
-        if self.read_throttle_time:
-            specs += [
-                ("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME
-            ]
+        specs += [("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME]
         nvlink: list[FieldSpec] = []
         if self.read_nvlink_errors:
             nvlink = [
@@ -174,21 +171,34 @@ class FieldValues(NvmlCalls):
         if gpu.nvlink_values:
             reading["nvlink_errors"] = sum(gpu.nvlink_values.values())
 
-    def _throttle_time(self, gpu: GpuState, mask: int | None, now: float) -> tuple[tuple[str, float], ...]:
-        """Each reason's cumulative throttle seconds: its field where the driver answers it, else its bit integrated
-        over samples (the state a sample reads is taken to have held since the previous sample)."""
+    def _throttle_time(
+        self, gpu: GpuState, mask: int | None, now: float
+    ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+        """Each reason's cumulative throttle seconds, and the share of the time since the previous sample it held the
+        clock down (the counter's growth over that time). The seconds are its field where the driver answers it, else
+        its bit integrated over samples (the state a sample reads is taken to have held since the previous sample)."""
         elapsed = now - gpu.mask_at if gpu.mask_at is not None and mask is not None else 0.0
         if mask is not None:
             gpu.mask_at = now
-        out = []
+        seconds = []
         for reason, _, bit in THROTTLE_TIME:
             if reason in gpu.throttle_field:
-                out.append((reason, gpu.throttle_field[reason]))
+                seconds.append((reason, gpu.throttle_field[reason]))
             elif f"throttle:{reason}" in gpu.unsupported and mask is not None:
                 total = gpu.throttle_integrated.get(reason, 0.0) + (elapsed if mask & bit else 0.0)
                 gpu.throttle_integrated[reason] = total
-                out.append((reason, total))
-        return tuple(out)
+                seconds.append((reason, total))
+        previous, since = gpu.throttle_last, gpu.throttle_last_at
+        gpu.throttle_last, gpu.throttle_last_at = dict(seconds), now
+        span = now - since if since is not None else 0.0
+        if span <= 0:
+            return tuple(seconds), ()
+        ratios = []
+        for reason, total in seconds:
+            grown = total - previous.get(reason, total)
+            if grown >= 0:  # a counter that went back (the driver reloaded) says nothing of this interval
+                ratios.append((reason, min(grown / span, 1.0)))
+        return tuple(seconds), tuple(ratios)
 
 
 def nvlink_by_kind(gpu: GpuState) -> dict[str, float]:

@@ -60,7 +60,6 @@ class GpuReads:
     power: bool = True  # nvmlDeviceGetPowerUsage and nvmlDeviceGetEnforcedPowerLimit
     temperature: bool = True  # nvmlDeviceGetTemperature
     energy: bool = True  # nvmlDeviceGetTotalEnergyConsumption (4.7 ms of a 6.4 ms sample on a real H200)
-    throttle_time: bool = True  # the four throttle-time fields (or the clock-event bit integrated)
     nvlink_errors: bool = True  # the NVLink error fields, per link (4 a link: 72 on an 18-link GPU)
 
 
@@ -89,7 +88,6 @@ class NvmlGpus(FieldValues, XidEvents):
         super().__init__(nvml)
         self.retry_interval = retry_interval
         self.reads = reads
-        self.read_throttle_time = reads.throttle_time
         self.read_nvlink_errors = reads.nvlink_errors
         self._gpm_enabled = gpm
         self._peak_clock_hz = peak_clock_hz  # a model name's reference tensor clock (the hardware FLOPs estimate)
@@ -208,12 +206,17 @@ class NvmlGpus(FieldValues, XidEvents):
             if count is not None:
                 reading[key] = float(count)
         self._read_fields(gpu, reading, now)
-        throttle_seconds = self._throttle_time(gpu, mask, now) if reads.throttle_time else ()
+        throttle_seconds, throttle_ratio = self._throttle_time(gpu, mask, now)
         self._read_gpm(gpu, now, reading)
         tensor, sm_clock = reading["tensor_active"], reading["sm_clock_hz"]
         if tensor is not None and sm_clock is not None and gpu.peak_clock_hz:
             reading["hardware_flops_utilization"] = tensor * sm_clock / gpu.peak_clock_hz
-        return {"throttle_reasons": throttle_reasons, "throttle_seconds": throttle_seconds, **reading}
+        return {
+            "throttle_reasons": throttle_reasons,
+            "throttle_seconds": throttle_seconds,
+            "throttle_ratio": throttle_ratio,
+            **reading,
+        }
 
     def _plan(self, gpu: GpuState) -> None:
         """Which field values and GPM metrics to request, given what this GPU refused so far."""
@@ -449,6 +452,7 @@ class NvmlGpus(FieldValues, XidEvents):
     def _lose(self, gpu: GpuState, why: Exception | str, now: float) -> None:
         gpu.handle = None
         gpu.mask_at = None  # the time it was away is not integrated into throttle seconds
+        gpu.throttle_last_at = None  # nor shared out over the next sample's interval
         gpu.lost_reason = str(why)
         self._errors["gpu_lost"] += 1
         log.warning(
