@@ -1,8 +1,11 @@
-"""NVML field values: which fields a GPU is asked for (byte counters, throttle time, NVLink errors per link), how
-their values are decoded, and the clock-event reason bits.
+"""NVML field values: which fields a GPU is asked for (power, energy, ECC counts, byte counters, throttle time, NVLink
+errors per link), how their values are decoded, and the clock-event reason bits.
 
-Every field goes into one ``nvmlDeviceGetFieldValues`` call a cycle. A field the driver lacks is remembered per GPU
-and left out of the next request; a byte counter answered in 32 bits is left to GPM's rate (``mfu_exporter.node.gpm``).
+Every field goes into one ``nvmlDeviceGetFieldValues`` call per GPU and sample: one trip into the driver where a call
+per figure made six. A field the driver lacks is remembered per GPU and left out of the next request; its figure then
+comes from its own call (``mfu_exporter.node.nvml_gpus``), and a byte counter answered in 32 bits is left to GPM's rate
+(``mfu_exporter.node.gpm``). Utilization, memory, the SM clock, the GPU temperature and the clock-event reasons have
+no field ID in nvml.h: they stay calls.
 """
 
 from __future__ import annotations
@@ -56,7 +59,21 @@ FIELD_COUNTERS = (
     ("pcie_transmit_bytes", 197, 0, 1),
     ("pcie_receive_bytes", 198, 0, 1),
 )
-# The field request of a GPU: (tag, key, field ID, scope ID, scale) per field; tag "counter", "throttle" or "nvlink".
+# Figures read as field values in place of a call each: (reading key, field ID, scope ID, scale to base units).
+# NVML_FI_DEV_POWER_AVERAGE is what nvmlDeviceGetPowerUsage returns on Ampere and newer (the last second's average,
+# mW; scope NVML_POWER_SCOPE_GPU); NVML_FI_DEV_POWER_CURRENT_LIMIT the limit in force (mW);
+# NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION mJ since the driver loaded; NVML_FI_DEV_ECC_SBE_VOL_TOTAL and _DBE_VOL_TOTAL
+# the volatile corrected and uncorrected counts of nvmlDeviceGetTotalEccErrors. GA100 and older have no averaged
+# power: their GPUs answer it NOT_SUPPORTED and get the instant figure from the call.
+FIELD_FIGURES = (
+    ("power_watts", 185, 0, 1e-3),
+    ("power_limit_watts", 190, 0, 1e-3),
+    ("energy_joules", 83, 0, 1e-3),
+    ("ecc_corrected", 3, 0, 1),
+    ("ecc_uncorrected", 4, 0, 1),
+)
+# The field request of a GPU: (tag, key, field ID, scope ID, scale) per field; tag "figure", "counter", "throttle" or
+# "nvlink".
 FieldSpec = tuple[str, str, int, int, float]
 
 
@@ -71,12 +88,16 @@ class FieldValues(NvmlCalls):
     loss attribution reads the share of each interval they grew by."""
 
     read_nvlink_errors = True
+    figures_read: frozenset[str] = frozenset(key for key, _, _, _ in FIELD_FIGURES)  # the figures the level exports
 
     def _plan_fields(self, gpu: GpuState) -> None:
         """Which field values to request, given what this GPU refused so far and what the series level exports."""
         specs: list[FieldSpec] = [
-            ("counter", key, field_id, scope, scale) for key, field_id, scope, scale in FIELD_COUNTERS
+            ("figure", key, field_id, scope, scale)
+            for key, field_id, scope, scale in FIELD_FIGURES
+            if key in self.figures_read
         ]
+        specs += [("counter", key, field_id, scope, scale) for key, field_id, scope, scale in FIELD_COUNTERS]
         specs += [("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME]
         nvlink: list[FieldSpec] = []
         if self.read_nvlink_errors:
@@ -129,6 +150,7 @@ class FieldValues(NvmlCalls):
                 else:
                     self._refused(gpu, "fields", exc)
                 return
+            gpu.fields_at = now
             success = self._nvml.NVML_SUCCESS
             for spec, value in zip(specs, values):
                 tag, key, field_id, scope, scale = spec
@@ -141,7 +163,7 @@ class FieldValues(NvmlCalls):
                         # second it can wrap several times between samples, so GPM's rate integrated stands in.
                         gpu.unsupported[key] = "a 32-bit counter that wraps every 4 GiB; GPM's rate integrated instead"
                         gpu.planned = False
-                    elif tag == "counter":
+                    elif tag == "counter" or tag == "figure":
                         reading[key] = number
                     elif tag == "throttle":
                         gpu.throttle_field[key] = number
@@ -188,6 +210,8 @@ class FieldValues(NvmlCalls):
                 total = gpu.throttle_integrated.get(reason, 0.0) + (elapsed if mask & bit else 0.0)
                 gpu.throttle_integrated[reason] = total
                 seconds.append((reason, total))
+        if gpu.throttle_field and gpu.fields_at != now:
+            return tuple(seconds), ()  # the counters were not read this time: the next share spans both intervals
         previous, since = gpu.throttle_last, gpu.throttle_last_at
         gpu.throttle_last, gpu.throttle_last_at = dict(seconds), now
         span = now - since if since is not None else 0.0
@@ -215,12 +239,17 @@ _NVLINK_KIND = {field_id: kind for kind, field_id in (*NVLINK_ERRORS, *NVLINK_ER
 
 
 def field_key(spec: tuple[str, str, int, int, float]) -> str:
-    """The ``unsupported`` key of a field spec: the reading key of a counter, ``throttle:<reason>``,
-    ``nvlink:<field>:<link>``."""
+    """The ``unsupported`` key of a field spec: ``field:<reading key>`` of a figure (its call has the figure's own
+    key), the reading key of a counter, ``throttle:<reason>``, ``nvlink:<field>:<link>``."""
     tag, key, field_id, scope, _ = spec
     if tag == "counter":
         return key
+    if tag == "figure":
+        return FIGURE_FIELD_KEYS[key]
     return f"throttle:{key}" if tag == "throttle" else f"nvlink:{field_id}:{scope}"
+
+
+FIGURE_FIELD_KEYS = {key: f"field:{key}" for key, _, _, _ in FIELD_FIGURES}
 
 
 def field_number(value: Any) -> float:

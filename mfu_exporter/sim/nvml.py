@@ -19,6 +19,9 @@ Behaviour worth knowing:
   taken (a simulation sets the table each tick), or ``NOT_SUPPORTED`` for an ID the GPU lacks. PCIe and NVLink
   rates (IDs 20/21/60/61) come from the GPU's byte rates, so they agree with the byte counters.
 - NVLink throughput fields answer per link (``scopeId`` = link) or summed over all links (``scopeId`` = UINT_MAX).
+- Field values answer each requested ID with its own ``nvmlReturn``: the figures a call also gives (power, power
+  limit, energy, volatile ECC counts), byte, throttle-time and NVLink counters, NOT_SUPPORTED for an ID outside
+  ``FakeGpu.fields`` (an A100 lacks the averaged power, an L40S every field).
 - Xid events: ``FakeNvml.xid(index, code)`` queues one on every event set registered for that GPU, as the driver
   does: an Xid raised while no set is registered reaches nobody, and ``nvmlEventSetFree`` drops what its set still
   holds. ``nvmlEventSetWait`` returns queued events and raises ``NVMLError_Timeout`` when none is left (it never
@@ -47,6 +50,11 @@ NVLINK_FIELDS = {
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "nvlink_rx_bytes",
 }
 PCIE_FIELDS = {197: "pcie_tx_bytes", 198: "pcie_rx_bytes"}  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES
+# Figures a call also gives, by field ID: POWER_AVERAGE and POWER_CURRENT_LIMIT (mW, power scope 0: the GPU, 32-bit as
+# real NVML answers them), TOTAL_ENERGY_CONSUMPTION (mJ), ECC_SBE_VOL_TOTAL and ECC_DBE_VOL_TOTAL.
+FIGURE_FIELDS = {185: "power_mw", 190: "power_limit_mw", 83: "energy_mj", 3: "ecc_corrected", 4: "ecc_uncorrected"}
+FIGURE_VALUE_TYPES = {185: pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 190: pynvml.NVML_VALUE_TYPE_UNSIGNED_INT}
+POWER_FIELDS = (185, 190)
 # Cumulative throttle time in ns (NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = PERF_POLICY_POWER, SW/HW thermal,
 # HW power brake), grown by ``advance`` while the matching clock-event bit is set.
 THROTTLE_FIELDS = {74: 0x4, 269: 0x20, 270: 0x40, 271: 0x80}
@@ -91,7 +99,9 @@ class FakeGpu:
     pcie_tx_rate: float = 0.0
     pcie_rx_rate: float = 0.0
     fields: set[int] = field(
-        default_factory=lambda: set(NVLINK_FIELDS) | set(THROTTLE_FIELDS) | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
+        default_factory=lambda: (
+            set(FIGURE_FIELDS) | set(NVLINK_FIELDS) | set(THROTTLE_FIELDS) | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
+        )
     )
     throttle_ns: dict[int, int] = field(default_factory=dict)  # throttle field ID -> ns, grown by advance
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error field ID, link) -> count
@@ -167,7 +177,8 @@ def h200(index: int, **overrides: Any) -> FakeGpu:
             "uuid": _uuid(0x200, index),
             "memory_total": 143771 * MIB,
             "memory_reserved": 644_939_776,
-            "fields": set(NVLINK_FIELDS)
+            "fields": set(FIGURE_FIELDS)
+            | set(NVLINK_FIELDS)
             | set(THROTTLE_FIELDS)
             | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
             | set(PCIE_FIELDS),
@@ -189,6 +200,11 @@ def a100(index: int, **overrides: Any) -> FakeGpu:
             "power_limit_mw": 400_000,
             "nvlink_links": 12,
             "gpm_supported": False,
+            # GA100 has no averaged power (NVML_FI_DEV_POWER_AVERAGE): the instant figure of the call instead.
+            "fields": (set(FIGURE_FIELDS) - {185})
+            | set(NVLINK_FIELDS)
+            | set(THROTTLE_FIELDS)
+            | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS},
             **overrides,
         }
     )
@@ -224,7 +240,8 @@ def b200(index: int, **overrides: Any) -> FakeGpu:
             "memory_total": 183359 * MIB,
             "power_limit_mw": 1_000_000,
             # The newer per-link NVLink error counters only (the older per-lane totals are not asked for there).
-            "fields": set(NVLINK_FIELDS)
+            "fields": set(FIGURE_FIELDS)
+            | set(NVLINK_FIELDS)
             | set(PCIE_FIELDS)
             | set(THROTTLE_FIELDS)
             | {NVLINK_LINK_COUNT}
@@ -520,7 +537,12 @@ class FakeNvml:
             if field_id not in gpu.fields:
                 put(value, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
                 continue
-            if field_id == NVLINK_LINK_COUNT:
+            if field_id in FIGURE_FIELDS:
+                if field_id in POWER_FIELDS and scope != 0:  # the module's or the memory's power: not this GPU's
+                    put(value, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
+                    continue
+                number = getattr(gpu, FIGURE_FIELDS[field_id])
+            elif field_id == NVLINK_LINK_COUNT:
                 number = gpu.nvlink_links
             elif field_id in THROTTLE_FIELDS:
                 number = gpu.throttle_ns.get(field_id, 0)
@@ -537,7 +559,9 @@ class FakeNvml:
                 number = total if scope == ALL_LINKS else total / gpu.nvlink_links
             else:
                 number = getattr(gpu, PCIE_FIELDS[field_id])
-            value_type = gpu.field_value_types.get(field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+            value_type = gpu.field_value_types.get(
+                field_id, FIGURE_VALUE_TYPES.get(field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+            )
             put(value, "valueType", value_type)
             if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
                 object.__getattribute__(value, "value").uiVal = int(number) % 2**32
