@@ -41,30 +41,18 @@ from typing import Any, Callable
 
 import pynvml
 
-ALL_LINKS = 0xFFFFFFFF
-MIB = 1024 * 1024
-
-# nvml.h field IDs the fake answers: cumulative NVLink data KiB (per link or all links) and PCIe bytes.
-NVLINK_FIELDS = {
-    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "nvlink_tx_bytes",
-    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "nvlink_rx_bytes",
-}
-PCIE_FIELDS = {197: "pcie_tx_bytes", 198: "pcie_rx_bytes"}  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES
-# Figures a call also gives, by field ID: POWER_AVERAGE and POWER_CURRENT_LIMIT (mW, power scope 0: the GPU, 32-bit as
-# real NVML answers them), TOTAL_ENERGY_CONSUMPTION (mJ), ECC_SBE_VOL_TOTAL and ECC_DBE_VOL_TOTAL.
-FIGURE_FIELDS = {185: "power_mw", 190: "power_limit_mw", 83: "energy_mj", 3: "ecc_corrected", 4: "ecc_uncorrected"}
-FIGURE_VALUE_TYPES = {185: pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 190: pynvml.NVML_VALUE_TYPE_UNSIGNED_INT}
-POWER_FIELDS = (185, 190)
-# Cumulative throttle time in ns (NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = PERF_POLICY_POWER, SW/HW thermal,
-# HW power brake), grown by ``advance`` while the matching clock-event bit is set.
-THROTTLE_FIELDS = {74: 0x4, 269: 0x20, 270: 0x40, 271: 0x80}
-NVLINK_LINK_COUNT = 91
-# Per-link NVLink error counters (scopeId = link): CRC flit, CRC data, replay, recovery totals over lanes; and the
-# newer per-link counters (receive errors, local link integrity errors, link recovery events).
-NVLINK_ERROR_FIELDS = (38, 45, 52, 59)
-NVLINK_ERROR_FIELDS_NEWER = (208, 211, 215)
-# GPM rate metrics in MiB/s, derived from the GPU's byte rates.
-GPM_RATES = {20: "pcie_tx_rate", 21: "pcie_rx_rate", 60: "nvlink_rx_rate", 61: "nvlink_tx_rate"}
+from mfu_exporter.sim.nvml_fields import (
+    FIGURE_FIELDS,
+    MIB,
+    NVLINK_ERROR_FIELDS,
+    NVLINK_ERROR_FIELDS_NEWER,
+    NVLINK_FIELDS,
+    NVLINK_LINK_COUNT,
+    PCIE_FIELDS,
+    THROTTLE_FIELDS,
+    field_values,
+)
+from mfu_exporter.sim.nvml_gpm import FakeGpm, GpmSample
 
 HGX_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 
@@ -266,18 +254,11 @@ class _EventSet:
         self.freed = False
 
 
-@dataclass
-class _GpmSample:
-    buffer: Any  # keeps the memory the sample pointer points at alive
-    gpu: FakeGpu | None = None
-    values: dict[int, float] | None = None
-
-
 def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
-class FakeNvml:
+class FakeNvml(FakeGpm):
     """Stands in for the ``pynvml`` module: pass it where the source takes its NVML module."""
 
     def __init__(
@@ -298,7 +279,7 @@ class FakeNvml:
         self._refcount = 0
         self._session = 0
         self._enumerated: list[FakeGpu] = []
-        self._samples: dict[int, _GpmSample] = {}
+        self._samples: dict[int, GpmSample] = {}
         self._event_sets: list[_EventSet] = []  # created and not freed: where the driver delivers events
         self._lock = threading.Lock()
 
@@ -523,52 +504,7 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list) -> ctypes.Array:
         gpu = self._enter("nvmlDeviceGetFieldValues", handle)
-        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        # Members are set through object's setattr: pynvml's Python __setattr__ only encodes str, and no member here
-        # is one, while real NVML fills these structs in C (the bench counts this fake's work as the daemon's).
-        put = object.__setattr__
-        for value, requested in zip(values, field_ids):
-            field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
-            put(value, "fieldId", field_id)
-            put(value, "scopeId", scope)
-            if field_id in gpu.field_errors:
-                put(value, "nvmlReturn", gpu.field_errors[field_id])
-                continue
-            if field_id not in gpu.fields:
-                put(value, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
-                continue
-            if field_id in FIGURE_FIELDS:
-                if field_id in POWER_FIELDS and scope != 0:  # the module's or the memory's power: not this GPU's
-                    put(value, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
-                    continue
-                number = getattr(gpu, FIGURE_FIELDS[field_id])
-            elif field_id == NVLINK_LINK_COUNT:
-                number = gpu.nvlink_links
-            elif field_id in THROTTLE_FIELDS:
-                number = gpu.throttle_ns.get(field_id, 0)
-            elif field_id in NVLINK_ERROR_FIELDS or field_id in NVLINK_ERROR_FIELDS_NEWER:
-                if not 0 <= scope < gpu.nvlink_links:
-                    put(value, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
-                    continue
-                number = gpu.nvlink_errors.get((field_id, scope), 0)
-            elif field_id in NVLINK_FIELDS:
-                if scope != ALL_LINKS and scope >= gpu.nvlink_links:
-                    put(value, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
-                    continue
-                total = getattr(gpu, NVLINK_FIELDS[field_id]) / 1024  # NVML counts NVLink data in KiB
-                number = total if scope == ALL_LINKS else total / gpu.nvlink_links
-            else:
-                number = getattr(gpu, PCIE_FIELDS[field_id])
-            value_type = gpu.field_value_types.get(
-                field_id, FIGURE_VALUE_TYPES.get(field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
-            )
-            put(value, "valueType", value_type)
-            if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-                object.__getattribute__(value, "value").uiVal = int(number) % 2**32
-            else:
-                object.__getattribute__(value, "value").ullVal = int(number)
-            put(value, "nvmlReturn", pynvml.NVML_SUCCESS)
-        return values
+        return field_values(gpu, field_ids)
 
     # --- Xid events -------------------------------------------------------------------------------------------
 
@@ -606,67 +542,6 @@ class FakeNvml:
             self._event_sets.remove(event_set)
         event_set.freed = True
         event_set.xids.clear()
-
-    # --- GPM --------------------------------------------------------------------------------------------------
-
-    def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> pynvml.c_nvmlGpmSupport_t:
-        gpu = self._enter("nvmlGpmQueryDeviceSupport", handle)
-        return pynvml.c_nvmlGpmSupport_t(
-            version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(gpu.gpm_supported)
-        )
-
-    def nvmlGpmSampleAlloc(self) -> Any:
-        self._enter("nvmlGpmSampleAlloc")
-        buffer = ctypes.create_string_buffer(8)
-        pointer = ctypes.cast(buffer, pynvml.c_nvmlGpmSample_t)
-        with self._lock:
-            self._samples[ctypes.addressof(buffer)] = _GpmSample(buffer)
-        return pointer
-
-    def _sample(self, pointer: Any) -> _GpmSample:
-        sample = self._samples.get(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
-        if sample is None:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return sample
-
-    def nvmlGpmSampleFree(self, pointer: Any) -> None:
-        self._enter("nvmlGpmSampleFree")
-        self._sample(pointer)
-        with self._lock:
-            del self._samples[ctypes.cast(pointer, ctypes.c_void_p).value]
-
-    def nvmlGpmSampleGet(self, handle: _Handle, pointer: Any) -> Any:
-        gpu = self._enter("nvmlGpmSampleGet", handle)
-        if not gpu.gpm_supported or gpu.mig_mode:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        sample = self._sample(pointer)
-        sample.gpu = gpu
-        sample.values = dict(gpu.gpm)
-        for metric_id, attribute in GPM_RATES.items():
-            sample.values[metric_id] = getattr(gpu, attribute) / MIB
-        return pointer
-
-    def nvmlGpmMetricsGet(self, request: Any) -> Any:
-        self._enter("nvmlGpmMetricsGet")
-        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
-            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        if not 0 < request.numMetrics <= pynvml.NVML_GPM_METRIC_MAX:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        first, second = self._sample(request.sample1), self._sample(request.sample2)
-        if first is second or first.gpu is None or first.gpu is not second.gpu:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        for j in range(request.numMetrics):
-            metric = request.metrics[j]
-            if metric.metricId in second.gpu.gpm_errors:
-                metric.value = 0.0
-                metric.nvmlReturn = second.gpu.gpm_errors[metric.metricId]
-            elif metric.metricId in second.values:
-                metric.value = second.values[metric.metricId]
-                metric.nvmlReturn = pynvml.NVML_SUCCESS
-            else:
-                metric.value = 0.0
-                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-        return request
 
 
 def node(*gpus: FakeGpu | Callable[[int], FakeGpu], count: int | None = None, **kwargs: Any) -> FakeNvml:
