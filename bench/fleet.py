@@ -46,7 +46,7 @@ from tests.support.fleet_harness import RULE_FILES, FleetStack
 
 TARGET_SHARE = 0.10  # every rule group under 10 % of its interval
 MFU_TOLERANCE = 0.02  # each job's recorded cluster MFU within 2 points of the truth
-NODE_TIER = "mfu-exporter.node.yaml"  # the rules that read a device's own series (README "Rules in three tiers")
+NODE_TIER = "mfu-exporter.node.yaml"  # the rules that read a device's own series (docs/scaling.md, rule tiers)
 SOURCES = (
     ("mfu_gpu_", "gpu"),
     ("mfu_rdma_", "rdma"),
@@ -184,7 +184,7 @@ def _correctness(store: Any, recent: str, expected: dict[str, float], job: str, 
 
 
 def partial_series(stack: FleetStack, out: Path | None) -> dict[str, int]:
-    """How many per-job partial aggregates each store holds now (what a shard would send the global tier: README
+    """How many per-job partial aggregates each store holds now (what a shard would send the global tier: docs/scaling.md
     "Rules in three tiers"); with ``out``, the first store's written there for bench.global_tier to replay."""
     counts = {}
     for path, store in stack.stores.items():

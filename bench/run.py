@@ -68,7 +68,7 @@ SAMPLE_INTERVAL = HARDWARE_INTERVAL  # the longest default interval of the sourc
 NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
 HUNG_SOURCE = "gpu"  # NVML is the call that hangs on a sick GPU
 STATUS_REFRESH = 2.0  # seconds between the status page's polls of /api/v1/status (REFRESH_MS in status.js)
-# The series the README's remote_write example keeps (its write_relabel_configs regex): what a global store gets
+# The series the remote_write example of docs/scaling.md keeps (its write_relabel_configs regex): what a global store gets
 # per node. The instance: series are recorded by the shard's Prometheus, so not in a scrape: about 25 more per node.
 REMOTE_WRITE_KEEP = (
     "instance:mfu_.*|mfu_node_.*|mfu_job_.*|mfu_model_flops_utilization_ratio|mfu_checkpoint_.*"

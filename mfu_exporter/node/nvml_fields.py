@@ -1,5 +1,5 @@
-"""NVML field values: which fields a GPU is asked for (power, energy, ECC counts, byte counters, throttle time, NVLink
-errors per link), how their values are decoded, and the clock-event reason bits.
+"""NVML field values: which fields a GPU is asked for (power, energy, ECC counts, health, byte counters, throttle time,
+NVLink errors per link), how their values are decoded, and the clock-event reason bits.
 
 Every field goes into one ``nvmlDeviceGetFieldValues`` call per GPU and sample: one trip into the driver where a call
 per figure made six. A field the driver lacks is remembered per GPU and left out of the next request; its figure then
@@ -72,8 +72,18 @@ FIELD_FIGURES = (
     ("ecc_corrected", 3, 0, 1),
     ("ecc_uncorrected", 4, 0, 1),
 )
-# The field request of a GPU: (tag, key, field ID, scope ID, scale) per field; tag "figure", "counter", "throttle" or
-# "nvlink".
+# What the driver says a GPU needs, read every cycle (they are 4 fields of the one request, and a GPU's health is
+# what an operator acts on): nvml.h's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (an nvmlDeviceGpuRecoveryAction_t),
+# NVML_FI_DEV_REMAPPED_PENDING and NVML_FI_DEV_REMAPPED_FAILURE (row remapping, Ampere and newer) and
+# NVML_FI_DEV_RETIRED_PENDING (page retirement, older GPUs). mfu_exporter.model.xid says what each value means.
+HEALTH_FIELDS = (
+    ("recovery_action", 230),
+    ("remap_pending", 144),
+    ("remap_failed", 145),
+    ("retirement_pending", 31),
+)
+# The field request of a GPU: (tag, key, field ID, scope ID, scale) per field; tag "figure", "counter", "throttle",
+# "health" or "nvlink".
 FieldSpec = tuple[str, str, int, int, float]
 
 
@@ -98,6 +108,7 @@ class FieldValues(NvmlCalls):
             if key in self.figures_read
         ]
         specs += [("counter", key, field_id, scope, scale) for key, field_id, scope, scale in FIELD_COUNTERS]
+        specs += [("health", key, field_id, 0, 1) for key, field_id in HEALTH_FIELDS]
         specs += [("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME]
         nvlink: list[FieldSpec] = []
         if self.read_nvlink_errors:
@@ -167,6 +178,8 @@ class FieldValues(NvmlCalls):
                         reading[key] = number
                     elif tag == "throttle":
                         gpu.throttle_field[key] = number
+                    elif tag == "health":
+                        gpu.health_fields[key] = number
                     else:
                         gpu.nvlink_values[(field_id, scope)] = number
                 elif tag == "nvlink" and code in self._absent_id_codes:
@@ -240,12 +253,14 @@ _NVLINK_KIND = {field_id: kind for kind, field_id in (*NVLINK_ERRORS, *NVLINK_ER
 
 def field_key(spec: tuple[str, str, int, int, float]) -> str:
     """The ``unsupported`` key of a field spec: ``field:<reading key>`` of a figure (its call has the figure's own
-    key), the reading key of a counter, ``throttle:<reason>``, ``nvlink:<field>:<link>``."""
+    key), the reading key of a counter, ``health:<key>``, ``throttle:<reason>``, ``nvlink:<field>:<link>``."""
     tag, key, field_id, scope, _ = spec
     if tag == "counter":
         return key
     if tag == "figure":
         return FIGURE_FIELD_KEYS[key]
+    if tag == "health":
+        return f"health:{key}"
     return f"throttle:{key}" if tag == "throttle" else f"nvlink:{field_id}:{scope}"
 
 

@@ -72,6 +72,7 @@ FABRIC_SOURCES = frozenset({"rdma", "ethtool"})  # the sources that read the sim
 STORM_NICS = (2, 5)  # NIC i is the nearest of GPU i: NIC 2 is the reporting job's, NIC 5 the discovered job's
 HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3  # one of the reporting job's GPUs
+ECC_GPU = 0  # one of the reporting job's GPUs: an uncontained uncorrectable memory error (Xid 95)
 SLOW_GPU = 2  # the straggler: a GPU of the reporting job clocked low with no throttle reason (a degraded part)
 SLOW_CLOCK_MHZ = 1200
 HOST = "demo-node-0"  # the hostname the job's NCCL prints and names its Inspector files with
@@ -103,6 +104,11 @@ class Incident:
     apply: Callable[[DemoNode], None]
     progress: bool = True
     summary: str = ""
+    # The GPU whose health the incident changes, the Xids it raises, and the state the exporter should show for it
+    # (mfu_gpu_health, the status's health) while it lasts; every other GPU stays healthy.
+    gpu: int | None = None
+    xids: tuple[int, ...] = ()
+    health: str = "healthy"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -112,6 +118,9 @@ class Incident:
             "seconds": self.seconds,
             "rate_factor": self.rate_factor,
             "summary": self.summary,
+            "gpu_health": {"gpu": self.gpu, "xids": list(self.xids), "state": self.health}
+            if self.gpu is not None
+            else None,
         }
 
 
@@ -147,6 +156,20 @@ def _gpu_lost(node: DemoNode) -> None:
         node.nvml.lose(LOST_GPU)
         node.lost = True
     stop_training(node.nvml, node.fabric, JOB_GPUS)  # the job that has the GPU waits for it; the other carries on
+
+
+def _uncorrectable_ecc(node: DemoNode) -> None:
+    # An uncontained uncorrectable memory error (Xid 95): the driver ends every process on the GPU, sets its recovery
+    # action to GPU_RESET (Xid 154 says it changed) and marks the faulty row for remapping at the reset. The job whose
+    # rank died waits for it; the other job carries on. The incident's end is the operator's reset (DemoNode._apply).
+    if not node.ecc:
+        gpu = node.nvml.gpus[ECC_GPU]
+        gpu.health.update({fake_nvml.RECOVERY_ACTION: 1, fake_nvml.REMAP_PENDING: 1})
+        gpu.ecc_uncorrected += 1
+        for code in INCIDENT_BY_NAME["uncorrectable-ecc"].xids:
+            node.nvml.xid(ECC_GPU, code)
+        node.ecc = True
+    stop_training(node.nvml, node.fabric, JOB_GPUS)
 
 
 def _crash_restart(node: DemoNode) -> None:
@@ -219,6 +242,22 @@ INCIDENT_TABLE: tuple[Incident, ...] = (
         _gpu_lost,
         progress=False,
         summary=f"GPU {LOST_GPU} falls off the bus: {JOB} stops, {DISCOVERED_JOB} carries on",
+        gpu=LOST_GPU,
+        xids=(79,),
+        health="reboot_required",
+    ),
+    Incident(
+        "uncorrectable-ecc",
+        120.0,
+        0.0,
+        "stalled",  # the job's rank on the GPU was ended by the driver: its steps stop, its GPUs go idle
+        (JOB,),
+        _uncorrectable_ecc,
+        progress=False,
+        summary=f"GPU {ECC_GPU} takes an uncontained memory error (Xid 95): {JOB} stops until the GPU is reset",
+        gpu=ECC_GPU,
+        xids=(95, 154),
+        health="reset_required",
     ),
     Incident(
         "crash-restart",
@@ -246,7 +285,7 @@ INCIDENT_TABLE: tuple[Incident, ...] = (
         "network",
         (JOB,),
         _nccl_socket_fallback,
-        summary=f"{JOB} restarts into NCCL over sockets (its container lost /dev/infiniband), and out once fixed",
+        summary=f"{JOB}'s NCCL re-initialises over TCP sockets (no IB device found) and back once fixed; one run, no restart",
     ),
     Incident(
         "input-stall",
@@ -539,6 +578,7 @@ class DemoNode:
         self.stamp = clock.time()  # the simulated time the token count is of (see tick)
         self._next_checkpoint = FIRST_CHECKPOINT
         self.lost = False  # GPU LOST_GPU is off the bus (gpu-lost): a reset brings it back when the incident ends
+        self.ecc = False  # GPU ECC_GPU needs a reset (uncorrectable-ecc): the operator resets it when the incident ends
         self._stall_pending = False
         # The incidents as they happened, on the simulated clock: the truth of GET /api/v1/demo.
         self.timeline: list[dict[str, Any]] = []
@@ -585,7 +625,8 @@ class DemoNode:
             elif self.incident == "crash-restart":
                 self._restart(now, stamp)
             if "nccl-socket-fallback" in (incident, self.incident):
-                # The job restarts into the fallback (its container lost /dev/infiniband) and out of it once fixed.
+                # NCCL re-initialises into the fallback (no IB device found) and out of it once fixed. The demo's
+                # process and its reporter's run go on: the ledger shows one run, not a restart.
                 self.nccl_log.run_starts(sockets=incident == "nccl-socket-fallback")
             self.incident = incident
             self._stall_pending = incident == "checkpoint-stall"
@@ -754,6 +795,9 @@ class DemoNode:
         if self.lost and incident != "gpu-lost":
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
             self.lost = False
+        if self.ecc and incident != "uncorrectable-ecc":
+            self.nvml.reset(ECC_GPU)  # the recovery action done, the row remapped: the exporter sees the reset
+            self.ecc = False
 
 
 def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:

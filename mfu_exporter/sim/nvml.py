@@ -26,6 +26,8 @@ Behaviour worth knowing:
   does: an Xid raised while no set is registered reaches nobody, and ``nvmlEventSetFree`` drops what its set still
   holds. ``nvmlEventSetWait`` returns queued events and raises ``NVMLError_Timeout`` when none is left (it never
   sleeps).
+- Health fields (recovery action, row remap pending and failed, pages pending retirement) answer ``FakeGpu.health``;
+  ``reset(index)`` is an operator's GPU reset: they go back to 0.
 - ``fail`` maps a function name to an error code raised for that GPU; ``field_errors`` and ``gpm_errors`` map a
   field or GPM metric ID to the code in its own ``nvmlReturn`` (the rest of the call succeeds); ``hang(name)`` makes
   that function block until the returned event is set.
@@ -43,6 +45,7 @@ import pynvml
 
 from mfu_exporter.sim.nvml_fields import (
     FIGURE_FIELDS,
+    HEALTH_FIELDS,
     MIB,
     NVLINK_ERROR_FIELDS,
     NVLINK_ERROR_FIELDS_NEWER,
@@ -52,6 +55,10 @@ from mfu_exporter.sim.nvml_fields import (
     THROTTLE_FIELDS,
     field_values,
 )
+from mfu_exporter.sim.nvml_fields import RECOVERY_ACTION as RECOVERY_ACTION  # the demo and tests set health by these
+from mfu_exporter.sim.nvml_fields import REMAP_FAILED as REMAP_FAILED
+from mfu_exporter.sim.nvml_fields import REMAP_PENDING as REMAP_PENDING
+from mfu_exporter.sim.nvml_fields import RETIRED_PENDING as RETIRED_PENDING
 from mfu_exporter.sim.nvml_gpm import FakeGpm, GpmSample
 
 HGX_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
@@ -88,9 +95,13 @@ class FakeGpu:
     pcie_rx_rate: float = 0.0
     fields: set[int] = field(
         default_factory=lambda: (
-            set(FIGURE_FIELDS) | set(NVLINK_FIELDS) | set(THROTTLE_FIELDS) | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
+            set(FIGURE_FIELDS)
+            | set(NVLINK_FIELDS)
+            | set(THROTTLE_FIELDS)
+            | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS, *HEALTH_FIELDS}
         )
     )
+    health: dict[int, int] = field(default_factory=dict)  # health field ID -> value (0 when absent)
     throttle_ns: dict[int, int] = field(default_factory=dict)  # throttle field ID -> ns, grown by advance
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error field ID, link) -> count
     field_errors: dict[int, int] = field(default_factory=dict)  # field ID -> NVML_ERROR_* in that field's nvmlReturn
@@ -192,7 +203,7 @@ def a100(index: int, **overrides: Any) -> FakeGpu:
             "fields": (set(FIGURE_FIELDS) - {185})
             | set(NVLINK_FIELDS)
             | set(THROTTLE_FIELDS)
-            | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS},
+            | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS, *HEALTH_FIELDS},
             **overrides,
         }
     )
@@ -321,6 +332,10 @@ class FakeNvml(FakeGpm):
         """The GPU falls off the bus: its calls fail from now on, and NVML reports Xid 79 as a real driver does."""
         self.xid(index, 79)
         self.gpus[index].lost = True
+
+    def reset(self, index: int) -> None:
+        """An operator resets the GPU: the recovery action is done, a pending row remap takes effect."""
+        self.gpus[index].health.clear()
 
     def hang(self, function: str) -> threading.Event:
         """Make ``function`` block until the returned event is set."""

@@ -35,6 +35,10 @@ NVLINK_LINK_COUNT = 91
 # newer per-link counters (receive errors, local link integrity errors, link recovery events).
 NVLINK_ERROR_FIELDS = (38, 45, 52, 59)
 NVLINK_ERROR_FIELDS_NEWER = (208, 211, 215)
+# What the driver says a GPU needs: the recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), row remap pending and
+# failed, pages pending retirement; each 0 until a simulation sets it in ``FakeGpu.health``.
+RECOVERY_ACTION, REMAP_PENDING, REMAP_FAILED, RETIRED_PENDING = 230, 144, 145, 31
+HEALTH_FIELDS = (RECOVERY_ACTION, REMAP_PENDING, REMAP_FAILED, RETIRED_PENDING)
 
 
 def field_values(gpu: FakeGpu, field_ids: list) -> ctypes.Array:
@@ -63,6 +67,8 @@ def field_values(gpu: FakeGpu, field_ids: list) -> ctypes.Array:
             number = gpu.nvlink_links
         elif field_id in THROTTLE_FIELDS:
             number = gpu.throttle_ns.get(field_id, 0)
+        elif field_id in HEALTH_FIELDS:
+            number = gpu.health.get(field_id, 0)
         elif field_id in NVLINK_ERROR_FIELDS or field_id in NVLINK_ERROR_FIELDS_NEWER:
             if not 0 <= scope < gpu.nvlink_links:
                 put(value, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)

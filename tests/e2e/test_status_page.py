@@ -93,6 +93,25 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         assert screenshot.stat().st_size > 20_000
 
 
+def test_page_shows_a_gpus_health_and_the_action_it_asks_for(tmp_path):
+    """The demo's uncorrectable ECC error on GPU 0: the GPU table's health column shows the state the API gives, with
+    the last Xid, and the note under the table names the action."""
+    with running_demo("--incident", "uncorrectable-ecc", speed=20) as base:
+
+        def gpu0():
+            (source,) = [s for s in get_json(base + "api/v1/status")["sources"] if s["source"] == "gpu"]
+            return next(g for g in source["status"]["gpus"] if g["index"] == 0)["health"]
+
+        wait_until(lambda: gpu0()["state"] == "reset_required", 30, "GPU 0 to need a reset")
+        dom = browse(tmp_path, base, lambda: None)
+        row = re.search(r"<tr><td[^>]*>0</td>.*?</tr>", dom).group(0)
+        assert re.search(r'<span class="chip down" title="[^"]*nvidia-smi -r[^"]*">reset_required</span>', row)
+        assert "Xid 154" in row
+        note = f"GPU 0: reset_required (Xid 95 ROBUST_CHANNEL_UNCONTAINED_ERROR): {gpu0()['action']}"
+        assert note in html.unescape(dom)
+        assert ">healthy</span>" in re.search(r"<tr><td[^>]*>1</td>.*?</tr>", dom).group(0)
+
+
 def test_the_run_timeline_draws_a_band_per_run_coloured_by_kind(tmp_path):
     """The demo's job crashes and restarts: the page draws its two runs from the time ledger, with the down and
     checkpoint-load bands, and the goodput it shows is the API's."""

@@ -1,4 +1,4 @@
-"""The rules in three tiers (README "Rules in three tiers"), each reading only the tier below:
+"""The rules in three tiers (docs/scaling.md "Rules in three tiers"), each reading only the tier below:
 
 - node (alerts/mfu-exporter.node.yaml): a port's, interface's or GPU's own series, evaluated in the shard;
 - shard (alerts/mfu-exporter.shard.yaml): the nodes' summaries and job series, never a device's own series; it

@@ -44,6 +44,16 @@ const hardwareWhat = (hw) => {
   return `the share of time any kernel ran (NVML utilization), ${over}; not FLOPs`;
 };
 
+// A GPU's health (mfu_gpu_health): its state, what to do (the hover, and the notes under the table), and the last
+// Xid with its own state.
+const HEALTH_CHIP = {healthy: "up", degraded: "warn"};
+function healthCell(g) {
+  const h = g.health;
+  if (!h) return "–";
+  const last = h.last_xid ? ` <span class="muted" title="${esc(h.last_xid.state + ": " + h.last_xid.action)}">Xid ${esc(h.last_xid.code)}</span>` : "";
+  return `<span class="chip ${HEALTH_CHIP[h.state] || "down"}" title="${esc(h.action)}">${esc(h.state)}</span>${last}`;
+}
+
 // The job's headline: its MFU by the formula, else the hardware estimate (GPM tensor activity × clock, or
 // utilization) that the fleet rules use for a job that reports nothing. Each is named, with what it means, and the
 // estimate is set smaller: the two are never the same figure in the same type.
@@ -260,6 +270,7 @@ function render(status) {
     : table(gpus, [
       ["GPU", (g) => esc(g.index)], ["name", (g) => esc(g.name)],
       ["state", (g) => g.up === false ? '<span class="chip down">lost</span>' : '<span class="chip up">up</span>'],
+      ["health", healthCell, "wrap"],
       ["utilization", (g) => bar(g.utilization), "num"], ["tensor active", (g) => bar(g.tensor_active), "num"],
       ["SM clock", (g) => si(g.sm_clock_hz, "Hz"), "num"], ["temp", (g) => missing(g.temperature_celsius) ? "–" : num(g.temperature_celsius) + " °C", "num"],
       ["power", (g) => missing(g.power_watts) ? "–" : num(g.power_watts) + " W", "num"],

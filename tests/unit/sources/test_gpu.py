@@ -816,8 +816,8 @@ def test_nvlink_errors_are_summed_over_links_and_kinds_per_gpu():
 
 
 def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
-    # 72 of an 18-link H100's 83 fields: a 1 s sample between two reads asks for the other 11 only (power, power
-    # limit, energy, two ECC counts, two NVLink byte counters, four throttle times).
+    # 72 of an 18-link H100's 87 fields: a 1 s sample between two reads asks for the other 15 only (power, power
+    # limit, energy, two ECC counts, two NVLink byte counters, four throttle times, and the 4 health fields).
     node = h100_node(count=1)
     node.tick()
     node.tick()  # planned again (the fake H100 lacks the PCIe byte fields): NVLink read again, the plan settled
@@ -830,7 +830,7 @@ def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
         assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 0.0  # the last read's total stands, still a series
     _, values = exposition(node.tick())
     assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 3.0  # 10 s after the last read: read again
-    assert asked == [11] * (int(NVLINK_READ_INTERVAL) - 1) + [83]
+    assert asked == [15] * (int(NVLINK_READ_INTERVAL) - 1) + [87]
 
 
 def test_an_unknown_error_on_one_field_degrades_that_series_only(caplog):
