@@ -818,7 +818,11 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
     defaults: dict = {
         "mfu": {"window": "15s"},
         "sources": {
-            "gpu": {"retry_interval": "30s"},
+            # Every second, not the 5 s default: the demo's incidents are a few seconds long, and its viewer sees
+            # each one's cause within a second of it.
+            "gpu": {"interval": "1s", "retry_interval": "30s"},
+            "rdma": {"interval": "1s"},
+            "ethtool": {"interval": "1s"},
             "checkpoint": {"watch": [watch]},
             "logs": logs,
             "nccl": {
