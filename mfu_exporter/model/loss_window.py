@@ -1,7 +1,7 @@
 """A job's lost GPU-seconds by cause over the last 5 minutes, as rates: what the shard's attribution reads.
 
 The shard names, per job and cause, the node that loses most to the cause it blames now. Computed from every node's
-``mfu_job_lost_gpu_seconds_total`` by cause and ``mfu_job_bottleneck``, that costs nodes × jobs × causes series a
+``mfu_job_lost_gpu_seconds_total`` by cause and ``mfu_job_bottleneck``, that costs nodes × jobs × causes series an
 evaluation; the node knows its own blamed cause and its rates, so it exports them (``render/attribution.py``) and the
 shard reads one series per node and job (a few more for the causes that lost some in the window).
 """
