@@ -84,12 +84,13 @@ bench-fleet: $(STAMP) system-deps
 # The growth table's replayed rows (docs/benchmarks.md, "A real node replayed"): a real node's exposition served on
 # every node of 256, 1,024 and 2,048 (FLEET_SIZES), every job on every node, every rule file of alerts/ on vmalert over
 # VictoriaMetrics and on a Prometheus scraping the nodes, each path in its own stack; per group its mean and share of
-# its interval, each engine's slowest group, the machine's busy share. FLEET_EXPOSITION: `demo` (the default: a demo
-# started and captured twice, 300 s and 360 s in, kept beside the JSON), two captured files, or a node's /metrics URL.
-# ~35 minutes and up to ~4 GiB on 2 cores, on a quiet machine; exits 1 when a group takes over 10 % of its interval.
+# its interval, each engine's slowest group, the machine's busy share; 120 s measured, so that the groups run once a
+# minute finish twice. FLEET_EXPOSITION: `demo` (the default: a demo started and captured twice, 420 s and 480 s in,
+# kept beside the JSON), two captured files, or a node's /metrics URL. ~40 minutes and up to ~4 GiB on 2 cores, on a
+# quiet machine; exits 1 when a group takes over 10 % of its interval.
 FLEET_EXPOSITION ?= demo
 bench-fleet-replay: $(STAMP) system-deps
-	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-256,1024,2048} --paths-apart \
+	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-256,1024,2048} --paths-apart --seconds 120 \
 		$(foreach e,$(FLEET_EXPOSITION),--exposition $(e)) $(BENCH_FLEET_ARGS) \
 		--json bench/results/fleet-replay-$$(date -u +%Y%m%dT%H%M%SZ).json
 

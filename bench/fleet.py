@@ -673,8 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exposition-warmup",
         type=float,
-        default=300.0,
-        help="with --exposition demo: seconds the demo runs before its first capture (its jobs' MFU, baselines, causes)",
+        default=420.0,
+        help="with --exposition demo: seconds the demo runs before its first capture (its jobs' MFU, and their "
+        "baselines: 30 samples 10 s apart)",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
