@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-busy test-unit test-property lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check docs dist screenshot
+.PHONY: demo run test test-busy test-unit test-property lint golden soak bench bench-fleet bench-fleet-replay bench-global fleet system-deps rules clean gpu-check docs dist screenshot
 
 # The daemon requires the client distribution (clients/python) at its own version: both come from this checkout,
 # editable. The daemon's editable finder is read first (its .pth file sorts first), so mfu_exporter is this
@@ -83,6 +83,19 @@ bench: $(STAMP)
 bench-fleet: $(STAMP) system-deps
 	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-256,1024,2048,4096} --paths-apart --node-tier-up-to 1024 \
 		--layout $${FLEET_LAYOUT:-small} $(BENCH_FLEET_ARGS) --json bench/results/fleet-$$(date -u +%Y%m%dT%H%M%SZ).json
+
+# The growth table's replayed rows (docs/benchmarks.md, "A real node replayed"): a real node's exposition served on
+# every node of 256, 1,024 and 2,048 (FLEET_SIZES), every job on every node, every rule file of alerts/ on vmalert over
+# VictoriaMetrics and on a Prometheus scraping the nodes, each path in its own stack; per group its mean and share of
+# its interval, each engine's slowest group, the machine's busy share; 120 s measured, so that the groups run once a
+# minute finish twice. FLEET_EXPOSITION: `demo` (the default: a demo started and captured twice, 420 s and 480 s in,
+# kept beside the JSON), two captured files, or a node's /metrics URL. ~40 minutes and up to ~4 GiB on 2 cores, on a
+# quiet machine; exits 1 when a group takes over 10 % of its interval.
+FLEET_EXPOSITION ?= demo
+bench-fleet-replay: $(STAMP) system-deps
+	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-256,1024,2048} --paths-apart --seconds 120 \
+		$(foreach e,$(FLEET_EXPOSITION),--exposition $(e)) $(BENCH_FLEET_ARGS) \
+		--json bench/results/fleet-replay-$$(date -u +%Y%m%dT%H%M%SZ).json
 
 # The global tier of the rules fed S shards' partial aggregates (bench/global_tier.py; docs/scaling.md "Rules in
 # three tiers"): PARTIALS from `make bench-fleet FLEET_SIZES=2048 FLEET_LAYOUT=one BENCH_FLEET_ARGS="--partials-out ..."`,

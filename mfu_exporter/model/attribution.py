@@ -52,6 +52,10 @@ the HW slowdown bit, GPU utilization, a reason on a driver without its throttle-
 
 Booking the window's gap with the hold books each slow second once: a window passes the lost area through whole,
 a window late.
+
+The counters' 5-minute rates are computed here too (``JobStanding.loss_rates``), from the bookings themselves: a shard
+that reads the rate the node loses to its blamed cause, one series per job, instead of every cause's counter on
+every node, evaluates in time proportional to nodes × jobs, not nodes × jobs × causes.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from typing import Any, Callable, Iterable
 from mfu_exporter.config import AttributionConfig
 from mfu_exporter.model.job_view import NOT_TRAINING, JobView
 from mfu_exporter.model.ledger import TICK_GAP_SECONDS
+from mfu_exporter.model.loss_window import LossWindow
 from mfu_exporter.model.progress import REPORT_RESOLUTION_SECONDS
 from mfu_exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, MountSignal, PortSignal
 
@@ -139,6 +144,15 @@ class JobStanding:
     job: str
     lost_seconds: tuple[tuple[str, float], ...]  # (cause, GPU-seconds) once the job had a verdict; () before
     verdict: Verdict | None
+    # (cause, GPU-seconds lost per second over the last 5 minutes: model/loss_window.py), every cause, as lost_seconds
+    loss_rates: tuple[tuple[str, float], ...] = ()
+
+    def blamed_rate(self) -> float | None:
+        """What the cause blamed now loses per second over the window (0 for a cause without a counter: none); None
+        without a verdict."""
+        if self.verdict is None:
+            return None
+        return dict(self.loss_rates).get(self.verdict.cause, 0.0)
 
 
 @dataclass
@@ -376,6 +390,7 @@ class _JobAttribution:
     unexplained_since: float | None = None
     held: dict[str, _Held] = field(default_factory=dict)  # cause -> when its signal was last seen
     expected: bool = False  # the baseline is the job's expected_mfu, not learned
+    losses: LossWindow = field(default_factory=LossWindow)  # lost_seconds over the last 5 minutes
 
 
 def _recent(view: JobView, state: _JobAttribution, now: float, elapsed: float) -> tuple[float | None, float, bool]:
@@ -455,6 +470,7 @@ class Attributor:
                     size = int(self.limits.baseline_window / self.limits.baseline_interval)
                     state = self._jobs[view.name] = _JobAttribution(history=deque(maxlen=max(size, 1)))
                 self._evaluate(now, view, state, signals, gap)
+                state.losses.remember(now, state.lost_seconds)
                 state.judged = state.judged or state.verdict is not None
             for name in set(self._jobs) - seen:
                 del self._jobs[name]
@@ -586,6 +602,7 @@ class Attributor:
                     # window with no MFU): gaps in a counter read as resets.
                     tuple(state.lost_seconds.items()) if state.judged else (),
                     state.verdict,
+                    state.losses.rates if state.judged else (),
                 )
                 for name, state in self._jobs.items()
             ]
