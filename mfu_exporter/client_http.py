@@ -83,6 +83,12 @@ def _closed_by_peer(connection: http.client.HTTPConnection) -> bool:
     if sock is None:
         return False
     try:
+        if hasattr(select, "poll"):
+            # poll, not select: a training process often holds over 1,024 descriptors (data files, shared memory),
+            # and select() refuses one numbered that high, which would open a new connection for every report.
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
         return bool(select.select([sock], [], [], 0)[0])
     except (OSError, ValueError):
         return True

@@ -94,16 +94,53 @@ def test_reports_share_one_kept_alive_connection(exporter):
     assert len({call.peer for call in exporter.calls}) == 1  # one TCP connection (client port) for all four reports
 
 
+def test_one_connection_even_when_the_process_holds_over_1024_descriptors(exporter):
+    """A training process often holds over 1,024 descriptors (data files, shared memory); the reporter's socket is
+    then numbered above what select() takes, and the connection must still be kept."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1200
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+    held = []
+    try:
+        while len(held) < wanted - 64:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        assert held[-1] >= 1024, "the descriptors given out stay under 1,024: nothing to test here"
+        exporter.add(PROGRESS)
+        reporter = ProgressReporter(exporter.url, "job")
+        for total in range(1, 4):
+            reporter.update(tokens_total=total)
+            wait_until(lambda total=total: reporter.sent == total)
+        reporter.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len({call.peer for call in exporter.calls}) == 1, [call.peer for call in exporter.calls]
+
+
 def test_update_never_blocks_or_raises_when_the_exporter_is_gone():
+    hung = threading.Event()  # set only at the end: until then every send hangs, as to an exporter that never answers
+
     class Broken:
+        calls = 0
+
         def post(self, *args, **kwargs):
+            Broken.calls += 1
+            if Broken.calls == 1:
+                hung.wait()
             raise RuntimeError("boom")
 
     reporter = ProgressReporter("http://127.0.0.1:9", "job", session=Broken(), max_backoff=0.01)
-    started = time.monotonic()
-    for total in range(10_000):
-        reporter.update(tokens_total=total)
-    assert time.monotonic() - started < 5  # 10k updates: no network wait in the training step
+    updates = threading.Thread(target=lambda: [reporter.update(tokens_total=total) for total in range(10_000)])
+    updates.start()
+    # The training step never waits on the network: all 10k updates return while the first send still hangs.
+    wait_until(lambda: not updates.is_alive(), 60, "10,000 updates while the send hangs")
+    assert Broken.calls == 1
+    hung.set()
     reporter.close(timeout=0.5)
     assert reporter.sent == 0 and reporter.failures >= 1
 
