@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.browser import browser
+from tests.support.browser import HEADLESS, browser
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.tools import require_tool
 from tests.support.wait import wait_until
 
 CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
+    *HEADLESS,
     # Virtual time runs the page's timers and fetches until the budget is spent: at least two refreshes.
     "--virtual-time-budget=5000",
 ]

@@ -83,13 +83,19 @@ def test_newest_totals_replace_unsent_ones(exporter):
     assert b'"tokens_total": 1001' in bodies[1]
 
 
-def test_reports_share_one_kept_alive_connection(exporter):
-    exporter.add(PROGRESS)
+def send_three_totals(exporter) -> Reporter:
+    """Three totals, each sent before the next, then the reporter closed (its end is the fourth request)."""
     reporter = ProgressReporter(exporter.url, "job")
     for total in range(1, 4):
         reporter.update(tokens_total=total)
         wait_until(lambda total=total: reporter.sent == total)
     reporter.close()
+    return reporter
+
+
+def test_reports_share_one_kept_alive_connection(exporter):
+    exporter.add(PROGRESS)
+    reporter = send_three_totals(exporter)
     assert len(exporter.calls) == 4 and reporter.failures == 0
     assert len({call.peer for call in exporter.calls}) == 1  # one TCP connection (client port) for all four reports
 
@@ -110,11 +116,7 @@ def test_one_connection_even_when_the_process_holds_over_1024_descriptors(export
             held.append(os.open(os.devnull, os.O_RDONLY))
         assert held[-1] >= 1024, "the descriptors given out stay under 1,024: nothing to test here"
         exporter.add(PROGRESS)
-        reporter = ProgressReporter(exporter.url, "job")
-        for total in range(1, 4):
-            reporter.update(tokens_total=total)
-            wait_until(lambda total=total: reporter.sent == total)
-        reporter.close()
+        send_three_totals(exporter)
     finally:
         for fd in held:
             os.close(fd)
