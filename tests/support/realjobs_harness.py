@@ -246,6 +246,11 @@ class Watcher:
                         "mfu_model_flops_utilization_ratio",
                     )
                 }
+                # The series are paired with the job's JSON read just before them: a line read in between would pair
+                # a gauge of the newer window with the older count, so such a read keeps its counters only.
+                after = self.daemon.job(self.name)
+                if (job or {}).get("tokens_total") != (after or {}).get("tokens_total"):
+                    series["mfu_model_flops_utilization_ratio"] = None
                 self.seen.append({"time": at, "start": self.daemon.starts, "job": job, **series})
             except (OSError, ValueError, AssertionError):
                 self.seen.append({"time": at, "start": self.daemon.starts, "job": None})
