@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.metrics_core import Metric
 
 from mfu_exporter.config import AttributionConfig
-from mfu_exporter.model.attribution import POWER_REASONS, THERMAL_REASONS, throttled
+from mfu_exporter.model.evidence import POWER_REASONS, THERMAL_REASONS, throttled
 from mfu_exporter.model.flops import gpu_model
 from mfu_exporter.model.readings import GpuReading
 from mfu_exporter.model.xid import HEALTH_STATES

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from mfu_exporter.model.attribution import SOCKET_FALLBACK
+from mfu_exporter.model.evidence import SOCKET_FALLBACK
 from mfu_exporter.sim import node as demo
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.fleet_harness import FleetStack

@@ -4,7 +4,8 @@ and the families render/collectives.py makes of them."""
 from __future__ import annotations
 
 from mfu_exporter.config import typed_config, validate
-from mfu_exporter.model.attribution import SOCKET_FALLBACK, Attributor, NodeSignals
+from mfu_exporter.model.attribution import Attributor, NodeSignals
+from mfu_exporter.model.evidence import SOCKET_FALLBACK
 from mfu_exporter.model.job_view import JobView
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.readings import GpuInfo
