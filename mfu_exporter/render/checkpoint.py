@@ -35,6 +35,11 @@ def checkpoint_families(totals: dict[str, JobTotals]) -> Iterable[Metric]:
     in_progress = GaugeMetricFamily(
         "mfu_checkpoint_in_progress", "1 while a checkpoint write of the job is in progress.", labels=label
     )
+    in_progress_seconds = GaugeMetricFamily(
+        "mfu_checkpoint_in_progress_seconds",
+        "How long the oldest checkpoint write of the job in progress has run; 0 while none is.",
+        labels=label,
+    )
     last_success = GaugeMetricFamily(
         "mfu_checkpoint_last_success_timestamp_seconds",
         "Unix time the last successful checkpoint write ended.",
@@ -56,9 +61,20 @@ def checkpoint_families(totals: dict[str, JobTotals]) -> Iterable[Metric]:
         failures.add_metric(key, job_totals.failures)
         written.add_metric(key, job_totals.written_bytes)
         in_progress.add_metric(key, 1.0 if job_totals.in_progress else 0.0)
+        in_progress_seconds.add_metric(key, job_totals.in_progress_seconds)
         if job_totals.last_success is not None and job_totals.last_duration is not None:  # set together
             last_success.add_metric(key, job_totals.last_success)
             last_duration.add_metric(key, job_totals.last_duration)
         if job_totals.last_bandwidth is not None:
             bandwidth.add_metric(key, job_totals.last_bandwidth)
-    return (duration, writes, failures, written, in_progress, last_success, last_duration, bandwidth)
+    return (
+        duration,
+        writes,
+        failures,
+        written,
+        in_progress,
+        in_progress_seconds,
+        last_success,
+        last_duration,
+        bandwidth,
+    )

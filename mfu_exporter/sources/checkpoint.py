@@ -450,6 +450,7 @@ FAMILY_LEVELS = {
     "mfu_checkpoint_write_failures": "minimal",
     "mfu_checkpoint_written_bytes": "standard",
     "mfu_checkpoint_in_progress": "minimal",
+    "mfu_checkpoint_in_progress_seconds": "minimal",
     "mfu_checkpoint_last_success_timestamp_seconds": "minimal",
     "mfu_checkpoint_last_duration_seconds": "minimal",
     "mfu_checkpoint_last_write_bandwidth_bytes_per_second": "standard",
