@@ -102,6 +102,14 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
         "NAME=DURATION,... for the incidents named (default: the table's)",
     )
     parser.add_argument(
+        "--warm-up",
+        dest="warmup",
+        type=mfu_window,
+        metavar="DURATION",
+        help="healthy training before the first incident (default 10s with --incident, the incident gap without): "
+        "time for a Prometheus to start scraping the demo before anything happens",
+    )
+    parser.add_argument(
         "--incident-gap",
         dest="incident_gap",
         type=incident_gap,

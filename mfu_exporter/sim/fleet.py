@@ -657,7 +657,9 @@ def build_fleet(args: argparse.Namespace, root: Path) -> Fleet:
         args.nodes,
         int(port),
         SimClock(args.speed),
-        FleetSchedule.from_flags(args.incident, lengths=getattr(args, "incident_for", None)),
+        FleetSchedule.from_flags(
+            args.incident, lengths=getattr(args, "incident_for", None), warmup=getattr(args, "warmup", None)
+        ),
         incident_node=args.incident_node or 0,
         interval=parse_duration(args.fleet_interval),
         window=args.mfu_window,  # parsed by the flag

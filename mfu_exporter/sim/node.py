@@ -301,26 +301,40 @@ class Schedule:
 
     ``lengths`` (``--for``) says how long an incident lasts, by name. Without one, a rotation's incident lasts its
     row's ``seconds``, and a forced one lasts until the demo stops, except crash-restart, whose process comes back
-    after its minute (a crash that never restarts is ``--for`` a longer time)."""
+    after its minute (a crash that never restarts is ``--for`` a longer time). ``warmup`` (``--warm-up``) is the
+    healthy time before the first incident: 10 s before a forced one, ``healthy`` before a rotation's (the first
+    rotation starts later by the difference; the next ones follow it)."""
 
     forced: str | None = None
     healthy: float = HEALTHY_BETWEEN
     lengths: dict[str, float] = field(default_factory=dict)
+    warmup: float | None = None
     incidents: ClassVar[tuple[str, ...]] = INCIDENTS
 
     @classmethod
     def from_flags(
-        cls, forced: str | None, healthy: float | None = None, lengths: float | dict[str, float] | None = None
+        cls,
+        forced: str | None,
+        healthy: float | None = None,
+        lengths: float | dict[str, float] | None = None,
+        warmup: float | None = None,
     ) -> Schedule:
-        """The schedule ``--incident``, ``--incident-gap`` and ``--for`` (one duration: the forced incident's, or
-        every incident's of the rotation; or lengths by name) ask for."""
+        """The schedule ``--incident``, ``--incident-gap``, ``--for`` (one duration: the forced incident's, or
+        every incident's of the rotation; or lengths by name) and ``--warm-up`` ask for."""
         if lengths is None:
             by_name: dict[str, float] = {}
         elif isinstance(lengths, dict):
             by_name = dict(lengths)
         else:
             by_name = {name: lengths for name in ((forced,) if forced else cls.incidents)}
-        return cls(forced, healthy=healthy or HEALTHY_BETWEEN, lengths=by_name)
+        return cls(forced, healthy=healthy or HEALTHY_BETWEEN, lengths=by_name, warmup=warmup)
+
+    @property
+    def first_start(self) -> float:
+        """When the first incident begins, in elapsed seconds."""
+        if self.warmup is not None:
+            return self.warmup
+        return WARMUP if self.forced else self.healthy
 
     def seconds(self, name: str) -> float:
         """How long incident ``name`` lasts in this schedule (infinity: until the demo stops)."""
@@ -340,11 +354,11 @@ class Schedule:
     def spans(self, begin: float, end: float) -> list[tuple[str, float, float]]:
         """The incidents (name, start, end in elapsed seconds) that overlap ``[begin, end]``, in order."""
         if self.forced:
-            spans = [(self.forced, WARMUP, WARMUP + self.seconds(self.forced))]
+            spans = [(self.forced, self.first_start, self.first_start + self.seconds(self.forced))]
         else:
             spans = []
-            rotation = self.rotation_seconds
-            at = math.floor(max(begin, 0.0) / rotation) * rotation
+            rotation, lead = self.rotation_seconds, self.first_start - self.healthy
+            at = math.floor(max(begin - lead, 0.0) / rotation) * rotation + lead
             while at <= end:
                 for name in self.incidents:
                     at += self.healthy
@@ -354,7 +368,7 @@ class Schedule:
 
     def next_start(self, elapsed: float) -> float:
         """When the next incident after ``elapsed`` begins (infinity when none will)."""
-        horizon = elapsed + (self.rotation_seconds if not self.forced else WARMUP) + 1.0
+        horizon = elapsed + (self.rotation_seconds if not self.forced else 0.0) + self.first_start + 1.0
         return min((start for _, start, _ in self.spans(elapsed, horizon) if start > elapsed), default=math.inf)
 
     def describe(self, speed: float) -> str:
@@ -362,7 +376,7 @@ class Schedule:
             seconds = self.seconds(self.forced)
             if self.forced == "crash-restart":
                 return (
-                    f"the job crashes after {WARMUP:g} s of healthy training and restarts "
+                    f"the job crashes after {self.first_start:g} s of healthy training and restarts "
                     f"{format_duration(seconds)} later"
                 )
             lasts = (
@@ -370,7 +384,7 @@ class Schedule:
                 if math.isinf(seconds)
                 else f"{format_duration(seconds)}, then training is healthy"
             )
-            return f"incident {self.forced} starts after {WARMUP:g} s of healthy training and lasts {lasts}"
+            return f"incident {self.forced} starts after {self.first_start:g} s of healthy training and lasts {lasts}"
         lengths = ", ".join(f"{name} {format_duration(self.seconds(name))}" for name in self.incidents)
         return (
             f"incidents rotate ({lengths}), each after {format_duration(self.healthy)} healthy: the rotation "
@@ -940,7 +954,10 @@ def build_demo(
     clock = SimClock(args.speed)
     progress = getattr(args, "progress", "api")
     schedule = Schedule.from_flags(
-        args.incident, getattr(args, "incident_gap", None), getattr(args, "incident_for", None)
+        args.incident,
+        getattr(args, "incident_gap", None),
+        getattr(args, "incident_for", None),
+        getattr(args, "warmup", None),
     )
     node = DemoNode(root, clock, schedule, seed=args.seed, progress=progress)
     socket = str(root / "kubelet.sock")

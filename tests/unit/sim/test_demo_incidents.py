@@ -2,6 +2,8 @@
 incident touches only those jobs; the truth (``DemoNode.truth``, served at ``GET /api/v1/demo``) records when each
 began and ended on the demo clock."""
 
+import math
+
 import pytest
 from pynvml import NVML_GPM_METRIC_ANY_TENSOR_UTIL
 
@@ -165,3 +167,14 @@ def test_for_takes_a_duration_or_lengths_by_name(value, capsys):
 def test_for_with_a_forced_incident_names_only_it(capsys):
     assert main(["demo", "--incident", "thermal", "--for", "gpu-lost=5m"]) == 2
     assert "--for" in capsys.readouterr().err
+
+
+def test_a_warm_up_delays_the_first_incident_and_the_rotation_follows_it():
+    schedule = demo.Schedule.from_flags(None, 30.0, warmup=100.0)
+    spans = schedule.spans(0.0, schedule.rotation_seconds + 100.0)
+    first = demo.INCIDENT_SECONDS[demo.INCIDENTS[0]]
+    assert spans[0] == (demo.INCIDENTS[0], 100.0, 100.0 + first)
+    assert spans[1][1] == pytest.approx(100.0 + first + 30.0)
+    assert spans[len(demo.INCIDENTS)][1] == pytest.approx(100.0 + schedule.rotation_seconds)  # the next rotation
+    assert schedule.incident(99.0) is None and schedule.next_start(0.0) == 100.0
+    assert demo.Schedule.from_flags("thermal", warmup=60.0).spans(0.0, 100.0) == [("thermal", 60.0, math.inf)]

@@ -1,0 +1,242 @@
+"""Time to page, measured: every demo incident with an alert pages through a real Prometheus and a real Alertmanager,
+on time, naming its job and node and its runbook entry, and resolves after the incident; no alert fires that no
+incident explains (docs/runbook.md, "Time to page").
+
+One demo runs the whole rotation, each incident lasting as long as its page needs (``--for NAME=DURATION,...``, 30 s
+of healthy training between them). Debian's Prometheus evaluates the shipped rules of alerts/ and Debian's
+Alertmanager routes with alerts/alertmanager.example.yaml, its receivers (pager, chat) posting to a webhook receiver,
+an HTTP server in this test; info goes nowhere, as shipped.
+
+At speed: the demo runs at ``--speed SPEED``, and Prometheus and Alertmanager run the shipped files on a clock SPEED
+times faster (tests/support/timescale.py): every duration of the rules and of the routing divided by SPEED (range
+windows, offsets, subquery steps, ``for:``, group intervals; the shipped 15 s scrape and evaluation intervals, the
+lookback delta and the resend delay), ``rate()``, ``irate()`` and ``deriv()`` divided by SPEED (the demo's counters
+grow SPEED times faster per wall second) and ``time()`` read on the demo's clock. A rule then sees the same samples at
+the same demo times as at full speed: a 5-minute window holds 20 scrapes, as a real one does, so ``rate()`` has its
+two samples and more; nothing else of the files changes. Times are measured on the wall clock and read on the
+demo's (its speed and origin, from ``GET /api/v1/demo``), so a time to page in demo seconds is wall seconds × SPEED.
+
+What is checked, for each incident's expected alert (``PAGES``):
+
+- it arrives at the webhook while the incident lasts, at most its ``for:`` + two evaluation intervals + the route's
+  ``group_wait`` after Prometheus first saw its condition hold (the alert's ``activeAt``), and that condition held
+  at most its ``onset`` after the incident began (the rule's window: a 5-minute rate of zero needs five minutes).
+  Both bounds are in demo time with ``LAG`` demo seconds more, the delays of a loaded machine (wall × SPEED);
+- it carries its runbook link (``runbook_url`` ending ``#<alert>``), names the node (its ``instance`` or its
+  description) and a job the incident touches;
+- it resolves after the incident ends (Prometheus's ``endsAt``) and Alertmanager says so;
+- every alert that fires, expected or not, began within an incident (from its start to its end plus the rules'
+  5-minute windows), and names no job the incident leaves alone and no other node.
+
+Each wait ends on the thing itself (the webhook's post); the deadline is the demo's clock passing the time the page
+was due by, never a wall-clock timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.paging_harness import Notification, PagingStack, paging_stack
+from tests.support.prom_harness import RULE_FILES
+from tests.support.timescale import seconds
+
+pytestmark = pytest.mark.slow
+
+SPEED = 60.0
+GAP = 30.0  # demo seconds of healthy training before each incident (--incident-gap's least)
+# Before the first: Prometheus begins scraping a new target within 5 wall seconds, then loads the rules (time() reads
+# the demo's clock, known once it runs): 8 wall seconds at speed 60.
+WARM_UP = 480.0
+EVALUATION = 15.0  # the shipped evaluation interval (deploy/fleet/prometheus-shard.yaml), demo seconds
+GROUP_WAIT = 30.0  # alerts/alertmanager.example.yaml's group_wait: a new group's first notification waits it
+GROUP_INTERVAL = 300.0  # its group_interval: a resolved alert is told at the group's next flush
+WINDOW = 300.0  # the rules' longest range window: a cleared fault holds a rate up to it
+# Demo seconds a loaded machine may add to a measured delay: scheduling of the demo's ticks, Prometheus's
+# evaluations, Alertmanager's flushes and the webhook, each a fraction of a wall second (1.5 wall s at speed 60).
+LAG = 90.0
+
+
+@dataclass(frozen=True)
+class Page:
+    alert: str
+    severity: str
+    onset: float  # demo seconds from the incident's start until the alert's condition holds, at most: why, below
+
+
+# What each incident pages, and the most its signal takes to meet the alert's condition. A gauge or a new event
+# shows within a scrape and an evaluation or two (30 s); a share over a 5-minute rate crosses 10% within ~70 s of a
+# 45% pause (90 s); NCCL Inspector names a straggler after ~8 of its 2 s dumps, and the job's 1-minute MFU shows an
+# input wait within a minute (60 s); a 5-minute rate falls to zero 5 minutes after the last token (300 s); a write
+# is over 5 minutes old 5 minutes after it starts (300 s).
+PAGES: dict[str, tuple[Page, ...]] = {
+    "pfc-storm": (Page("MfuPfcPauseStorm", "critical", 30.0), Page("MfuPfcPauseStorm", "warning", 90.0)),
+    "checkpoint-stall": (Page("MfuCheckpointStalled", "warning", 300.0),),
+    "thermal": (Page("MfuGpuThermalThrottle", "warning", 30.0),),
+    "gpu-lost": (Page("MfuGpuLost", "critical", 30.0),),
+    "crash-restart": (Page("MfuTrainingStalled", "critical", 300.0),),
+    "straggler": (Page("MfuJobStraggler", "warning", 60.0),),
+    "nccl-socket-fallback": (Page("MfuNcclSocketFallback", "warning", 30.0),),
+    "input-stall": (Page("MfuInputBound", "warning", 60.0),),
+}
+NODE_ADDRESS = re.compile(r"\b(?:127\.0\.0\.1|localhost):\d+\b")
+RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "runbook.md"
+
+
+def shipped_for(alert: str, severity: str) -> float:
+    """The ``for:`` of the shipped rule ``alert`` at ``severity``, in seconds (0 without one)."""
+    found = {
+        seconds(rule.get("for", "0s"))
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == alert and rule["labels"]["severity"] == severity
+    }
+    assert len(found) == 1, f"{alert} ({severity}): {found}"
+    return found.pop()
+
+
+def due(page: Page) -> float:
+    """Demo seconds after its incident's start by which ``page`` arrives at the latest."""
+    return page.onset + shipped_for(page.alert, page.severity) + 2 * EVALUATION + GROUP_WAIT + LAG
+
+
+def lengths() -> dict[str, float]:
+    """How long each incident lasts in the run: until its last page is due, in whole minutes."""
+    return {name: 60.0 * math.ceil(max(due(page) for page in pages) / 60.0) for name, pages in PAGES.items()}
+
+
+def jobs_named(notification: Notification, jobs: set[str]) -> set[str]:
+    named = {notification.labels["training_job"]} if "training_job" in notification.labels else set()
+    description = notification.annotations.get("description", "")
+    return named | {job for job in jobs if re.search(rf"\b{re.escape(job)}\b", description)}
+
+
+def nodes_named(notification: Notification) -> set[str]:
+    named = {notification.labels["instance"]} if "instance" in notification.labels else set()
+    return named | set(NODE_ADDRESS.findall(notification.annotations.get("description", "")))
+
+
+@dataclass
+class Row:
+    name: str
+    start: float
+    end: float
+    touches: set[str]
+
+
+def first_firing(notifications: list[Notification]) -> dict[tuple, Notification]:
+    """Each alert's first firing notification, by its labels."""
+    first: dict[tuple, Notification] = {}
+    for notification in sorted(notifications, key=lambda n: n.arrived):
+        if notification.status == "firing":
+            first.setdefault(notification.key, notification)
+    return first
+
+
+def onset_of(stack: PagingStack, notification: Notification) -> float:
+    """When Prometheus first saw the alert's condition hold, in demo time (its activeAt; else the notification's
+    startsAt, for an alert fired and gone between two polls)."""
+    return stack.clock.demo(stack.pending.get(notification.key) or notification.starts_at)
+
+
+def resolved(stack: PagingStack, notification: Notification) -> Notification | None:
+    return next(
+        (
+            n
+            for n in stack.webhook.all()
+            if n.key == notification.key and n.status == "resolved" and n.arrived > notification.arrived
+        ),
+        None,
+    )
+
+
+def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_else_pages(tmp_path):
+    run = lengths()
+    spec = ",".join(f"{name}={seconds:.0f}s" for name, seconds in run.items())
+    args = ["--incident-gap", f"{GAP:.0f}s", "--warm-up", f"{WARM_UP:.0f}s", "--for", spec]
+    with paging_stack(tmp_path, SPEED, args) as stack:
+        truth = stack.truth()
+        names = truth["schedule"]["incidents"]
+        assert set(names) == set(PAGES), "an incident without a page in PAGES, or a page for no incident"
+        assert truth["schedule"]["incident_seconds"] == run
+        begun = stack.now()
+        jobs = set(truth["jobs"])
+        assert not truth["incidents"], "an incident began before Prometheus had the rules and the demo's series"
+
+        def rows() -> list[Row]:
+            return [
+                Row(row["name"], row["start"], row["end"], set(row["touches"]))
+                for row in stack.truth()["incidents"][: len(names)]
+                if row["end"] is not None
+            ]
+
+        def all_paged_and_resolved() -> bool:
+            ended = rows()
+            if len(ended) < len(names):
+                return False
+            first = first_firing(stack.webhook.all())
+            for row in ended:
+                for page in PAGES[row.name]:
+                    fired = [
+                        n
+                        for n in first.values()
+                        if (n.name, n.labels.get("severity")) == (page.alert, page.severity)
+                        and row.start - EVALUATION <= onset_of(stack, n) <= row.end
+                    ]
+                    if not fired or not all(resolved(stack, n) for n in fired):
+                        return False
+            return True
+
+        # The whole rotation, then the last incident's alerts resolving: its windows and a group interval.
+        until = begun + WARM_UP + truth["schedule"]["rotation_seconds"] + WINDOW + GROUP_INTERVAL + 2 * LAG
+        stack.wait_demo(all_paged_and_resolved, until, "every incident's page and its resolution", interval=0.5)
+        notifications = stack.webhook.all()
+        incidents = rows()
+
+    first = first_firing(notifications)
+    measured = []
+    for key, notification in first.items():
+        active = onset_of(stack, notification)
+        row = next((r for r in incidents if r.start - EVALUATION <= active <= r.end + WINDOW), None)
+        assert row is not None, f"{notification.name} {dict(key)} began at {active:.0f}, in no incident: {incidents}"
+        assert jobs_named(notification, jobs) <= row.touches, (row.name, notification)
+        assert nodes_named(notification) <= {stack.node}, (row.name, notification)
+    for row in incidents:
+        for page in PAGES[row.name]:
+            fired = sorted(
+                (
+                    n
+                    for n in first.values()
+                    if (n.name, n.labels.get("severity")) == (page.alert, page.severity)
+                    and row.start - EVALUATION <= onset_of(stack, n) <= row.end
+                ),
+                key=lambda n: n.arrived,
+            )
+            assert fired, f"{row.name}: {page.alert} ({page.severity}) never paged"
+            page_at = stack.clock.demo(fired[0].arrived)
+            active = onset_of(stack, fired[0])
+            hold = shipped_for(page.alert, page.severity)
+            measured.append((row.name, page, page_at - row.start, active - row.start, page_at - active))
+            assert page_at <= row.end, f"{row.name}: {page.alert} paged after the incident ended"
+            assert active - row.start <= page.onset + 2 * EVALUATION + LAG, (row.name, page, active - row.start)
+            assert page_at - active <= hold + 2 * EVALUATION + GROUP_WAIT + LAG, (row.name, page, page_at - active)
+            for notification in fired:
+                receiver = "pager" if page.severity == "critical" else "chat"
+                assert notification.receiver == receiver, (row.name, notification)
+                url = notification.annotations["runbook_url"]
+                assert url.endswith(f"runbook.md#{page.alert.lower()}"), url
+                assert f"## {page.alert}\n" in RUNBOOK.read_text()
+                assert nodes_named(notification) == {stack.node}, (row.name, notification)
+                assert jobs_named(notification, jobs) & row.touches, (row.name, notification)
+                done = resolved(stack, notification)
+                assert done is not None and done.ends_at is not None, (row.name, notification)
+                assert stack.clock.demo(done.ends_at) >= row.end - 2 * EVALUATION, (row.name, notification)
+    print("\ntime to page (demo seconds from the incident's start): incident, alert, severity, page, onset, delay")
+    for name, page, to_page, onset, delay in measured:
+        print(f"  {name:22} {page.alert:24} {page.severity:8} {to_page:7.0f} {onset:6.0f} {delay:6.0f}")
