@@ -48,11 +48,11 @@ from tests.support.timescale import seconds
 
 pytestmark = pytest.mark.slow
 
-SPEED = 60.0
+SPEED = 80.0
 GAP = 30.0  # demo seconds of healthy training before each incident (--incident-gap's least)
 # Before the first: Prometheus begins scraping a new target within 5 wall seconds, then loads the rules (time() reads
 # the demo's clock, known once it runs): 8 wall seconds at speed 60.
-WARM_UP = 480.0
+WARM_UP = 8 * SPEED
 EVALUATION = 15.0  # the shipped evaluation interval (deploy/fleet/prometheus-shard.yaml), demo seconds
 GROUP_WAIT = 30.0  # alerts/alertmanager.example.yaml's group_wait: a new group's first notification waits it
 GROUP_INTERVAL = 300.0  # its group_interval: a resolved alert is told at the group's next flush
@@ -156,7 +156,27 @@ def resolved(stack: PagingStack, notification: Notification) -> Notification | N
     )
 
 
-def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_else_pages(tmp_path):
+def check_belongs(stack: PagingStack, notification: Notification, incidents: list[Row], jobs: set[str]) -> None:
+    """The alert began within an incident (its start to its end and the rules' windows after), names no job the
+    incident leaves alone and no node but the demo's."""
+    active = onset_of(stack, notification)
+    row = next((r for r in incidents if r.start - EVALUATION <= active <= r.end + WINDOW), None)
+    assert row is not None, f"{notification.name} {notification.labels} began at {active:.0f}, in no incident"
+    assert jobs_named(notification, jobs) <= row.touches, (row.name, notification)
+    assert nodes_named(notification) <= {stack.node}, (row.name, notification)
+
+
+@pytest.fixture(scope="module")
+def default_rotation(tmp_path_factory):
+    """The demo's own rotation (each incident its table length) at speed, paging a webhook, started when the module
+    starts so that it runs beside the other test rather than after it."""
+    args = ["--incident-gap", f"{GAP:.0f}s", "--warm-up", f"{WARM_UP:.0f}s"]
+    with paging_stack(tmp_path_factory.mktemp("default-rotation"), SPEED, args) as stack:
+        assert not stack.truth()["incidents"], "an incident began before Prometheus had the rules and the series"
+        yield stack, stack.now()
+
+
+def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_else_pages(tmp_path, default_rotation):
     run = lengths()
     spec = ",".join(f"{name}={seconds:.0f}s" for name, seconds in run.items())
     args = ["--incident-gap", f"{GAP:.0f}s", "--warm-up", f"{WARM_UP:.0f}s", "--for", spec]
@@ -201,12 +221,8 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
 
     first = first_firing(notifications)
     measured = []
-    for key, notification in first.items():
-        active = onset_of(stack, notification)
-        row = next((r for r in incidents if r.start - EVALUATION <= active <= r.end + WINDOW), None)
-        assert row is not None, f"{notification.name} {dict(key)} began at {active:.0f}, in no incident: {incidents}"
-        assert jobs_named(notification, jobs) <= row.touches, (row.name, notification)
-        assert nodes_named(notification) <= {stack.node}, (row.name, notification)
+    for notification in first.values():
+        check_belongs(stack, notification, incidents, jobs)
     for row in incidents:
         for page in PAGES[row.name]:
             fired = sorted(
@@ -240,3 +256,38 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
     print("\ntime to page (demo seconds from the incident's start): incident, alert, severity, page, onset, delay")
     for name, page, to_page, onset, delay in measured:
         print(f"  {name:22} {page.alert:24} {page.severity:8} {to_page:7.0f} {onset:6.0f} {delay:6.0f}")
+
+
+def test_the_demos_own_rotation_pages_for_each_incident_that_outlasts_its_for_and_for_nothing_else(default_rotation):
+    """The rotation as ``make demo`` runs it (2-minute incidents, the checkpoint stall's 15-minute write), at speed:
+    an incident that lasts past its alert's condition and ``for:`` pages (the storm's error events, the lost GPU's
+    minute, the stalled write's five), one that does not stays quiet, and every alert that fires began within an
+    incident and names only what it touches."""
+    stack, begun = default_rotation
+    truth = stack.truth()
+    names, jobs = truth["schedule"]["incidents"], set(truth["jobs"])
+    end_of_rotation = begun + WARM_UP + truth["schedule"]["rotation_seconds"]
+    stack.wait_demo(lambda: stack.now() > end_of_rotation + WINDOW, end_of_rotation + WINDOW + LAG, "the rotation")
+    incidents = [
+        Row(row["name"], row["start"], row["end"] or math.inf, set(row["touches"]))
+        for row in stack.truth()["incidents"]
+    ]
+    first = first_firing(stack.webhook.all())
+    for notification in first.values():
+        if onset_of(stack, notification) <= end_of_rotation + WINDOW:
+            check_belongs(stack, notification, incidents, jobs)
+    paged = []
+    for row in incidents[: len(names)]:
+        length = row.end - row.start
+        for page in PAGES[row.name]:
+            if page.onset + shipped_for(page.alert, page.severity) + 2 * EVALUATION > length:
+                continue  # the incident ends before its alert can fire: no page owed
+            assert any(
+                (n.name, n.labels.get("severity")) == (page.alert, page.severity)
+                and row.start - EVALUATION <= onset_of(stack, n) <= row.end
+                for n in first.values()
+            ), f"{row.name} lasted {length:.0f} s, past {page.alert}'s condition and for:, and did not page"
+            paged.append((row.name, page.alert, page.severity))
+    fired = sorted({(n.name, n.labels.get("severity")) for n in first.values()})
+    print("\nthe demo's own rotation: owed and paged", paged, "; every alert that fired", fired)
+    assert {name for name, _, _ in paged} >= {"pfc-storm", "checkpoint-stall"}
