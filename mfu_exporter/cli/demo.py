@@ -84,7 +84,12 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speed", type=positive(float), default=1.0, help="simulated seconds per wall-clock second (default 1)"
     )
-    parser.add_argument("--incident", choices=INCIDENTS, help="force one incident after a short healthy warm-up")
+    parser.add_argument(
+        "--incident",
+        choices=INCIDENTS,
+        help="force one incident after 10 s of healthy training; it lasts until the demo stops (crash-restart: "
+        "the job restarts after a minute), or for --for DURATION",
+    )
     parser.add_argument(
         "--mfu.window",
         dest="mfu_window",

@@ -86,6 +86,8 @@ PAGES: dict[str, tuple[Page, ...]] = {
 }
 NODE_ADDRESS = re.compile(r"\b(?:127\.0\.0\.1|localhost):\d+\b")
 RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "runbook.md"
+# The alerts about a job (the global tier's file): each names its job in a label.
+JOB_ALERTS = {rule["alert"] for group in yaml.safe_load(RULE_FILES[1].read_text())["groups"] for rule in group["rules"]}
 
 
 def shipped_for(alert: str, severity: str) -> float:
@@ -196,10 +198,10 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
                 if row["end"] is not None
             ]
 
-        def all_paged_and_resolved() -> bool:
+        def outstanding() -> list[str]:
+            """What is still to come: incidents not yet over, pages not yet sent, alerts not yet resolved."""
             ended = rows()
-            if len(ended) < len(names):
-                return False
+            missing = [f"{name} not over" for name in names[len(ended) :]]
             first = first_firing(stack.webhook.all())
             for row in ended:
                 for page in PAGES[row.name]:
@@ -209,13 +211,24 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
                         if (n.name, n.labels.get("severity")) == (page.alert, page.severity)
                         and row.start - EVALUATION <= onset_of(stack, n) <= row.end
                     ]
-                    if not fired or not all(resolved(stack, n) for n in fired):
-                        return False
-            return True
+                    missing += [f"{row.name}: {page.alert} ({page.severity}) not paged"] if not fired else []
+                    missing += [
+                        f"{row.name}: {n.name} {n.labels} not resolved" for n in fired if not resolved(stack, n)
+                    ]
+            return missing
 
         # The whole rotation, then the last incident's alerts resolving: its windows and a group interval.
         until = begun + WARM_UP + truth["schedule"]["rotation_seconds"] + WINDOW + GROUP_INTERVAL + 2 * LAG
-        stack.wait_demo(all_paged_and_resolved, until, "every incident's page and its resolution", interval=0.5)
+        left: list[str] = []
+
+        def done() -> bool:
+            left[:] = outstanding()
+            return not left
+
+        try:
+            stack.wait_demo(done, until, "every incident's page and its resolution", interval=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {left}") from None
         notifications = stack.webhook.all()
         incidents = rows()
 
@@ -242,6 +255,10 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
             assert page_at <= row.end, f"{row.name}: {page.alert} paged after the incident ended"
             assert active - row.start <= page.onset + 2 * EVALUATION + LAG, (row.name, page, active - row.start)
             assert page_at - active <= hold + 2 * EVALUATION + GROUP_WAIT + LAG, (row.name, page, page_at - active)
+            # An alert about a node or its hardware names the jobs its node blames the fault for now (a query in its
+            # description), so a notification rendered between two blames may name none: one of them does.
+            every = [n for n in notifications if n.key in {f.key for f in fired} and n.status == "firing"]
+            assert any(jobs_named(n, jobs) & row.touches for n in every), (row.name, page, every)
             for notification in fired:
                 receiver = "pager" if page.severity == "critical" else "chat"
                 assert notification.receiver == receiver, (row.name, notification)
@@ -249,7 +266,8 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
                 assert url.endswith(f"runbook.md#{page.alert.lower()}"), url
                 assert f"## {page.alert}\n" in RUNBOOK.read_text()
                 assert nodes_named(notification) == {stack.node}, (row.name, notification)
-                assert jobs_named(notification, jobs) & row.touches, (row.name, notification)
+                if page.alert in JOB_ALERTS:
+                    assert jobs_named(notification, jobs) & row.touches, (row.name, notification)
                 done = resolved(stack, notification)
                 assert done is not None and done.ends_at is not None, (row.name, notification)
                 assert stack.clock.demo(done.ends_at) >= row.end - 2 * EVALUATION, (row.name, notification)
