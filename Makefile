@@ -66,14 +66,15 @@ bench: $(STAMP)
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-node-exporter >/dev/null; }
 	$(PY) -m bench.run --json bench/results/$$(date -u +%Y%m%dT%H%M%SZ).json
 
-# The fleet's costs of docs/benchmarks.md ("Issue 25: growth to 4,096 nodes"): 256 simulated nodes (demo --nodes,
+# The fleet's costs of docs/benchmarks.md ("Growth to 4,096 nodes"): 256 simulated nodes (demo --nodes,
 # whole exporters), then 1,024, 2,048 and 4,096 from the target server of mfu_exporter/sim/targets.py, through two vmagent
 # shards → VictoriaMetrics + vmalert, and up to 2,048 through Prometheus (below), each path
 # in its own stack; the node tier of the rules centrally up to 1,024 nodes (a shard's size), above only the central
 # tier; 15 s intervals; ~25 minutes and up to ~4 GiB of memory on 2 cores. FLEET_SIZES=256,1024 for less. Exits 1
 # when a rule group takes over 10 % of its interval, a job's cluster MFU is off the truth by over 2 points, or the
 # incident node is not named at 1,024 nodes or more. bench/results/. FLEET_LAYOUT=one puts one job on every node,
-# FLEET_LAYOUT=mixed one on half of them (issue 36); BENCH_FLEET_ARGS="--partials-out f.json" keeps a shard's partials.
+# FLEET_LAYOUT=mixed one on half of them and small jobs on the rest; BENCH_FLEET_ARGS="--partials-out f.json" keeps
+# a shard's partials.
 # The Prometheus path is one Prometheus scraping its nodes and evaluating, as a shard is deployed
 # (deploy/fleet/prometheus-shard.yaml); BENCH_FLEET_ARGS="--prometheus-mode agent" for an agent and a receiver.
 bench-fleet: $(STAMP) system-deps

@@ -22,7 +22,7 @@ warm-up:
   (target: within 2 points), and the incident job's recorded cause naming the network on the incident node,
 - the machine's load average (/proc/loadavg) before and after: the figures are only as quiet as the machine.
 
-Results go to ``--json`` and a markdown table to stdout (docs/benchmarks.md, "Issue 18: fleet").
+Results go to ``--json`` and a markdown table to stdout (docs/benchmarks.md, "The fleet").
 """
 
 from __future__ import annotations

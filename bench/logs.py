@@ -12,7 +12,7 @@ model), timed with ``time.process_time``. Mixes:
 - ``unrecognised``: lines of no known format (auto detection tries every anchor on each).
 
 It also reads the real pasted logs of tests/fixtures/logs/real/pastes.txt in auto mode and prints the share of
-their progress lines read right and the false progress from their other lines (issue 29; target >= 95 %, none).
+their progress lines read right and the false progress from their other lines (target >= 95 %, none).
 
 Usage: ``python -m bench.logs [--lines 100000] [--json FILE]``; exit 1 when the noise or unrecognised mix misses.
 """
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from mfu_exporter.config import typed_config, validate
-from mfu_exporter.model.job_view import GpuInfo
 from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.sources.logs import LogsSource
 from tests.unit.logs import framework_lines as fl
 from tests.unit.logs import real_pastes

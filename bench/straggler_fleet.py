@@ -1,4 +1,4 @@
-"""The straggler named at fleet scale (issue 32): the target server's fleet with one node's GPUs clocked low, the real
+"""The straggler named at fleet scale: the target server's fleet with one node's GPUs clocked low, the real
 rules on VictoriaMetrics (one evaluator: every tier at once), until the global tier names the job's cause
 ``straggler`` on that node, or a deadline passes. Prints what was named and how long it took.
 

@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 PROGRESS_PATH = "/api/v1/progress"
 CHECKPOINTS_PATH = "/api/v1/checkpoints"
 END_STATES = ("finished", "failed", "cancelled")
-RUN_FIELDS = ("run", "event", "heartbeat_seconds", "duration_seconds")  # what an exporter before issue 26 refuses
-DATA_WAIT_FIELD = "data_wait_seconds"  # what an exporter before issue 34 refuses
+# Fields an older exporter refuses with a 400 naming the field: the reporter then sends its reports without them.
+RUN_FIELDS = ("run", "event", "heartbeat_seconds", "duration_seconds")  # an exporter without the time ledger
+DATA_WAIT_FIELD = "data_wait_seconds"  # an exporter without the input cause
 MAX_RUN_EVENTS = 16
 T = TypeVar("T")
 

@@ -22,10 +22,10 @@ from mfu_exporter.model.attribution import Attributor, NodeSignals
 from mfu_exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
 from mfu_exporter.model.errors import IngestError, NotFound, ValidationError
 from mfu_exporter.model.history import MfuHistory
-from mfu_exporter.model.job_view import GpuInfo, JobView
+from mfu_exporter.model.job_view import JobView
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
-from mfu_exporter.model.readings import GpuReading, JobCollectives
+from mfu_exporter.model.readings import GpuInfo, GpuReading, JobCollectives
 from mfu_exporter.model.restore import RestoreMeter
 from mfu_exporter.model.resume import SavedCounters
 from mfu_exporter.node.pci import nearest_devices

@@ -56,7 +56,7 @@ import requests  # noqa: E402
 import yaml  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-MFU_TOLERANCE = 0.02  # the "within 2 points"
+MFU_TOLERANCE = 0.02  # formula MFU within 2 points of the FLOP/s measured
 CORE_SERIES = ("mfu_gpu_memory_used_bytes", "mfu_gpu_memory_total_bytes", "mfu_gpu_power_watts")
 GPM_SERIES = ("mfu_gpu_tensor_active_ratio", "mfu_gpu_sm_active_ratio", "mfu_gpu_dram_active_ratio")
 HOPPER_OR_NEWER = ("h100", "h200", "gh200", "h20", "b100", "b200", "b300", "gb200", "gb300")

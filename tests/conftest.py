@@ -40,7 +40,7 @@ def make_client(aiohttp_client):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The share of real pasted training-log progress lines read right (issue 29), after any run that included
+    """The share of real pasted training-log progress lines read right, after any run that included
     their tests: in the controller, so it shows under ``make test``'s ``-q -n`` as well."""
     ran = any(
         "test_real_pastes.py" in getattr(report, "nodeid", "")

@@ -31,7 +31,7 @@ EXIT = {"pass": 0, "fail": 1, "unreadable": 2}
 
 def add_nccl_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the test's output; - reads stdin")
-    parser.add_argument("--json", action="store_true", help="print the issue-32 JSON instead of a summary")
+    parser.add_argument("--json", action="store_true", help="print the JSON report instead of a summary")
     parser.add_argument(
         "--expect-busbw",
         metavar="GB/s",

@@ -219,7 +219,7 @@ class PreflightConfig(SourceConfig):
 
 @dataclass(frozen=True)
 class NcclConfig(SourceConfig):
-    """NCCL's own reports of a job's collectives (issue 32): ``inspector_paths`` are globs of NCCL Inspector's dump
+    """NCCL's own reports of a job's collectives: ``inspector_paths`` are globs of NCCL Inspector's dump
     directories (``NCCL_INSPECTOR_DUMP_DIR``: its ``<host>-pid<pid>.log`` JSON lines and its
     ``nccl_inspector_metrics_<GPU UUID>.prom`` textfiles), or of the files themselves.
 

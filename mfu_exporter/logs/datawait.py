@@ -121,8 +121,9 @@ def _per_step_line(text: str) -> DataWait | None:
 
 
 def _lightning_row(text: str) -> DataWait | None:
-    """A profiler row: cells split on "\\t|"; mean and total (plain), or mean, calls, total and share (extended)."""
-    cells = [cell.strip() for cell in text.strip().lstrip("|").split("\t|")]
+    """A profiler row: cells split on "|" (the profiler's "\\t|", or a Markdown table's); mean and total (plain), or
+    mean, calls, total and share (extended)."""
+    cells = [cell.strip() for cell in text.strip().lstrip("|").split("|")]
     if not LIGHTNING_ACTIONS.match(cells[0]):
         return None
     values = [cell for cell in cells[1:] if cell]

@@ -30,14 +30,14 @@ from collections import Counter, deque
 from dataclasses import dataclass, fields, replace
 
 from mfu_exporter.logs.base import Parser
-from mfu_exporter.logs.datawait import KEYWORD_PATTERN as WAIT_PATTERN
-from mfu_exporter.logs.datawait import KEYWORDS as WAIT_KEYWORDS
-from mfu_exporter.logs.datawait import parse_data_wait
+from mfu_exporter.logs.datawait import KEYWORDS as LINE_WAIT_KEYWORDS
 from mfu_exporter.logs.deepspeed import DeepSpeedParser
 from mfu_exporter.logs.hf import HfParser
 from mfu_exporter.logs.lightning_csv import LightningCsvParser
 from mfu_exporter.logs.megatron import MegatronParser
 from mfu_exporter.logs.nemo import NemoParser
+from mfu_exporter.logs.profiler_tables import KEYWORDS as TABLE_WAIT_KEYWORDS
+from mfu_exporter.logs.profiler_tables import WaitReader
 from mfu_exporter.logs.records import Line, Progress, Record
 from mfu_exporter.logs.regex import RegexParser
 from mfu_exporter.logs.torchtitan import TorchtitanParser
@@ -54,6 +54,9 @@ PARSERS: dict[str, type[Parser]] = {
 NAMED_ONLY: dict[str, type[Parser]] = {"lightning_csv": LightningCsvParser}
 FORMATS = ("auto", *PARSERS, *NAMED_ONLY, "regex")
 # What a line must contain to be worth trying during detection: every parser's keywords and its anchors' prefixes.
+# What a line must contain to be worth a data-wait reader's look (``mfu_exporter.logs.datawait``, ``profiler_tables``).
+WAIT_KEYWORDS = LINE_WAIT_KEYWORDS + TABLE_WAIT_KEYWORDS
+WAIT_PATTERN = re.compile("|".join(map(re.escape, WAIT_KEYWORDS)))
 DETECT_KEYWORDS = tuple(sorted({k for cls in PARSERS.values() for k in cls.keywords or ()} | {"[titan] "}))
 
 
@@ -169,6 +172,7 @@ class LogStream:
         self.active: list[Parser] = []
         self._candidates: list[Parser] = []
         self._pending: deque[tuple[Line, float]] = deque(maxlen=replay_lines)
+        self._waits = WaitReader()
         if format == "regex":
             if not pattern:
                 raise ValueError("format regex needs a pattern")
@@ -253,7 +257,7 @@ class LogStream:
 
     def _wait(self, line: Line, read_time: float, events: list[Event]) -> bool:
         """A data-loading line, read whatever the format (it decides none); whether it was one."""
-        wait = parse_data_wait(line.text)
+        wait = self._waits.read(line.text, self.lines)
         if wait is None:
             return False
         when = line.time if line.time is not None else wait.time if wait.time is not None else read_time

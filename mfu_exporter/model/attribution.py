@@ -22,7 +22,7 @@ on every node and in the cluster rules):
                    ``mfu_exporter.model.datawait``) at or over ``input_wait_ratio``; the evidence names the wait and the
                    read throughput of the node's dataset mounts where the storage source reads them
 9. ``idle``        the job's GPUs are mostly idle and no sampled signal explains it (no data-wait figure says why:
-                   data loading, host side, or a fault no source sees); before issue 34 this was called ``input``
+                   data loading, host side, or a fault no source sees)
 10. ``unknown``    a gap and no signal that explains it
 
 A job's NICs are the RDMA devices nearest each of its GPUs by PCIe topology (same switch, else same host bridge or

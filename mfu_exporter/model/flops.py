@@ -37,8 +37,8 @@ PEAK_TABLE: tuple[GpuModel, ...] = (
     GpuModel("b100", ("b100",), {"bf16": 1750, "fp16": 1750, "fp8": 3500, "tf32": 875}),
     GpuModel("gh200", ("gh200",), {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7}, 1830),
     GpuModel("h200-nvl", ("h200", "nvl"), {"bf16": 835.5, "fp16": 835.5, "fp8": 1671, "tf32": 417.5}),
-    # Measured 2026-12-04: 8192³ bf16 products at 662.6 TFLOP/s showed tensor active 0.927 at 1485 MHz (power capped),
-    # so 0.927 × 1485 ÷ (662.6 ÷ 989.4) = 2056 MHz; the datasheet's 1830 read 11.6 % high.
+    # Measured on a real H200: 8192³ bf16 products at 662.6 TFLOP/s showed tensor active 0.927 at 1485 MHz (power
+    # capped), so 0.927 × 1485 ÷ (662.6 ÷ 989.4) = 2056 MHz; the datasheet's 1830 read 11.6 % high.
     GpuModel("h200", ("h200",), {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7}, 2056),
     GpuModel("h100-nvl", ("h100", "nvl"), {"bf16": 835.5, "fp16": 835.5, "fp8": 1671, "tf32": 417.5}),
     GpuModel("h100-pcie", ("h100", "pcie"), {"bf16": 756, "fp16": 756, "fp8": 1513, "tf32": 378}),

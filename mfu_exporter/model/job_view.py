@@ -1,4 +1,4 @@
-"""A job's MFU view: from its state (``mfu_exporter.model.jobs.Job``) and this node's GPUs, its rate, GPUs, peak, MFU,
+"""A job's MFU view: from its state (``mfu_exporter.model.job.Job``) and this node's GPUs, its rate, GPUs, peak, MFU,
 ETA and the reason it has none, at one instant (``JobView``, for metrics, JSON and the status page).
 
 MFU over the window = FLOPs/token × Δtokens/Δt ÷ (job GPUs here × dense peak), with Δ taken between the oldest and
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from mfu_exporter.model import flops as mfu_math
 from mfu_exporter.model.datawait import RECENT_SECONDS, DataWaitView
 from mfu_exporter.model.discovery_jobs import DiscoveredJob, HardwareFigures, hardware_figures
+from mfu_exporter.model.job import Job, gpu_facts
 from mfu_exporter.model.ledger import LedgerView
 from mfu_exporter.model.progress import (
     FACT_DEFAULTS,
@@ -26,11 +27,7 @@ from mfu_exporter.model.progress import (
     rate_window,
     stall_after,
 )
-from mfu_exporter.model.readings import GpuReading
-
-if TYPE_CHECKING:  # the job's state holds a builder of its views; the views read that state
-    from mfu_exporter.model.jobs import Job
-
+from mfu_exporter.model.readings import GpuInfo, GpuReading
 
 # The ledger's states in which no step of the job runs on this node, and what each means for its MFU (0).
 NOT_TRAINING = {
@@ -38,15 +35,6 @@ NOT_TRAINING = {
     "startup": "a new run of the job is starting (no step yet)",
     "checkpoint_load": "a new run of the job is loading its checkpoint",
 }
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One GPU of this node as the GPU source sees it; all that jobs need to know to find their peak."""
-
-    index: int
-    uuid: str
-    name: str
 
 
 @dataclass
@@ -356,15 +344,6 @@ class ViewBuilder:
         if job.discovered is not None:
             found += sorted({pod.scheduler for pod in job.discovered.pods})
         return tuple(found)
-
-
-def gpu_facts(facts: dict, job: Job | None) -> dict:
-    """``facts`` with the GPUs discovery saw the job hold, where the job named none itself. A log's tokens per
-    GPU are scaled by this count too, so tokens and peak are over the same GPUs (counting every GPU on a shared
-    node made a 2-GPU Slurm job's MFU four times too high on 8)."""
-    if facts.get("gpus") is None and job is not None and job.discovered is not None:
-        return {**facts, "gpus": list(job.discovered.gpus)}
-    return facts
 
 
 def flops_per_token(facts: dict) -> float | None:

@@ -1,9 +1,9 @@
-"""Training jobs on this node: their state.
+"""Training jobs on this node: the tracker of their state.
 
-A job's state is what its progress reports (``mfu_exporter.model.progress``), log lines, checkpoint events and discovery
-said of it; ``JobTracker`` keeps it (reports merged, discovery's finds, expiry) and hands out each job's MFU view
-(``mfu_exporter.model.job_view``). Nothing here knows about HTTP; its refusals are ``mfu_exporter.model.errors.IngestError``
-(``ValidationError`` 400, ``TooManyJobs`` 429).
+A job's state (``mfu_exporter.model.job.Job``) is what its progress reports (``mfu_exporter.model.progress``), log
+lines, checkpoint events and discovery said of it; ``JobTracker`` keeps it (reports merged, discovery's finds, expiry)
+and hands out each job's MFU view (``mfu_exporter.model.job_view``), computed from that state. Nothing here knows
+about HTTP; its refusals are ``mfu_exporter.model.errors.IngestError`` (``ValidationError`` 400, ``TooManyJobs`` 429).
 
 A job ends when a report says ``state`` finished, failed or cancelled: its MFU, rate, ETA, peak and GPU series go at
 once, it no longer takes a slot under ``max_jobs``, and its counters stay until ``job_ttl`` (or until
@@ -17,17 +17,17 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from mfu_exporter.config import DEFAULTS
 from mfu_exporter.model.datawait import DataWaitMeter
 from mfu_exporter.model.discovery_jobs import DiscoveredJob
 from mfu_exporter.model.errors import TooManyJobs
-from mfu_exporter.model.job_view import GpuInfo, JobView, ViewBuilder, flops_per_token, gpu_facts
-from mfu_exporter.model.ledger import Ledger, LedgerView, RecentValues
+from mfu_exporter.model.job import Job, gpu_facts
+from mfu_exporter.model.job_view import JobView, ViewBuilder, flops_per_token
+from mfu_exporter.model.ledger import Ledger, LedgerView
 from mfu_exporter.model.progress import (
-    CADENCE_INTERVALS,
     FACT_DEFAULTS,
     MAX_FUTURE_SECONDS,
     REPORT_RESOLUTION_SECONDS,
@@ -35,7 +35,7 @@ from mfu_exporter.model.progress import (
     ProgressReport,
     rate_window,
 )
-from mfu_exporter.model.readings import GpuReading
+from mfu_exporter.model.readings import GpuInfo, GpuReading
 from mfu_exporter.model.resume import SavedCounters, counters_start
 
 log = logging.getLogger(__name__)
@@ -43,54 +43,6 @@ log = logging.getLogger(__name__)
 # A job's view is computed again when the job changes, at each 1 s tick, and on a read when the view it has is older
 # than this (the tick's period): reports, scrapes and status requests between two ticks share one computation.
 VIEW_MAX_AGE = 1.0
-
-
-@dataclass
-class Job:
-    name: str
-    facts: dict[str, Any]
-    created: float
-    tokens_total: float = 0.0
-    step: int | None = None
-    last_report_time: float = 0.0  # the job's own time of its newest report
-    last_arrival: float = 0.0  # our clock, when the newest report arrived
-    progress_arrival: float | None = None  # our clock, when the newest token count arrived (events aside)
-    restarts: int = 0
-    replayed_tokens: float = 0.0  # tokens re-trained after restarts from checkpoints
-    window: deque = field(default_factory=deque)  # (report time, tokens_total)
-    window_run: int = 0  # the ledger's run the window's counts belong to: a new run's rate starts afresh
-    reported: bool = False
-    state: str = RUNNING
-    ended: float | None = None  # our clock, when a report said the job ended
-    runs: int = 1  # runs under this name since the exporter first saw it (a report after an end starts one)
-    carried_tokens: float = 0.0  # tokens processed by the earlier runs, so the counters continue across runs
-    flops_total: float = 0.0  # model FLOPs counted so far: each token at the FLOPs/token known when it was reported
-    counted_tokens: float = 0.0  # of carried + processed tokens, those already in flops_total
-    counter_created: float | None = None  # Unix time its counters began (its first count here, or a saved one)
-    processed_floor: float = 0.0  # the counter at the last change: a restart's sum may round an ulp below (a reset)
-    # Log-fed jobs (sources.logs): what the framework printed about its own speed, and why the log's lines give
-    # no token total yet (a missing world size or sequence length), shown as the job's reason.
-    framework_mfu: float | None = None
-    framework_tflops_per_gpu: float | None = None
-    feed_reason: str | None = None
-    interval: float = 0.0  # the job's own time between its last two reports
-    intervals: RecentValues = field(default_factory=lambda: RecentValues(CADENCE_INTERVALS))  # its recent intervals
-    touched: bool = False  # created by another API (checkpoints, a log): counts against ingest.max_jobs like a report
-    discovered: DiscoveredJob | None = None  # what discovery found of it on this node, while it finds it
-    ledger: Ledger = field(default_factory=Ledger)  # where its time here went (mfu_exporter.model.ledger)
-    pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
-    data_wait: DataWaitMeter | None = None  # its wait for input, once its client or log gives one
-    version: int = 0  # counts the changes to the job, so its kept view is known to be stale
-    view: tuple[int, float, JobView] | None = None  # (version, clock, the view then), shared by reads until stale
-
-    @property
-    def tokens_processed(self) -> float:
-        return max(self.carried_tokens + self.tokens_total + self.replayed_tokens, self.processed_floor)
-
-    @property
-    def cadence(self) -> float | None:
-        """The job's own time between token counts (the median of its recent intervals); None before its second."""
-        return self.intervals.median() if self.intervals else None
 
 
 @dataclass(frozen=True)
@@ -135,6 +87,8 @@ class JobTracker:
         self._born = monotonic()  # a ledger counts no time before this exporter started
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
+        # Each job's view as last computed, (its version, clock, view): shared by reads until the job changes or ages.
+        self._kept: dict[str, tuple[int, float, JobView]] = {}
         self._saved: dict[str, SavedCounters] = {}  # an earlier exporter's counters, until each job counts again
         self._warned: set[tuple[str, str]] = set()  # (job, reason) already logged
         self.generation = 0
@@ -274,10 +228,7 @@ class JobTracker:
         return job.ledger
 
     def _job_gpus(self, job: Job) -> int | None:
-        facts = {**FACT_DEFAULTS, **job.facts}
-        if facts.get("gpus") is None and job.discovered is not None:
-            facts["gpus"] = list(job.discovered.gpus)
-        return self._builder.resolve_gpus(facts)[1]
+        return self._builder.resolve_gpus(gpu_facts({**FACT_DEFAULTS, **job.facts}, job))[1]
 
     def _ledger_report(self, job: Job, report: ProgressReport, at: float, now: float, before: float = 0.0) -> None:
         """The report for the job's ledger; ``before`` is the job's token total before it."""
@@ -438,8 +389,7 @@ class JobTracker:
         ended = sorted((j for j in self._jobs.values() if j.state != RUNNING), key=lambda j: j.ended or 0.0)
         for old in ended[: max(len(ended) - self.max_jobs, 0)]:
             # Ended jobs are bounded too, or a stream of short runs would grow memory and /metrics until the TTL.
-            del self._jobs[old.name]
-            self._warned = {key for key in self._warned if key[0] != old.name}
+            self._forget(old.name)
 
     def _count_flops(self, job: Job) -> None:
         """Add the tokens not yet counted at the job's current FLOPs per token: the counter never goes back, even
@@ -507,8 +457,7 @@ class JobTracker:
                     changed = True
                     self._expiry_bound = (float("inf"), 0.0)  # it may expire now: the next pass looks at every job
                     if not (job.reported or job.touched):
-                        del self._jobs[name]
-                        self._warned = {key for key in self._warned if key[0] != name}
+                        self._forget(name)
             if changed:
                 self.generation += 1
 
@@ -579,18 +528,23 @@ class JobTracker:
             return
         expired = [name for name, job in self._jobs.items() if self._expired(job, now)]
         for name in expired:
-            del self._jobs[name]
+            self._forget(name)
             self.generation += 1
-        if expired:  # a job of the same name later is a new one, and the set stays as small as the jobs
-            self._warned = {key for key in self._warned if key[0] not in expired}
         self._expiry_bound = (now, min([now, *(max(j.last_arrival, j.created) for j in self._jobs.values())]))
 
+    def _forget(self, name: str) -> None:
+        """Drop the job, its kept view and its logged reasons: a job of the same name later is a new one, and what
+        is kept per job stays as small as the jobs."""
+        del self._jobs[name]
+        self._kept.pop(name, None)
+        self._warned = {key for key in self._warned if key[0] != name}
+
     def _view(self, job: Job, now: float) -> JobView:
-        kept = job.view
+        kept = self._kept.get(job.name)
         if kept is not None and kept[0] == job.version and 0.0 <= now - kept[1] < VIEW_MAX_AGE:
             return kept[2]
         view = self._builder.view(job, now, self._ledger_view(job, now))
-        job.view = (job.version, now, view)
+        self._kept[job.name] = (job.version, now, view)
         return view
 
     def _ledger_view(self, job: Job, now: float) -> LedgerView | None:

@@ -38,7 +38,7 @@ KINDS = ("productive", "wasted", "startup", "checkpoint_save", "checkpoint_load"
 # Slurm step went away (``gone``), or the job said how it ended.
 END_REASONS = ("restarted", "lost", "gone", "finished", "failed", "cancelled")
 JOB_ENDS = ("finished", "failed", "cancelled")
-# Step-time buckets, seconds: 12 bounds + Inf, sum and count are 15 series per job, inside issue 26's 30.
+# Step-time buckets, seconds: 12 bounds + Inf, sum and count are 15 series per job, inside the ledger's 30 per job.
 STEP_BUCKETS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 HOLDBACK_SECONDS = 120.0
 STALL_FACTOR = 5.0  # a stall is a wait longer than this many of the job's median report intervals

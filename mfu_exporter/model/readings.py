@@ -13,11 +13,20 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU of this node as the GPU source sees it; all that jobs need to know to find their peak."""
+
+    index: int
+    uuid: str
+    name: str
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU in one sample, in base units and ratios 0–1. A figure is None when NVML did not give it this time
     (MIG mode, a call this GPU does not support, a passing error); a GPU that is down (``up`` False) keeps only its
-    identity, MIG mode and Xid count."""
+    identity, MIG mode, Xid count and health."""
 
     index: int  # the ``gpu`` label: NVML's index when the exporter first saw the GPU
     uuid: str
@@ -30,6 +39,7 @@ class GpuReading:
     throttle_seconds: tuple[tuple[str, float], ...] = ()
     xid_count: int = 0  # Xid errors since the exporter started
     xids: tuple[tuple[int, int], ...] = ()  # (Xid, count) since the exporter started, by Xid
+    health: str = "healthy"  # one of mfu_exporter.model.xid.HEALTH_STATES: what the GPU's Xids and NVML ask for
     utilization: float | None = None
     memory_utilization: float | None = None
     memory_used_bytes: float | None = None

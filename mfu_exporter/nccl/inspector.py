@@ -12,7 +12,8 @@ From NVIDIA/nccl ``plugins/profiler/inspector`` (HEAD 5067397c, 2026-06; added i
   "coll_busbw_gbs"}}`` (``event_trace_sn``/``event_trace_ts`` added with ``NCCL_INSPECTOR_DUMP_VERBOSE=1``).
   Point-to-point operations come as ``p2p_perf`` (``p2p``, ``p2p_peer``, ...): not collectives, left out here.
   ``json.cc`` ``jsonDouble`` prints ``%lf``, or the string ``"nan"``; older files (v3) lack ``comm_name`` and
-  ``coll_timing_source``.
+  ``coll_timing_source``. The plugin's README (``README.md``, "Output Example") prints the same objects indented over
+  many lines; ``JsonObjects`` reads both, with the same bounds.
 - Prometheus mode (``NCCL_INSPECTOR_PROM_DUMP=1``), ``inspector_prom.cc``: one file per GPU,
   ``"%s/nccl_inspector_metrics_%s.prom"`` with the device UUID, rewritten every dump (at least 30 s), lines
   ``nccl_bus_bandwidth_gbs{%s} %.6g`` (geometric mean over the interval) and
@@ -187,6 +188,73 @@ def parse_line(line: str) -> Collective | None:
         timing_source=source[:MAX_TEXT] if isinstance(source, str) else None,
         dump_time=dump_us / 1e6 if dump_us is not None and dump_us <= MAX_DUMP_US else None,
     )
+
+
+MAX_OBJECT_BYTES = 64 << 10  # one object, compact or printed over lines: Inspector's are a few hundred bytes
+MAX_NESTING = 32  # objects and arrays inside one another: Inspector's verbose objects go 4 deep
+BRACKETS = re.compile(r"[\[\]{}]")
+JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+class JsonObjects:
+    """Inspector's JSON objects from a file's lines: one compact object a line, as the plugin writes, or one object
+    printed over many lines, as its README prints them (pretty-printed, or copied from there). ``feed`` takes the
+    file's complete lines in order and gives each object's text (for ``parse_line``) or a ``LineError`` for one past
+    the bounds, which is skipped whole: over ``MAX_OBJECT_BYTES``, nested past ``MAX_NESTING``, or cut off by the
+    next object's ``{`` at the start of a line. JSON strings hold no raw newline, so brackets are counted per line
+    outside strings."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []  # the object being read
+        self._size = 0
+        self._depth = 0
+        self._skipping = False  # inside an object refused: its lines are dropped up to its end
+
+    def feed(self, line: str) -> list[str | LineError]:
+        out: list[str | LineError] = []
+        if self._depth > 0 and line.startswith("{"):  # a new object at the margin: the one before was cut off
+            if not self._skipping:
+                out.append(LineError("an object cut off before its end"))
+            self._reset()
+        if self._depth == 0:
+            text = line.strip()
+            if not text:
+                return out
+            if not text.startswith("{") or text.endswith("}"):
+                out.append(line)  # a compact object, or a line that is not one: parse_line judges it
+                return out
+        depth, deepest = self._depth, self._depth
+        for bracket in BRACKETS.findall(JSON_STRING.sub("", line)):
+            depth += 1 if bracket in "[{" else -1
+            deepest = max(deepest, depth)
+        self._depth = max(depth, 0)
+        if self._skipping:
+            if self._depth == 0:
+                self._reset()
+            return out
+        self._lines.append(line)
+        self._size += len(line) + 1
+        if deepest > MAX_NESTING or self._size > MAX_OBJECT_BYTES:
+            too_deep = deepest > MAX_NESTING
+            out.append(
+                LineError("an object nested too deep", "nested_too_deep")
+                if too_deep
+                else LineError("an object over its size bound", "line_too_long")
+            )
+            self._lines, self._size, self._skipping = [], 0, self._depth > 0
+            return out
+        if self._depth == 0:
+            out.append("\n".join(self._lines))
+            self._reset()
+        return out
+
+    @property
+    def open(self) -> bool:
+        """Inside an object printed over lines."""
+        return self._depth > 0
+
+    def _reset(self) -> None:
+        self._lines, self._size, self._depth, self._skipping = [], 0, 0, False
 
 
 @dataclass(frozen=True, slots=True)

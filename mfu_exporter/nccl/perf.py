@@ -493,7 +493,7 @@ def judge(reading: Reading, expected_busbw_gbps: float | None, expected_from: st
 
 
 def report(reading: Reading, judgement: Judgement) -> dict[str, object]:
-    """The JSON contract of ``mfu-exporter nccl --json`` (issue 32)."""
+    """The JSON contract of ``mfu-exporter nccl --json``."""
     transport = reading.transport
     return {
         "perf": None if reading.perf is None else reading.perf.json(),

@@ -8,10 +8,13 @@ any other error is counted by a bounded reason and costs that one figure this cy
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Callable
 
 from mfu_exporter.node.gpm import Gpm
+
+# How many of a GPU's latest Xids are kept in order, for a reader that samples less often than they are drained.
+RECENT_XIDS = 256
 
 
 class NvmlUnavailable(Exception):
@@ -35,6 +38,7 @@ class GpuState:
         self.peak_clock_hz: float | None = None  # the model's reference tensor clock, for the FLOPs estimate
         self.handle: Any = None
         self.lost_reason: str | None = None
+        self.lost_code: int | None = None  # the NVML error that marked it lost (None: not lost, or not an error)
         self.mig = False
         self.mig_read_at: float | None = None  # monotonic time MIG mode was last read (nvml_gpus.MIG_READ_INTERVAL)
         self.sm_clock_max_hz: float | None = None
@@ -44,6 +48,9 @@ class GpuState:
         self.xids: dict[int, int] = {}  # Xid -> count
         self.xid_counts: tuple[tuple[int, int], ...] = ()  # (Xid, count) by Xid, replaced on change
         self.xid_total = 0
+        # The latest Xids in the order they came: a reader that remembers xid_total takes the ones it has not seen.
+        self.recent_xids: deque[int] = deque(maxlen=RECENT_XIDS)
+        self.health_fields: dict[str, float] = {}  # health field key -> last value (mfu_exporter.node.nvml_fields)
         self.gpm: Gpm | None = None
         self.gpm_note = "not opened"
         self.integrated: dict[str, float] = {}  # byte counters integrated from GPM rates

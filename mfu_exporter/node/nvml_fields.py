@@ -24,7 +24,8 @@ THROTTLE_REASONS = (
 
 # Cumulative time the SM clock was held down, per reason: (reason, nvml.h field ID, clock-event bit). The fields are
 # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP (= NVML_FI_DEV_PERF_POLICY_POWER), _SW_THERM_SLOWDOWN, _HW_THERM_SLOWDOWN
-# and _HW_POWER_BRAKE_SLOWDOWN. Four reasons, not seven: 32 series on an 8-GPU node (issue 28's budget, with NVLink).
+# and _HW_POWER_BRAKE_SLOWDOWN. Four reasons, not seven: 32 series on an 8-GPU node, which with NVLink's errors fits
+# the ~40 the node's series budget leaves for them (tests/unit/test_series_budget.py).
 # Where the driver lacks a field, that reason's time is the bit integrated over samples instead (``_integrate``).
 THROTTLE_TIME = (
     ("sw_power_cap", 74, 0x4),
@@ -55,7 +56,18 @@ FIELD_COUNTERS = (
     ("pcie_transmit_bytes", 197, 0, 1),
     ("pcie_receive_bytes", 198, 0, 1),
 )
-# The field request of a GPU: (tag, key, field ID, scope ID, scale) per field; tag "counter", "throttle" or "nvlink".
+# What the driver says a GPU needs, read every cycle (they are 4 fields of the one request, and a GPU's health is
+# what an operator acts on): nvml.h's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (an nvmlDeviceGpuRecoveryAction_t),
+# NVML_FI_DEV_REMAPPED_PENDING and NVML_FI_DEV_REMAPPED_FAILURE (row remapping, Ampere and newer) and
+# NVML_FI_DEV_RETIRED_PENDING (page retirement, older GPUs). mfu_exporter.model.xid says what each value means.
+HEALTH_FIELDS = (
+    ("recovery_action", 230),
+    ("remap_pending", 144),
+    ("remap_failed", 145),
+    ("retirement_pending", 31),
+)
+# The field request of a GPU: (tag, key, field ID, scope ID, scale) per field; tag "counter", "throttle", "health"
+# or "nvlink".
 FieldSpec = tuple[str, str, int, int, float]
 
 
@@ -76,6 +88,7 @@ class FieldValues(NvmlCalls):
         specs: list[FieldSpec] = [
             ("counter", key, field_id, scope, scale) for key, field_id, scope, scale in FIELD_COUNTERS
         ]
+        specs += [("health", key, field_id, 0, 1) for key, field_id in HEALTH_FIELDS]
         if self.read_throttle_time:
             specs += [
                 ("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME
@@ -147,6 +160,8 @@ class FieldValues(NvmlCalls):
                         reading[key] = number
                     elif tag == "throttle":
                         gpu.throttle_field[key] = number
+                    elif tag == "health":
+                        gpu.health_fields[key] = number
                     else:
                         gpu.nvlink_values[(field_id, scope)] = number
                 elif tag == "nvlink" and code in self._absent_id_codes:
@@ -204,11 +219,13 @@ _NVLINK_KIND = {field_id: kind for kind, field_id in (*NVLINK_ERRORS, *NVLINK_ER
 
 
 def field_key(spec: tuple[str, str, int, int, float]) -> str:
-    """The ``unsupported`` key of a field spec: the reading key of a counter, ``throttle:<reason>``,
-    ``nvlink:<field>:<link>``."""
+    """The ``unsupported`` key of a field spec: the reading key of a counter, ``health:<key>``,
+    ``throttle:<reason>``, ``nvlink:<field>:<link>``."""
     tag, key, field_id, scope, _ = spec
     if tag == "counter":
         return key
+    if tag == "health":
+        return f"health:{key}"
     return f"throttle:{key}" if tag == "throttle" else f"nvlink:{field_id}:{scope}"
 
 

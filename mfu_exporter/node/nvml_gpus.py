@@ -103,6 +103,7 @@ class NvmlGpus(FieldValues, XidEvents):
         self._session = session or NvmlSession(nvml)
         self._initialized = False  # whether this reader holds a reference to the session
         self.no_permission = nvml.NVML_ERROR_NO_PERMISSION
+        self.reset_required = nvml.NVML_ERROR_RESET_REQUIRED
         self._clock_memo: dict[str, bool] = {}  # which clock-event call this driver has (mfu_exporter.node.nvml)
         self._gpus: dict[str, GpuState] = {}
         self._ordered: list[GpuState] = []
@@ -401,7 +402,7 @@ class NvmlGpus(FieldValues, XidEvents):
             elif gpu.lost_reason is not None:
                 log.warning("GPU %d (%s) answers NVML again", gpu.index, gpu.uuid)
             gpu.handle = handle
-            gpu.lost_reason = None
+            gpu.lost_reason = gpu.lost_code = None
             gpu.nvlink_links, gpu.nvlink_kinds, gpu.nvlink_absent = None, NVLINK_ERRORS, set()  # asked anew per open
             max_clock = self._call(gpu, "sm_clock_max", nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM)
             gpu.sm_clock_max_hz = max_clock * 1e6 if max_clock is not None else None
@@ -418,7 +419,7 @@ class NvmlGpus(FieldValues, XidEvents):
                 if known.lost_reason is None:
                     self._lose(known, exc, now)  # counted once per loss, not at every re-initialisation
                 else:
-                    known.handle, known.lost_reason = None, str(exc)
+                    known.handle, known.lost_reason, known.lost_code = None, str(exc), exc.value
                 return
             first = nvml_index not in self.unreachable
             self.unreachable[nvml_index] = (f"NVML index {nvml_index}: {exc}", exc.value)
@@ -450,6 +451,8 @@ class NvmlGpus(FieldValues, XidEvents):
         gpu.handle = None
         gpu.mask_at = None  # the time it was away is not integrated into throttle seconds
         gpu.lost_reason = str(why)
+        gpu.lost_code = getattr(why, "value", None)
+        gpu.health_fields = {}  # what NVML said of it before the loss no longer stands
         self._errors["gpu_lost"] += 1
         log.warning(
             "GPU %d (%s) lost: %s; the other GPUs keep reporting; NVML is re-initialised every %gs to find it",

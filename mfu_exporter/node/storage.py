@@ -28,7 +28,9 @@ Layouts, from the code that prints them:
 * nvidia-fs ``stats``: NVIDIA/gds-nvidia-fs ``src/nvfs-stat.c`` ``nvfs_stats_show``, ``NVFS statistics(ver: 4.0)``.
   ``Reads`` and ``Writes`` carry ``n= ok= err= readMiB=`` and a second line with the driver's bandwidth (MiB/s)
   and average latency (usec) only while the module parameter ``rw_stats_enabled`` is 1 (then also ``Batches``);
-  otherwise only their error counts. Per GPU: ``GPU <pci> uuid:<uuid> : Registered_MiB= Cache_MiB=
+  otherwise only their error counts. ``IO stats: Enabled|Disabled`` says which (since driver 2.7, 2021-07); the
+  ``NVFS statistics(ver: 2.0)`` layout before it (driver 2.3, 46c5656) has no such line and prints the counts
+  always, so there the counts' presence is the flag. Per GPU: ``GPU <pci> uuid:<uuid> : Registered_MiB= Cache_MiB=
   max_pinned_MiB=`` and, with ``peer_stats_enabled``, ``cross_root_port(%)=``.
 
 Pure parsing plus plain reads: no Prometheus, no config.
@@ -438,7 +440,7 @@ def parse_nvfs_stats(text: str, skipped: Counter | None = None) -> NvfsStats | N
     skipped = Counter() if skipped is None else skipped
     version = None
     driver = None
-    enabled = False
+    enabled: bool | None = None  # None until an "IO stats:" line says
     lines: dict[str, list[dict[str, int]]] = {}
     gpus: list[NvfsGpu] = []
     scalars: dict[str, int] = {}
@@ -453,14 +455,17 @@ def parse_nvfs_stats(text: str, skipped: Counter | None = None) -> NvfsStats | N
             skipped["unreadable_line"] += 1
     if version is None:
         return None
+    reads, writes = _merged(lines.get("Reads", [])), _merged(lines.get("Writes", []))
+    if enabled is None:  # the layout before the flag (ver 2.0) counted always: the counts are there or not
+        enabled = "n" in reads or "n" in writes
     batches = _merged(lines.get("Batches", []))
     errors = _merged(lines.get("Error", []))
     return NvfsStats(
         version=version,
         driver_version=driver,
         io_stats_enabled=enabled,
-        reads=_direction(_merged(lines.get("Reads", [])), "readMiB"),
-        writes=_direction(_merged(lines.get("Writes", [])), "writeMiB"),
+        reads=_direction(reads, "readMiB"),
+        writes=_direction(writes, "writeMiB"),
         batches=batches.get("n"),
         batches_ok=batches.get("ok"),
         batch_errors=batches.get("err"),
@@ -474,11 +479,11 @@ def parse_nvfs_stats(text: str, skipped: Counter | None = None) -> NvfsStats | N
 def _nvfs_line(
     line: str,
     driver: str | None,
-    enabled: bool,
+    enabled: bool | None,
     lines: dict[str, list[dict[str, int]]],
     gpus: list[NvfsGpu],
     scalars: dict[str, int],
-) -> tuple[str | None, bool]:
+) -> tuple[str | None, bool | None]:
     """One stripped line of the statistics into ``lines``, ``gpus`` or ``scalars``; the driver and IO stats flag."""
     if line.startswith("NVFS Driver(version:"):
         driver = line[len("NVFS Driver(version:") :].rstrip(")").strip()

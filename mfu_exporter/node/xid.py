@@ -47,5 +47,6 @@ class XidEvents(NvmlCalls):
     def _count_xid(self, gpu: GpuState, xid: int) -> None:
         gpu.xids[xid] = gpu.xids.get(xid, 0) + 1
         gpu.xid_total += 1
+        gpu.recent_xids.append(xid)
         gpu.xid_counts = tuple(sorted(gpu.xids.items()))
         log.warning("GPU %d (%s): Xid %d", gpu.index, gpu.uuid, xid)

@@ -103,8 +103,8 @@ def collective_families(
     )
     straggler = GaugeMetricFamily(
         "mfu_job_straggler",
-        "1 when a slow rank of the job is named, by source (megatron, nvidia_resiliency_ext, inspector); the "
-        "job's JSON (/api/v1/jobs bottleneck) names the rank, GPU and node.",
+        "1 when a slow rank of the job is named, by source (megatron, nvidia_resiliency_ext, composer, flagscale, "
+        "inspector); the job's JSON (/api/v1/jobs bottleneck) names the rank, GPU and node.",
         labels=["training_job", "source"],
     )
     for job, found in sorted(logs.items()):

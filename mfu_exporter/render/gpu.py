@@ -2,7 +2,7 @@
 level, the node summaries at every level.
 
 Table-driven: each per-GPU family is (name, help, reading key, the lowest series level it is on). A lost GPU keeps
-only its identity, ``mfu_gpu_up`` 0 and its Xid counts.
+only its identity, ``mfu_gpu_up`` 0, its health and its Xid counts.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import Metric
 from mfu_exporter.model.attribution import POWER_REASONS, THERMAL_REASONS
 from mfu_exporter.model.flops import gpu_model
 from mfu_exporter.model.readings import GpuReading
+from mfu_exporter.model.xid import HEALTH_STATES
 from mfu_exporter.node.nvml_fields import THROTTLE_REASONS, THROTTLE_TIME
 from mfu_exporter.sources.base import exports
 from mfu_exporter.sources.gpu import GpuSample
@@ -89,6 +90,8 @@ COUNTERS = (
 FAMILY_LEVELS = {
     "mfu_gpu": "minimal",
     "mfu_gpu_up": "minimal",
+    # Five series a GPU, one per state: what a rule pages on (MfuGpuResetRequired...) at every level, as the loss.
+    "mfu_gpu_health": "minimal",
     "mfu_gpu_xid_errors": "standard",
     "mfu_gpu_throttle_active": "full",
     "mfu_gpu_throttle_seconds": "standard",  # four reasons per GPU: how long each held the clock down
@@ -129,6 +132,7 @@ class _Labels:
     def __init__(self, index: int, name: str):
         label = str(index)
         self.gpu = (label,)
+        self.health = tuple((state, (label, state)) for state in HEALTH_STATES)
         self.throttle = tuple((label, reason) for reason, _ in THROTTLE_REASONS)
         self.throttle_time = {reason: (label, reason) for reason, _, _ in THROTTLE_TIME}
         self.ecc = ((label, "corrected"), (label, "uncorrected"))
@@ -169,6 +173,12 @@ def gpu_families(sample: GpuSample) -> Iterable[Metric]:
     up = GaugeMetricFamily("mfu_gpu_up", "1 while the GPU answers NVML, 0 once it is lost.", labels=gpu_label)
     gauges = [(GaugeMetricFamily(name, text, labels=gpu_label), figure) for name, text, figure in tables.gauges]
     counters = [(CounterMetricFamily(name, text, labels=gpu_label), figure) for name, text, figure in tables.counters]
+    health = GaugeMetricFamily(
+        "mfu_gpu_health",
+        "1 for the GPU's health state now, 0 for the others: what its Xids and NVML's conditions ask of a person "
+        "(docs/metrics.md, GPU health).",
+        labels=["gpu", "state"],
+    )
     throttle = GaugeMetricFamily(
         "mfu_gpu_throttle_active", "1 while this clock-event reason holds the SM clock down.", labels=["gpu", "reason"]
     )
@@ -196,6 +206,8 @@ def gpu_families(sample: GpuSample) -> Iterable[Metric]:
         labels = _labels(reading.index, reading.name)
         info.add_metric(labels.gpu, {"uuid": reading.uuid, "name": reading.name, "pci_bus_id": reading.pci_bus_id})
         up.add_metric(labels.gpu, 1.0 if reading.up else 0.0)
+        for state, state_labels in labels.health:
+            health.add_metric(state_labels, 1.0 if state == reading.health else 0.0)
         if with_xid:
             for code, count in reading.xids:
                 xid.add_metric((labels.gpu[0], str(code)), float(count))
@@ -225,6 +237,7 @@ def gpu_families(sample: GpuSample) -> Iterable[Metric]:
                 peak.add_metric(dtype_labels, flops)
     yield info
     yield up
+    yield health
     for family, _ in gauges:
         yield family
     for family, _ in counters:

@@ -72,6 +72,7 @@ FABRIC_SOURCES = frozenset({"rdma", "ethtool"})  # the sources that read the sim
 STORM_NICS = (2, 5)  # NIC i is the nearest of GPU i: NIC 2 is the reporting job's, NIC 5 the discovered job's
 HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3  # one of the reporting job's GPUs
+ECC_GPU = 0  # one of the reporting job's GPUs: an uncontained uncorrectable memory error (Xid 95)
 SLOW_GPU = 2  # the straggler: a GPU of the reporting job clocked low with no throttle reason (a degraded part)
 SLOW_CLOCK_MHZ = 1200
 HOST = "demo-node-0"  # the hostname the job's NCCL prints and names its Inspector files with
@@ -80,6 +81,10 @@ NCCL_TEST_BUSBW_GBPS = 362.0  # the verification's bus bandwidth toward 1 GiB: 0
 RANK_PIDS = {gpu: 4100 + gpu for gpu in JOB_GPUS}  # the job's processes, one per GPU (NVML's compute processes)
 INSPECTOR_EVERY = 2.0  # seconds between NCCL Inspector's dumps (NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS)
 ALLREDUCE_US = 2400.0  # a healthy rank's 256 MiB all-reduce
+# A tick this many simulated seconds after the last is late: the job sent nothing meanwhile, as a real job's process
+# descheduled on a loaded machine would not. The truth lists such spans (``late``), the most recent ``LATE_KEPT``.
+LATE_AFTER = 2.0
+LATE_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,11 @@ class Incident:
     apply: Callable[[DemoNode], None]
     progress: bool = True
     summary: str = ""
+    # The GPU whose health the incident changes, the Xids it raises, and the state the exporter should show for it
+    # (mfu_gpu_health, the status's health) while it lasts; every other GPU stays healthy.
+    gpu: int | None = None
+    xids: tuple[int, ...] = ()
+    health: str = "healthy"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +118,9 @@ class Incident:
             "seconds": self.seconds,
             "rate_factor": self.rate_factor,
             "summary": self.summary,
+            "gpu_health": {"gpu": self.gpu, "xids": list(self.xids), "state": self.health}
+            if self.gpu is not None
+            else None,
         }
 
 
@@ -152,6 +165,20 @@ def _gpu_lost(node: DemoNode) -> None:
     stop_training(node.nvml, node.fabric, JOB_GPUS)  # the job that has the GPU waits for it; the other carries on
 
 
+def _uncorrectable_ecc(node: DemoNode) -> None:
+    # An uncontained uncorrectable memory error (Xid 95): the driver ends every process on the GPU, sets its recovery
+    # action to GPU_RESET (Xid 154 says it changed) and marks the faulty row for remapping at the reset. The job whose
+    # rank died waits for it; the other job carries on. The incident's end is the operator's reset (DemoNode._apply).
+    if not node.ecc:
+        gpu = node.nvml.gpus[ECC_GPU]
+        gpu.health.update({fake_nvml.RECOVERY_ACTION: 1, fake_nvml.REMAP_PENDING: 1})
+        gpu.ecc_uncorrected += 1
+        for code in INCIDENT_BY_NAME["uncorrectable-ecc"].xids:
+            node.nvml.xid(ECC_GPU, code)
+        node.ecc = True
+    stop_training(node.nvml, node.fabric, JOB_GPUS)
+
+
 def _crash_restart(node: DemoNode) -> None:
     stop_training(node.nvml, node.fabric, JOB_GPUS)  # its process is gone; the other job's GPUs carry on
 
@@ -173,8 +200,9 @@ def _nccl_socket_fallback(node: DemoNode) -> None:
 
 
 def _input_stall(node: DemoNode) -> None:
-    # The dataset mount (NFS, i34a's knob) reads slower; the job's client times 40% of each second in the wait for
-    # its next batch. Between waits the GPUs compute as before: busy, tensor cores less so overall.
+    # The dataset mount (NFS, sim/storage.py's dataset_read_rate) reads slower; the job's client times 40% of each
+    # second in the wait for its next batch. Between waits the GPUs compute as before: busy, tensor cores less so
+    # overall.
     node.storage.dataset_read_rate = DATASET_READ_RATE * SLOW_MOUNT_READ_FACTOR
     node.data_wait_share = INPUT_STALL_WAIT_SHARE
     for index in JOB_GPUS:
@@ -221,6 +249,22 @@ INCIDENT_TABLE: tuple[Incident, ...] = (
         _gpu_lost,
         progress=False,
         summary=f"GPU {LOST_GPU} falls off the bus: {JOB} stops, {DISCOVERED_JOB} carries on",
+        gpu=LOST_GPU,
+        xids=(79,),
+        health="reboot_required",
+    ),
+    Incident(
+        "uncorrectable-ecc",
+        120.0,
+        0.0,
+        "stalled",  # the job's rank on the GPU was ended by the driver: its steps stop, its GPUs go idle
+        (JOB,),
+        _uncorrectable_ecc,
+        progress=False,
+        summary=f"GPU {ECC_GPU} takes an uncontained memory error (Xid 95): {JOB} stops until the GPU is reset",
+        gpu=ECC_GPU,
+        xids=(95, 154),
+        health="reset_required",
     ),
     Incident(
         "crash-restart",
@@ -587,9 +631,11 @@ class DemoNode:
         self.stamp = clock.time()  # the simulated time the token count is of (see tick)
         self._next_checkpoint = FIRST_CHECKPOINT
         self.lost = False  # GPU LOST_GPU is off the bus (gpu-lost): a reset brings it back when the incident ends
+        self.ecc = False  # GPU ECC_GPU needs a reset (uncorrectable-ecc): the operator resets it when the incident ends
         self._stall_pending = False
         # The incidents as they happened, on the simulated clock: the truth of GET /api/v1/demo.
         self.timeline: list[dict[str, Any]] = []
+        self.late: list[dict[str, float]] = []  # spans with no tick: the simulation fell behind its clock
         # The NICs' counters advance when a source reads them (sync_fabric), under this lock.
         self._fabric_lock = threading.Lock()
         self._fabric_at = clock.monotonic()
@@ -619,6 +665,9 @@ class DemoNode:
         now = elapsed - self._origin
         stamp = self.stamp = self.clock.wall_at(elapsed)
         dt = max(now - self._last, 0.0)
+        if dt > LATE_AFTER and self._last > 0.0:
+            self.late.append({"start": stamp - dt, "end": stamp})
+            del self.late[:-LATE_KEPT]
         self._last = now
         incident = self.schedule.incident(now)
         if incident != self.incident:
@@ -701,7 +750,8 @@ class DemoNode:
     def truth(self) -> dict[str, Any]:
         """What the simulation knows, for ``GET /api/v1/demo``: the incident table (each one's cause and the jobs it
         touches), the jobs and their GPUs, and the incidents so far with their start and end on the demo clock
-        (simulated Unix time, as the status API's ``time``; ``*_elapsed``: seconds since the schedule began)."""
+        (simulated Unix time, as the status API's ``time``; ``*_elapsed``: seconds since the schedule began), and
+        the spans in which the simulation fell behind its clock (``late``: the job was silent there, truly)."""
         now = self.clock.time()
         names = (self.schedule.forced,) if self.schedule.forced else self.schedule.incidents
         lengths = {name: self.schedule.seconds(name) for name in names}
@@ -725,6 +775,7 @@ class DemoNode:
             "incident_table": [incident.as_json() for incident in INCIDENT_TABLE],
             "incident": self.incident,
             "incidents": [dict(row) for row in self.timeline],
+            "late": [dict(span) for span in self.late],
         }
 
     def _checkpoint(self, now: float) -> None:
@@ -815,6 +866,9 @@ class DemoNode:
         if self.lost and incident != "gpu-lost":
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
             self.lost = False
+        if self.ecc and incident != "uncorrectable-ecc":
+            self.nvml.reset(ECC_GPU)  # the recovery action done, the row remapped: the exporter sees the reset
+            self.ecc = False
 
 
 def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:

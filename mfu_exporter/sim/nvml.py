@@ -23,6 +23,8 @@ Behaviour worth knowing:
   does: an Xid raised while no set is registered reaches nobody, and ``nvmlEventSetFree`` drops what its set still
   holds. ``nvmlEventSetWait`` returns queued events and raises ``NVMLError_Timeout`` when none is left (it never
   sleeps).
+- Health fields (recovery action, row remap pending and failed, pages pending retirement) answer ``FakeGpu.health``;
+  ``reset(index)`` is an operator's GPU reset: they go back to 0.
 - ``fail`` maps a function name to an error code raised for that GPU; ``field_errors`` and ``gpm_errors`` map a
   field or GPM metric ID to the code in its own ``nvmlReturn`` (the rest of the call succeeds); ``hang(name)`` makes
   that function block until the returned event is set.
@@ -55,6 +57,10 @@ NVLINK_LINK_COUNT = 91
 # newer per-link counters (receive errors, local link integrity errors, link recovery events).
 NVLINK_ERROR_FIELDS = (38, 45, 52, 59)
 NVLINK_ERROR_FIELDS_NEWER = (208, 211, 215)
+# What the driver says a GPU needs: the recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), row remap pending and
+# failed, pages pending retirement; each 0 until a simulation sets it in ``FakeGpu.health``.
+RECOVERY_ACTION, REMAP_PENDING, REMAP_FAILED, RETIRED_PENDING = 230, 144, 145, 31
+HEALTH_FIELDS = (RECOVERY_ACTION, REMAP_PENDING, REMAP_FAILED, RETIRED_PENDING)
 # GPM rate metrics in MiB/s, derived from the GPU's byte rates.
 GPM_RATES = {20: "pcie_tx_rate", 21: "pcie_rx_rate", 60: "nvlink_rx_rate", 61: "nvlink_tx_rate"}
 
@@ -91,8 +97,11 @@ class FakeGpu:
     pcie_tx_rate: float = 0.0
     pcie_rx_rate: float = 0.0
     fields: set[int] = field(
-        default_factory=lambda: set(NVLINK_FIELDS) | set(THROTTLE_FIELDS) | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
+        default_factory=lambda: (
+            set(NVLINK_FIELDS) | set(THROTTLE_FIELDS) | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS, *HEALTH_FIELDS}
+        )
     )
+    health: dict[int, int] = field(default_factory=dict)  # health field ID -> value (0 when absent)
     throttle_ns: dict[int, int] = field(default_factory=dict)  # throttle field ID -> ns, grown by advance
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error field ID, link) -> count
     field_errors: dict[int, int] = field(default_factory=dict)  # field ID -> NVML_ERROR_* in that field's nvmlReturn
@@ -158,8 +167,8 @@ def h100(index: int, **overrides: Any) -> FakeGpu:
 
 
 def h200(index: int, **overrides: Any) -> FakeGpu:
-    """An H200 SXM as a real one answered (driver 580.159.04, 2026-12-04): the PCIe byte fields 197/198 present but
-    32-bit (UNSIGNED_INT, wrapping every 4 GiB), 615 MiB reserved by the driver at idle."""
+    """An H200 SXM as a real one answered (driver 580.159.04; docs/benchmarks.md "On a real H200"): the PCIe byte
+    fields 197/198 present but 32-bit (UNSIGNED_INT, wrapping every 4 GiB), 615 MiB reserved by the driver at idle."""
     return h100(
         index,
         **{
@@ -323,6 +332,10 @@ class FakeNvml:
         """The GPU falls off the bus: its calls fail from now on, and NVML reports Xid 79 as a real driver does."""
         self.xid(index, 79)
         self.gpus[index].lost = True
+
+    def reset(self, index: int) -> None:
+        """An operator resets the GPU: the recovery action is done, a pending row remap takes effect."""
+        self.gpus[index].health.clear()
 
     def hang(self, function: str) -> threading.Event:
         """Make ``function`` block until the returned event is set."""
@@ -524,6 +537,8 @@ class FakeNvml:
                 number = gpu.nvlink_links
             elif field_id in THROTTLE_FIELDS:
                 number = gpu.throttle_ns.get(field_id, 0)
+            elif field_id in HEALTH_FIELDS:
+                number = gpu.health.get(field_id, 0)
             elif field_id in NVLINK_ERROR_FIELDS or field_id in NVLINK_ERROR_FIELDS_NEWER:
                 if not 0 <= scope < gpu.nvlink_links:
                     put(value, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from mfu_exporter.config import GpuConfig
 from mfu_exporter.model.flops import gpu_model
-from mfu_exporter.model.job_view import GpuInfo
-from mfu_exporter.model.readings import GpuReading
+from mfu_exporter.model.readings import GpuInfo, GpuReading
+from mfu_exporter.model.xid import Conditions, GpuHealth, HealthView
 from mfu_exporter.node.counters import Totals
 from mfu_exporter.node.nvml import NvmlSession
 from mfu_exporter.node.nvml_calls import GpuState, NvmlUnavailable
@@ -96,6 +96,8 @@ class GpuSource:
         self._totals = Totals()
         self._inventory: list[GpuInfo] = []
         self._known: list[GpuState] = []
+        self._health: dict[str, GpuHealth] = {}  # by UUID: each GPU's health across cycles and NVML sessions
+        self._xids_seen: dict[str, int] = {}  # by UUID: how many of its Xids the health has been fed
 
     @classmethod
     def from_config(cls, section: GpuConfig, ctx: SourceContext) -> GpuSource:
@@ -115,18 +117,46 @@ class GpuSource:
             figures = self.reader.read(self._monotonic())
         except NvmlUnavailable as exc:
             raise SourceUnavailable(exc.reason, exc.detail, retry_after=exc.retry_after) from None
-        rows = [(gpu, self._reading(gpu, values)) for gpu, values in figures]
+        health = {gpu.uuid: self._assess(gpu, values is not None) for gpu, values in figures}
+        rows = [(gpu, self._reading(gpu, values, health[gpu.uuid])) for gpu, values in figures]
         known = [gpu for gpu, _ in rows]
         if known != self._known:  # the GPUs known changed (one found, one first seen): a new inventory list
             self._known = known
             self._inventory = [GpuInfo(g.index, g.uuid, g.name) for g in known]
         readings = {gpu.index: reading for gpu, reading in rows}
         sample = GpuSample(self._series, self.reader.driver, readings, self._add_totals(readings), self._inventory)
-        return Snapshot(readings=sample, errors=self.reader.errors, status=self._status(rows))
+        return Snapshot(readings=sample, errors=self.reader.errors, status=self._status(rows, health))
+
+    def _assess(self, gpu: GpuState, up: bool) -> HealthView:
+        """The GPU's health after this cycle: NVML's conditions first (a reset they show clears what earlier Xids
+        latched), then the Xids drained since the last cycle, in order."""
+        health = self._health.get(gpu.uuid)
+        if health is None:
+            health = self._health[gpu.uuid] = GpuHealth()
+        fields = gpu.health_fields
+        flag = {key: bool(value) for key, value in fields.items()}
+        health.observe(
+            Conditions(
+                up=up,
+                lost_reset_required=not up and gpu.lost_code == self.reader.reset_required,
+                recovery_action=int(fields["recovery_action"]) if "recovery_action" in fields else None,
+                remap_pending=flag.get("remap_pending"),
+                remap_failed=flag.get("remap_failed"),
+                retirement_pending=flag.get("retirement_pending"),
+            )
+        )
+        new = gpu.xid_total - self._xids_seen.get(gpu.uuid, 0)
+        if new > 0:
+            recent = list(gpu.recent_xids)
+            for code in recent[max(len(recent) - new, 0) :]:
+                health.xid(code)
+            self._xids_seen[gpu.uuid] = gpu.xid_total
+        return health.view()
 
     @staticmethod
-    def _reading(gpu: GpuState, figures: dict[str, Any] | None) -> GpuReading:
-        """A GPU's reading: its figures, or for a GPU that is down only its identity, MIG mode and Xid counts."""
+    def _reading(gpu: GpuState, figures: dict[str, Any] | None, health: HealthView) -> GpuReading:
+        """A GPU's reading: its figures, or for a GPU that is down only its identity, MIG mode, Xid counts and
+        health."""
         return GpuReading(
             gpu.index,
             gpu.uuid,
@@ -136,6 +166,7 @@ class GpuSource:
             mig=gpu.mig,
             xid_count=gpu.xid_total,
             xids=gpu.xid_counts,
+            health=health.state,
             **(figures or {}),
         )
 
@@ -158,7 +189,7 @@ class GpuSource:
                     totals.add_reading(device, key, value)
         return dict(totals.totals)
 
-    def _status(self, rows: tuple) -> dict[str, Any]:
+    def _status(self, rows: list, health: dict[str, HealthView]) -> dict[str, Any]:
         notes: dict[str, list[int]] = {}
         gpus = []
         for gpu, reading in rows:
@@ -174,6 +205,8 @@ class GpuSource:
                     "gpm": gpu.gpm_note,
                     "unsupported": dict(gpu.unsupported),
                     "xid_errors": gpu.xid_total,
+                    # state, action, reason, source, last_xid (its code, state and action): see model/xid.py
+                    "health": health[gpu.uuid].as_json(),
                     # the readings the status page shows
                     "utilization": reading.utilization,
                     "tensor_active": reading.tensor_active,
@@ -192,12 +225,16 @@ class GpuSource:
                     "nvlink_errors": nvlink_by_kind(gpu),
                 }
             )
+            view = health[gpu.uuid]
             if not reading.up:
                 notes.setdefault(
-                    f"lost ({gpu.lost_reason}); NVML is re-initialised every {self.reader.retry_interval:g}s to find it",
+                    f"lost ({gpu.lost_reason}); NVML is re-initialised every {self.reader.retry_interval:g}s to find it; "
+                    f"{view.state}: {view.action}",
                     [],
                 ).append(gpu.index)
                 continue
+            if view.state != "healthy":
+                notes.setdefault(f"{view.state} ({view.reason}): {view.action}", []).append(gpu.index)
             if gpu.mig:
                 notes.setdefault(
                     "in MIG mode: NVML reports no utilization and GPM is per instance there (not read yet); "

@@ -2,7 +2,8 @@
 (``sources.nccl.inspector_paths``).
 
 NCCL Inspector (a profiler plugin of NCCL since 2.28.3) writes, per process, one JSON line per collective and
-communicator to ``<dump dir>/<host>-pid<pid>.log``, or, in its Prometheus mode, one textfile per GPU,
+communicator to ``<dump dir>/<host>-pid<pid>.log`` (an object printed over many lines, as its README shows them, is
+read the same way: ``JsonObjects``), or, in its Prometheus mode, one textfile per GPU,
 ``nccl_inspector_metrics_<GPU UUID>.prom``, rewritten every dump (``mfu_exporter.nccl.inspector`` has the layouts).
 ``InspectorFiles`` follows them: a JSON file is read from where the last sample stopped (at most ``MAX_READ_BYTES`` per
 file and sample, the rest next time; a file that shrank or was replaced is read from its start), a textfile again
@@ -24,7 +25,7 @@ import glob
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from mfu_exporter.nccl.inspector import (
@@ -32,6 +33,7 @@ from mfu_exporter.nccl.inspector import (
     PROM_FILE,
     CollectiveSummary,
     CollectiveTally,
+    JsonObjects,
     LineError,
     parse_line,
     parse_textfile,
@@ -64,6 +66,7 @@ class _File:
     offset: int = 0
     mtime: float = -1.0
     partial: bytes = b""
+    objects: JsonObjects = field(default_factory=JsonObjects)  # an object printed over lines, read so far
 
 
 class InspectorFiles:
@@ -169,6 +172,7 @@ class InspectorFiles:
                 info = os.fstat(handle.fileno())
                 if info.st_ino != state.inode or info.st_size < state.offset:
                     state.inode, state.offset, state.partial = info.st_ino, 0, b""  # new or truncated: from the start
+                    state.objects = JsonObjects()
                 handle.seek(state.offset)
                 chunk = handle.read(MAX_READ_BYTES)
         except OSError as error:
@@ -187,14 +191,18 @@ class InspectorFiles:
             if len(raw) > MAX_LINE_BYTES:  # Inspector's lines are a few hundred bytes; a huge one is not its
                 errors["line_too_long"] += 1
                 continue
-            try:
-                item = parse_line(raw.decode("utf-8", "replace"))
-                if item is not None:
-                    tally.add(item, who)
-            except LineError as error:
-                errors[error.reason] += 1
-            except Exception as error:  # noqa: BLE001 - one line that breaks the parser is skipped, not the chunk
-                errors[f"unreadable_line_{type(error).__name__}"] += 1
+            for text in state.objects.feed(raw.decode("utf-8", "replace")):
+                if isinstance(text, LineError):  # an object past the bounds, skipped whole
+                    errors[text.reason] += 1
+                    continue
+                try:
+                    item = parse_line(text)
+                    if item is not None:
+                        tally.add(item, who)
+                except LineError as error:
+                    errors[error.reason] += 1
+                except Exception as error:  # noqa: BLE001 - one object that breaks the parser is skipped, not the chunk
+                    errors[f"unreadable_line_{type(error).__name__}"] += 1
         return len(chunk)
 
     def _read_prom(self, path: str, tally: CollectiveTally, who: str, errors: Counter) -> int:

@@ -27,6 +27,7 @@ import glob
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -45,6 +46,7 @@ from mfu_exporter.logs import (
     Update,
     WaitAction,
 )
+from mfu_exporter.logs.straggler import KEYWORDS as STRAGGLER_WORDS
 from mfu_exporter.logs.straggler import StragglerFinding, StragglerScanner
 from mfu_exporter.model.checkpoints import CheckpointTracker
 from mfu_exporter.model.errors import TooManyJobs, ValidationError
@@ -65,6 +67,8 @@ NO_PROGRESS = (
     "the last, torchtitan, HF and NeMo on rank 0), so its MFU is on the node that prints them"
 )
 STARTUP_FACTS = {"params": "params", "seq_len": "seq_len", "layers": "layers", "heads": "heads", "head_dim": "head_dim"}
+
+STRAGGLER_KEYWORDS = re.compile("|".join(map(re.escape, STRAGGLER_WORDS)))
 
 DiscoveredPods = Callable[[], dict[str, list[tuple[str, str]]]]  # {job: [(namespace, pod)]}
 
@@ -109,10 +113,8 @@ class _JobScanners:
             if "NCCL INFO NCCL version" in line:  # a new run's NCCL starts: what the last one chose is over
                 self.transport = TransportScanner()
             self.transport.feed(line)
-        elif "Rnk:" in line or "performance:" in line or "Score=" in line or "performing" in line:
-            self.straggler.feed(line)
-        elif self.straggler.in_block:
-            self.straggler.feed(line)  # any other line ends an nvidia-resiliency-ext score block
+        elif self.straggler.in_block or STRAGGLER_KEYWORDS.search(line) is not None:
+            self.straggler.feed(line)  # inside a multi-line report any line is read: one not of it ends it
 
     def reading(self) -> LogCollectives:
         return LogCollectives(self.transport.finding(), self.straggler.finding())

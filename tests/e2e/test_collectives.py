@@ -1,4 +1,4 @@
-"""A job's collectives end to end (issue 32): the demo's ``nccl-socket-fallback`` incident (its job's NCCL_DEBUG_FILE
+"""A job's collectives end to end: the demo's ``nccl-socket-fallback`` incident (its job's NCCL_DEBUG_FILE
 shows NCCL choosing sockets) scraped each second by Debian's Prometheus running the real rules and alerts (windows
 and ``for:`` shortened, as in test_e2e_prometheus.py), and its ``straggler`` incident (NCCL Inspector's dumps show
 GPU 2's all-reduces far shorter than its peers') read from the demo itself.

@@ -148,6 +148,32 @@ def test_gpu_lost_marks_gpu_3_down_and_progress_stops():
         assert ("mfu_gpu_utilization_ratio", (("gpu", "3"),)) not in values
         assert values[("mfu_exporter_source_errors_total", (("reason", "gpu_lost"), ("source", "gpu")))] >= 1
         wait_until(lambda: cause(base) == "gpu_lost", 10, "the loss attributed to the lost GPU")
+        # Fallen off the bus: the state and the action NVIDIA's catalogue gives Xid 79.
+        assert health(base, 3)["state"] == "reboot_required" and health(base, 2)["state"] == "healthy"
+        assert health(base, 3)["last_xid"]["code"] == 79 and "reboot" in health(base, 3)["action"]
+        assert metric_samples(base)[("mfu_gpu_health", (("gpu", "3"), ("state", "reboot_required")))] == 1
+
+
+def health(base, index):
+    """GPU ``index``'s health in /api/v1/status."""
+    (source,) = [s for s in get_json(base + "api/v1/status")["sources"] if s["source"] == "gpu"]
+    return next(gpu["health"] for gpu in source["status"]["gpus"] if gpu["index"] == index)
+
+
+def test_uncorrectable_ecc_needs_gpu_0_reset_and_stalls_the_job():
+    with running_demo("--incident", "uncorrectable-ecc", speed=20) as base:
+        wait_until(lambda: health(base, demo.ECC_GPU)["state"] == "reset_required", 30, "GPU 0 to need a reset")
+        row = next(r for r in get_json(base + "api/v1/demo")["incident_table"] if r["name"] == "uncorrectable-ecc")
+        assert row["gpu_health"] == {"gpu": demo.ECC_GPU, "xids": [95, 154], "state": "reset_required"}
+        gpu0 = health(base, demo.ECC_GPU)
+        assert gpu0["reason"] == "Xid 95 ROBUST_CHANNEL_UNCONTAINED_ERROR" and "nvidia-smi -r" in gpu0["action"]
+        assert gpu0["last_xid"]["code"] == 154  # the driver's recovery action changed (to GPU_RESET) after it
+        values = metric_samples(base)
+        assert values[("mfu_gpu_health", (("gpu", "0"), ("state", "reset_required")))] == 1
+        assert values[("mfu_gpu_up", (("gpu", "0"),))] == 1  # it answers NVML: not lost, only unusable
+        assert all(health(base, i)["state"] == "healthy" for i in range(1, demo.GPUS))
+        wait_until(lambda: metric_samples(base).get(("mfu_job_tokens_per_second", JOB)) == 0, 30, "progress to stop")
+        wait_until(lambda: cause(base) == "stalled", 10, "the loss attributed to the stop")
 
 
 def test_checkpoint_stall_keeps_a_write_open_and_dips_mfu():

@@ -81,7 +81,7 @@ PROGRESS_FIELDS = [
     "model.heads",
     "model.head_dim",
     "model.seq_len",
-    "run",  # the time ledger's fields (issue 26)
+    "run",  # the time ledger's fields
     "event",
     "heartbeat_seconds",
     "duration_seconds",

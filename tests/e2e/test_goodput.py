@@ -1,4 +1,4 @@
-"""The known-truth run of issue 26, end to end against a real daemon: the exporter's own HTTP server (``serve``), its
+"""The time ledger's known-truth run, end to end against a real daemon: the exporter's own HTTP server (``serve``), its
 sources as the daemon builds them (logs, discovery over the demo's real pod-resources gRPC server, checkpoints), on a
 simulated clock the test moves (wall and monotonic alike, as the demo's ``--speed`` does).
 

@@ -1,4 +1,4 @@
-"""The demo's ``input-stall`` incident end to end (issue 34): the job's loader waits on a slowed dataset mount. Its
+"""The demo's ``input-stall`` incident end to end: the job's loader waits on a slowed dataset mount. Its
 client times the wait (data wait up), the mount's counters flatten (the storage source reads them), the GPUs stay
 busy between waits; the node attributes the gap to ``input`` with the wait and the mount's reads as evidence, and
 Debian's Prometheus, scraping the demo each second with the real rules of every tier (``demo_under_rules``), does too

@@ -6,9 +6,11 @@ import re
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.support.browser import browser
 from tests.support.demo_harness import get_json, metric_samples, running_demo
 from tests.support.tools import require_tool
 from tests.support.wait import wait_until
@@ -79,7 +81,7 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         assert shown_text == f"{100 * float(shown_ratio):.1f}"  # the figure printed is the one the page received
         assert min(during) - 0.005 < float(shown_ratio) < max(during) + 0.005  # and it is one the API gave
         gpu1 = re.search(r"<tr><td[^>]*>1</td>.*?</tr>", dom).group(0)
-        assert "hw_thermal_slowdown" in gpu1 and "91 °C" in gpu1
+        assert "hw_thermal_slowdown" in gpu1.replace("<wbr>", "") and "91 °C" in gpu1
         assert "ens3np0" in dom and "mlx5_2/1" in dom
         cause = re.search(r'<div class="cause" data-cause="([a-z_]+)">(.*?)</div>', dom)
         assert cause, "the page does not say why MFU is low"
@@ -89,6 +91,25 @@ def test_page_shows_the_apis_mfu_and_a_forced_incident(tmp_path):
         screenshot = tmp_path / "status-page.png"
         chromium(tmp_path, base, f"--screenshot={screenshot}")
         assert screenshot.stat().st_size > 20_000
+
+
+def test_page_shows_a_gpus_health_and_the_action_it_asks_for(tmp_path):
+    """The demo's uncorrectable ECC error on GPU 0: the GPU table's health column shows the state the API gives, with
+    the last Xid, and the note under the table names the action."""
+    with running_demo("--incident", "uncorrectable-ecc", speed=20) as base:
+
+        def gpu0():
+            (source,) = [s for s in get_json(base + "api/v1/status")["sources"] if s["source"] == "gpu"]
+            return next(g for g in source["status"]["gpus"] if g["index"] == 0)["health"]
+
+        wait_until(lambda: gpu0()["state"] == "reset_required", 30, "GPU 0 to need a reset")
+        dom = browse(tmp_path, base, lambda: None)
+        row = re.search(r"<tr><td[^>]*>0</td>.*?</tr>", dom).group(0)
+        assert re.search(r'<span class="chip down" title="[^"]*nvidia-smi -r[^"]*">reset_required</span>', row)
+        assert "Xid 154" in row
+        note = f"GPU 0: reset_required (Xid 95 ROBUST_CHANNEL_UNCONTAINED_ERROR): {gpu0()['action']}"
+        assert note in html.unescape(dom)
+        assert ">healthy</span>" in re.search(r"<tr><td[^>]*>1</td>.*?</tr>", dom).group(0)
 
 
 def test_the_run_timeline_draws_a_band_per_run_coloured_by_kind(tmp_path):
@@ -164,9 +185,9 @@ def read_number(text):
 def read_duration(text):
     """Seconds in a duration the page printed: "185.1 d", "3 h 5 m", "12 m 3 s", "45 s"."""
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    parts = re.findall(r"([0-9.]+) ([dhms])\b", text)
+    parts = re.findall(r"([0-9][0-9,]*(?:\.[0-9]+)?) ([dhms])\b", text)
     assert parts and " ".join(f"{n} {u}" for n, u in parts) == text.strip(), f"not a duration: {text!r}"
-    return sum(float(n) * units[u] for n, u in parts)
+    return sum(float(n.replace(",", "")) * units[u] for n, u in parts)
 
 
 def printed_right(field, value, text):
@@ -251,7 +272,7 @@ def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path, width):
             assert kind == "mfu" and mfu_text == f"{100 * mfu:.1f}%"
             headline = mfu
         else:  # the hardware estimate, labelled so
-            assert kind == "hardware" and "hardware estimate</small>" in body, body[:400]
+            assert kind == "hardware" and 'data-label-for="hardware">Hardware estimate, not MFU<' in body, body[:600]
             headline = float(mfu_text.strip().rstrip("%")) / 100
             assert any(abs(headline - j["hardware"]["headline"]) <= 0.0005 for j in seen), (name, headline)
         causes = [(j.get("bottleneck") or {}).get("cause") for j in seen]
@@ -277,3 +298,194 @@ def test_every_field_the_page_shows_for_a_job_is_the_apis(tmp_path, width):
             assert seen[-1]["tokens_total"] is None and seen[-1]["last_report_time"] is None
             assert shown["tokens_total"] == "–"
     assert 'data-overflow-x="0"' in dom, re.search(r'data-overflow-x="(-?\d+)"', dom)
+
+
+# --- the page as drawn: geometry, labels and formats at 1,400 and 800 px ----------------------------------------
+
+MEASURE = (Path(__file__).parent / "status_page_measure.js").read_text()
+# The page's chart() drawn into the page from given points (arguments: points, kind, baseline): its scale's top, its
+# percent ticks' labels and centres, and the line's box.
+CHART = """
+const probe = document.createElement("div");
+probe.className = "card";
+probe.innerHTML = chart(arguments[0], arguments[1], arguments[2], arguments[0][arguments[0].length - 1][0]);
+document.getElementById("jobs").appendChild(probe);
+const svg = probe.querySelector("svg.chart"), line = svg.querySelector("path.line").getBoundingClientRect();
+const ticks = [...svg.querySelectorAll('text[data-axis="y"]')].map((t) => {
+  const r = t.getBoundingClientRect();
+  return {text: t.textContent, value: Number(t.dataset.value), at: r.top + r.height / 2};
+});
+probe.remove();
+return {top: Number(svg.dataset.top), ticks, line: {top: line.top, bottom: line.bottom}};
+"""
+
+NUMBER = re.compile(r"-?[0-9]{1,3}(?:,[0-9]{3})*(?:\.([0-9]+))?")
+
+
+def decimals(text):
+    """How many decimals the number that starts ``text`` has; None for "–"; fails on a number not in the page's
+    one format (commas grouping thousands, a point before the decimals)."""
+    if text in ("–", "—"):
+        return None
+    m = NUMBER.match(text)
+    assert m and not re.match(r"[0-9,.]", text[m.end() :]), f"not in the page's number format: {text!r}"
+    return len(m.group(1) or "")
+
+
+@pytest.mark.parametrize("width", [1400, 800, 500])
+def test_the_page_fits_the_window_and_labels_what_it_draws(tmp_path, width):
+    """At 1,400 and 800 px, with a GPU throttling for heat (the widest throttle text): every column of every table is
+    on screen, cell by cell (a hit test lands on it, nothing scrolls sideways, no text runs out of its cell); a table
+    too wide for the window is set smaller or stacked into label-value pairs rather than cut off, and at 1,400 px none
+    needs to be; at 500 px the GPU and fabric tables are stacked, each value beside its column's name.
+    Each headline says what it is (MFU by the formula, or the hardware estimate in smaller type), with what it means;
+    the chart has percent and time tick labels, its scale reaches the data and at least 60 %, and its baseline and 25 %
+    lines sit where their values fall on that scale; the cause says how long it has held, from the API's ``since``.
+    Numbers share one format: commas for thousands and one count of decimals per column."""
+    with running_demo("--incident", "thermal", speed=20) as base:
+        wait_until(
+            lambda: (
+                (jobs := {j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]}).get("llama3-70b", {}).get("mfu")
+                and ((jobs.get("bert-pretrain") or {}).get("hardware") or {}).get("headline") is not None
+            ),
+            30,
+            "llama3-70b to have an MFU and bert-pretrain a hardware estimate",
+        )
+        causes = []  # (cause, since, the exporter's time) of llama3-70b, as the API gave them while the page ran
+
+        def poll():
+            status = get_json(base + "api/v1/status")
+            job = next(j for j in status["jobs"] if j["job"] == "llama3-70b")
+            causes.append(
+                ((job["bottleneck"] or {}).get("cause"), (job["bottleneck"] or {}).get("since"), status["time"])
+            )
+            return status
+
+        with browser(tmp_path, width) as page:
+            page.get(base)
+            gpu1_throttled = (
+                "return [...document.querySelectorAll('div[data-table=gpus] tbody tr')]"
+                ".some((tr) => tr.cells[0].textContent === '1' && tr.textContent.includes('hw_thermal_slowdown'))"
+            )
+            llama_cause = "return !!document.querySelector('.card[data-job=\"llama3-70b\"] .cause time.since')"
+            wait_until(
+                lambda: poll() and page.execute(gpu1_throttled) and page.execute(llama_cause),
+                60,
+                "the page to show GPU 1 throttled for heat and a cause for llama3-70b",
+            )
+            drawn = page.execute(MEASURE)
+            poll()
+            history = poll()["history"]
+            page.screenshot(tmp_path / f"status-page-{width}.png")
+            # The page's own chart() on figures above 70 % (the demo's stay below): the scale grows to hold them.
+            high = [
+                [t, 0.5 + t / 1000, None, 0.9 + t / 2000] for t in range(0, 420, 60)
+            ]  # MFU to 0.86, estimate to 1.08
+            scaled = {kind: page.execute(CHART, high, kind, 0.8) for kind in ("mfu", "hardware")}
+
+    assert drawn["innerWidth"] == width, drawn["innerWidth"]
+    viewport = drawn["viewport"]
+    assert drawn["scrollWidth"] <= viewport, f"the page scrolls sideways: {drawn['scrollWidth']} > {viewport}"
+
+    tables = {t["name"]: t for t in drawn["tables"]}
+    assert set(tables) == {"gpus", "fabric", "sources", "logs"}, sorted(tables)
+    for name, t in tables.items():
+        headers = [h["text"] for h in t["headers"]]
+        assert t["rows"], name
+        if width >= 1400:
+            assert not t["stacked"] and not t["compact"], f"{name}: squeezed at {width} px, where a table fits"
+        if width <= 500 and name in ("gpus", "fabric"):
+            assert t["stacked"], f"{name}: not stacked at {width} px, where its columns cannot fit"
+        for h in t["headers"] if not t["stacked"] else []:
+            assert h["seen"] and h["width"] > 0 and 0 <= h["left"] and h["right"] <= viewport + 0.5, (name, h)
+        for row in t["rows"]:
+            assert [c["label"] for c in row] == headers, (name, headers, [c["label"] for c in row])
+            for c in row:
+                where = (name, c["label"], c["text"], width, "stacked" if t["stacked"] else "table")
+                assert c["width"] > 0 and c["height"] > 0 and c["seen"], where
+                assert 0 <= c["left"] and c["right"] <= viewport + 0.5, (*where, c["left"], c["right"])
+                assert c["overflow"] <= 1, (*where, "text runs out of its cell", c["overflow"])
+                if t["stacked"]:  # the column's name is drawn beside each value
+                    assert c["before"] == json.dumps(c["label"]), (*where, c["before"])
+        for i, header in enumerate(headers):  # one count of decimals down each column of numbers
+            column = [row[i]["text"] for row in t["rows"] if "num" in row[i]["cls"].split()]
+            # A duration of a minute or more is whole units ("1 m 17 s"); under a minute, seconds with a decimal.
+            long = [text for text in column if re.match(r"[0-9]+ [hm] ", text) and read_duration(text) >= 60]
+            kinds = {decimals(text) for text in column if text not in long} - {None}
+            assert len(kinds) <= 1, (name, header, column)
+    gpus, fabric = tables["gpus"], tables["fabric"]
+    assert {"throttle", "temp", "power"} <= {h["text"] for h in gpus["headers"]}
+    assert {"errors", "storm events", "CNP/s", "pause ratio"} <= {h["text"] for h in fabric["headers"]}
+    throttle = [h["text"] for h in gpus["headers"]].index("throttle")
+    gpu1 = next(row for row in gpus["rows"] if row[0]["text"] == "1")
+    assert "hw_thermal_slowdown" in gpu1[throttle]["text"] and gpu1[throttle]["seen"]
+
+    jobs = {j["job"]: j for j in drawn["jobs"]}
+    llama, bert = jobs["llama3-70b"], jobs["bert-pretrain"]
+    assert llama["kind"] == "mfu" and llama["label"] == "MFU, by the formula" and llama["labelSeen"]
+    assert "tokens/s" in llama["what"] and "peak FLOP/s" in llama["what"], llama["what"]
+    assert bert["kind"] == "hardware" and bert["label"] == "Hardware estimate, not MFU" and bert["labelSeen"]
+    assert "4 GPUs" in bert["what"] and "reads above MFU" in bert["what"], bert["what"]
+    assert bert["size"] < llama["size"], "the estimate is set in MFU's type"
+    for job in jobs.values():  # every figure the page formats in the card: one decimal for a percentage
+        assert re.fullmatch(r"[0-9]+\.[0-9]%", job["figure"]), job["figure"]
+        for field, text in job["facts"]:
+            for number in re.findall(r"[0-9][0-9,.]*%", text):
+                assert decimals(number) == 1, (job["job"], field, text)
+
+    # The cause, with how long it has held: the API's since, counted on the exporter's clock.
+    cause = llama["cause"]
+    assert cause["since"] and cause["since"]["seen"], cause
+    assert (cause["cause"], cause["since"]["value"]) in {(c, s) for c, s, _ in causes}, (cause, causes[-3:])
+    since = cause["since"]["value"]
+    assert (
+        cause["since"]["datetime"]
+        == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since)) + f".{int(since * 1000) % 1000:03d}Z"
+    )
+    held = re.fullmatch(r"for (.+)", cause["since"]["text"])
+    assert held, cause["since"]["text"]
+    assert 0 <= read_duration(held.group(1)) <= max(t for _, _, t in causes) - since + 1, (held.group(1), since)
+    assert f"low: {cause['cause']} {cause['since']['text']}" in cause["text"]
+
+    for job in jobs.values():
+        chart = job["chart"]
+        assert chart, f"{job['job']}: no chart"
+        # Percent ticks from 0 to the top of the scale, which reaches 60 % and the figures drawn, and is no more than
+        # a tick above the highest of them.
+        ys = chart["y"]
+        assert [t["text"] for t in ys] == [f"{round(100 * t['value'])}%" for t in ys] and ys[0]["value"] == 0, ys
+        assert ys[-1]["value"] == chart["scale"] >= 0.6
+        column = 1 if job["kind"] == "mfu" else 3
+        served = [p[column] for p in history[job["job"]] if p[column] is not None]
+        baseline = chart["refs"].get("baseline", {}).get("value", 0)
+        step = ys[1]["value"] - ys[0]["value"]
+        assert chart["scale"] < max(0.6, baseline, *served) + step + 0.05, (job["job"], chart["scale"], max(served))
+        zero, top = ys[0]["at"], ys[-1]["at"]
+        assert top - 1 <= chart["line"]["top"] and chart["line"]["bottom"] <= zero + 1, "the line leaves the scale"
+        # Each reference line at its value on the scale.
+        on_scale = lambda v: zero + (top - zero) * v / chart["scale"]  # noqa: E731
+        assert abs(chart["refs"]["low"]["at"] - on_scale(0.25)) <= 1.5, chart["refs"]
+        assert "baseline" in chart["refs"] and abs(chart["refs"]["baseline"]["at"] - on_scale(baseline)) <= 1.5
+        assert any(label.startswith("baseline ") for label in chart["refLabels"]) and any(
+            label.startswith("25% ") for label in chart["refLabels"]
+        ), chart["refLabels"]
+        # Time ticks back from "now", each label inside the chart and on screen.
+        xs = chart["x"]
+        assert (
+            len(xs) >= 2 and xs[0]["text"] == "now" and all(re.fullmatch(r"−[0-9]+ [hms]", t["text"]) for t in xs[1:])
+        ), xs
+        assert all(x["seconds"] < y["seconds"] for x, y in zip(xs, xs[1:]))
+        for t in xs + ys:
+            assert chart["left"] - 0.5 <= t["left"] and t["right"] <= min(chart["right"], viewport) + 0.5, (
+                job["job"],
+                t,
+            )
+    for kind, highest in (("mfu", 0.86), ("hardware", 1.08)):
+        drawn_high = scaled[kind]
+        ticks = drawn_high["ticks"]
+        assert ticks[-1]["value"] == drawn_high["top"] and highest <= drawn_high["top"] < highest + 0.2, (
+            kind,
+            drawn_high,
+        )
+        assert ticks[-1]["text"] == f"{round(100 * drawn_high['top'])}%", ticks
+        assert ticks[-1]["at"] - 1 <= drawn_high["line"]["top"], (kind, "the line runs above the scale", drawn_high)

@@ -1,4 +1,4 @@
-"""Issue 26's known-truth run, for the ledger's unit tests and the end-to-end runs: start-up 20 s, steps of 1 s, a
+"""The time ledger's known-truth run, for the ledger's unit tests and the end-to-end runs: start-up 20 s, steps of 1 s, a
 10 s checkpoint save after step 100, a crash after step 130, gone 60 s, a restart with 5 s of start-up and a 15 s
 checkpoint load, steps 101–130 redone, then on to step 200."""
 

@@ -1,5 +1,5 @@
 """Fixture files of real pasted text, read into blocks: the training-log pastes (tests/fixtures/logs/real) and the
-NCCL ones (tests/fixtures/nccl). One layout for both: a block starts at ``=== name``, its ``key: value`` headers and
+NCCL ones (tests/fixtures/nccl). One layout for both: a block starts at ``=== name`` (a name of one word), its ``key: value`` headers and
 ``expect: ...`` lines follow, and ``--- verbatim`` starts its text, kept as pasted to the next block."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def read_blocks(path: Path) -> list[Block]:
     blocks: list[Block] = []
     verbatim = False
     for raw in path.read_text(encoding="utf-8").split("\n"):
-        if raw.startswith("=== "):
+        if raw.startswith("=== ") and " " not in raw[4:].strip():  # a name is one word: "=== Report ===" is text
             blocks.append(Block(raw[4:].strip()))
             verbatim = False
         elif not blocks:

@@ -1,4 +1,4 @@
-"""docs/architecture.md names every package and module of mfu_exporter/ (issue 33: the map is drawn from the code), and no
+"""docs/architecture.md names every package and module of mfu_exporter/ (the map is drawn from the code), and no
 file of mfu_exporter/ but the simulation's fakes is over 600 lines."""
 
 from __future__ import annotations

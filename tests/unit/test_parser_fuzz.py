@@ -31,7 +31,13 @@ DEEP_OBJECT = '{"a":' * 100_000 + "1" + "}" * 100_000
 hostile_numbers = st.sampled_from(
     ["1e308", "-1e308", "1e400", "Infinity", "-Infinity", "NaN", "[1]", "{}", '"7"', "true", "9" * 5000, "-0", "1.5"]
 )
-lines_of_text = st.text(max_size=200) | st.binary(max_size=200).map(lambda b: b.decode("utf-8", "replace"))
+
+
+def replace_undecodable(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+lines_of_text = st.text(max_size=200) | st.binary(max_size=200).map(replace_undecodable)
 
 
 def _record(rank=0, pid=5000, sn=1, size=256 << 20, busbw=400.0):
@@ -148,7 +154,7 @@ NCCL_DEBUG_LINES = st.sampled_from(
 
 
 @FUZZ
-@given(lines=st.lists(NCCL_DEBUG_LINES | lines_of_text.map(lambda t: "h:1:2 [0] NCCL INFO " + t), max_size=12))
+@given(lines=st.lists(NCCL_DEBUG_LINES | lines_of_text.map("h:1:2 [0] NCCL INFO ".__add__), max_size=12))
 @example(lines=["node-a:1:2 [0] NCCL INFO comm 0x1 rank 0 nRanks 16 nNodes " + "9" * 5000 + " localRanks 8"])
 def test_nccl_debug_lines_never_raise(lines):
     scanner = TransportScanner()
@@ -253,3 +259,84 @@ def test_nvidia_fs_stats_lines_are_each_read_or_skipped(figure, noise):
     assert stats is not None and stats.writes.operations == 1  # the lines after a bad one are still read
     values = [stats.reads.operations, stats.active_processes, *(g.registered_mib for g in stats.gpus)]
     assert all(v is None or abs(v) <= COUNTER_MAX for v in values)
+
+
+STRAGGLER_LINES = [
+    " 0: INFO:megatron.core.utils:[2024-03-14 23:07:56] | MnRtt/Rnk: {f}ms/8 | MxRtt/Rnk: 3468.20ms/0 | "
+    "MnEtpt/Rnk: {f}TF/0 | MxEtpt/Rnk: 297.32TF/8",
+    " 0: INFO:megatron.core.utils:^^^^ Bottom 2 Ranks with lowest  Etpt(TF): {f}/3, 1.0/{f},",
+    " 0: INFO:megatron.core.utils:^^^^ Top    2 Ranks with highest Etpt(TF): {f}/15, 297.32/8,",
+    "\t Train MinThroughput/Rank: {f}TF/Rank-3",
+    "\t Train MaxThroughput/Rank: {f}TF/{f}",
+    "GPU relative performance:",
+    "  Rank={f} Node=n Score={f}",
+    "=== Straggler Report at Step 10 ===",
+    "⚠️  Detected Stragglers: [{f}, 3]",
+    "  - Rank 3 ({f})",
+    "GPU Performance Scores (higher=faster):",
+    "  Rank 3 (node): {f}",
+    "Section Timings (ms):",
+    "  optimizer:",
+    "    Rank 3: {f}ms",
+]
+PROFILER_LINES = [
+    "-" * 20,
+    "                    Name    Self CPU %      Self CPU   CPU total %     CPU total  CPU time avg    # of Calls  ",
+    "enumerate(DataLoader)#_SingleProcessDataLoaderIter._...        1.00%     {f}ms        1.00%     {f}s     {f}ms   9  ",
+    "| Name | CPU total |",
+    "| enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ | {f}us |",
+    "Profile stats for: [_TrainingEpochLoop].train_dataloader_next",
+    "         {f} function calls ({f} primitive calls) in {f} seconds",
+    "time (ms) | forward-compute: {f} |",
+    "# optimizer: {f} | batch-generator: {f}",
+]
+
+
+@FUZZ
+@given(
+    figure=hostile_numbers | st.sampled_from(["9" * 400, "1.2.3", "99999999999", ""]) | st.text(max_size=8),
+    order=st.permutations(range(len(STRAGGLER_LINES))),
+    noise=st.lists(lines_of_text, max_size=4),
+)
+@example(figure="9" * 400, order=list(range(len(STRAGGLER_LINES))), noise=[])
+def test_straggler_reports_never_raise_and_name_only_finite_figures(figure, order, noise):
+    from mfu_exporter.sources.logs import _JobScanners
+
+    scanners = _JobScanners()
+    scanners.feed([*(STRAGGLER_LINES[i].format(f=figure) for i in order), *noise])
+    found = scanners.reading().straggler
+    assert scanners.skipped == 0
+    if found is not None:
+        assert found.score is None or (math.isfinite(found.score) and 0 <= found.score < 1)
+        assert "inf" not in found.evidence and "nan" not in found.evidence and 0 <= found.rank < 1 << 24
+
+
+@FUZZ
+@given(
+    figure=hostile_numbers | st.sampled_from(["9" * 400, "1.2.3", ""]) | st.text(max_size=8),
+    noise=st.lists(lines_of_text, max_size=4),
+)
+@example(figure="9" * 400, noise=[])
+def test_profiler_tables_give_finite_data_waits_or_none(figure, noise):
+    stream = LogStream()
+    lines = [line.format(f=figure) for line in PROFILER_LINES]
+    events = stream.feed_many([*lines, *noise, *lines], 1.0)
+    for event in events:
+        for value in vars(event.record).values():
+            if isinstance(value, float):
+                assert math.isfinite(value) and value >= 0
+
+
+@FUZZ
+@given(lines=st.lists(lines_of_text | st.sampled_from(["{", "}", "  [", "  ]", '  "a": {', "  },"]), max_size=40))
+@example(lines=["{", *["  [" for _ in range(40)]])
+@example(lines=["{", '  "a": "' + "x" * 70_000 + '"', "}"])
+def test_inspector_objects_over_lines_are_bounded(lines):
+    reader = inspector.JsonObjects()
+    for line in lines:
+        for item in reader.feed(line):
+            if isinstance(item, str):
+                assert len(item) <= inspector.MAX_OBJECT_BYTES + len(line) + 1
+                _inspector_line_holds(item)
+            else:
+                assert item.reason in ("unreadable_line", "nested_too_deep", "line_too_long")

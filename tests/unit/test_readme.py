@@ -1,5 +1,5 @@
 """The README says what the program does: every route the server serves, every incident of the demo's rotation and
-its length (issue 35: the quick start listed four incidents and 33 minutes when the demo had five and 37)."""
+its length, so the quick start cannot name fewer incidents or fewer minutes than the demo runs."""
 
 from __future__ import annotations
 

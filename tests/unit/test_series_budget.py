@@ -1,4 +1,4 @@
-"""The series budget (issue 25, README "Series budget"): a default 8-GPU, 8-NIC node running one job exports at most
+"""The series budget (README "Series budget"): a default 8-GPU, 8-NIC node running one job exports at most
 500 series, counted from a real exposition of the fixture node; and whatever a rule, dashboard panel or runbook step
 reads is among them, so the default level (``series: standard``) cuts nothing anyone looks at."""
 
@@ -21,9 +21,10 @@ from tests.support.prom_harness import RULE_FILES
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK = ROOT / "docs" / "runbook.md"
 BUDGET = 500  # series per default 8-GPU, 8-NIC node with one job
-# The node today (422 with goodput's 27 per job and the GPU plane's 40) plus a margin: a change that adds more than
-# this fails here first and says so, before the budget itself is at stake.
-GROWTH_GUARD = 440
+# The node today (477 with goodput's 27 per job, the GPU plane's 40 and the GPU health state set's 40: 5 states per
+# GPU) plus a margin: a change that adds more than this fails here first and says so, before the budget itself is at
+# stake.
+GROWTH_GUARD = 490
 NAME = re.compile(r"(?<![A-Za-z0-9_:])mfu_[a-z0-9_]+(?![A-Za-z0-9_:])")
 SELECTOR = re.compile(r"(mfu_[a-z0-9_]+)\{([^}]*)\}")
 COUNTER_MATCHER = re.compile(r'counter=~?"([^"]+)"')

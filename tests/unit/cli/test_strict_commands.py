@@ -1,4 +1,4 @@
-"""Every command refuses what it cannot use, with exit 2 and the flag named (issue 35): mount points that do not
+"""Every command refuses what it cannot use, with exit 2 and the flag named: mount points that do not
 exist, numbers outside what the daemon accepts, non-positive speeds and node counts."""
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """A job's NCCL transport and named straggler through the logs source on real files, to the attribution's cause
-and the families render/collectives.py makes of them (issue 32, item 3)."""
+and the families render/collectives.py makes of them."""
 
 from __future__ import annotations
 
 from mfu_exporter.config import typed_config, validate
 from mfu_exporter.model.attribution import SOCKET_FALLBACK, Attributor, NodeSignals
-from mfu_exporter.model.job_view import GpuInfo, JobView
+from mfu_exporter.model.job_view import JobView
 from mfu_exporter.model.jobs import JobTracker
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.node.counters import Changes
 from mfu_exporter.node.rdma import RdmaPort
 from mfu_exporter.render.collectives import collective_families, log_families
@@ -132,3 +133,34 @@ def test_a_straggler_the_job_names_is_its_cause(tmp_path):
 def test_a_log_without_nccl_lines_adds_nothing(tmp_path):
     snapshot = sample_log(tmp_path, [fl.megatron_iteration(T0, 10, 1000, 2560, 5.0, 300.0, 1e-4, 256, 2.3)])
     assert snapshot.readings.collectives == {} and families(snapshot.readings.collectives) == {}
+
+
+# FlagScale's report (flagscale/runner/straggler/report.py to_text) under torchrun's prefix, and Composer's
+# GlobalStragglerDetector through the console logger: synthetic values in their layouts.
+FLAGSCALE_REPORT = [
+    "[default0]:=== Straggler Report at Step 20 ===",
+    "[default0]:",
+    "[default0]:⚠️  Detected Stragglers: [3]",
+    "[default0]:  - Rank 3 (node-b)",
+    "[default0]:",
+    "[default0]:GPU Performance Scores (higher=faster):",
+    "[default0]:  Rank 0 (node-a): 2.9138",
+    "[default0]:  Rank 3 (node-b): 1.4569",
+]
+COMPOSER = ["\t Train MinThroughput/Rank: 60.00TF/3", "\t Train MaxThroughput/Rank: 129.54TF/2"]
+
+
+def test_a_straggler_flagscale_or_composer_names_reaches_the_cause_and_its_series(tmp_path):
+    for lines, source, evidence in (
+        (FLAGSCALE_REPORT, "flagscale", "rank 3 on node node-b is a straggler at 0.50 of the fastest"),
+        (COMPOSER, "composer", "rank 3 is slowest (60 TFLOP/s against rank 2's 129.54)"),
+    ):
+        directory = tmp_path / source
+        directory.mkdir()
+        snapshot = sample_log(directory, lines)
+        signals = NodeSignals(collectives=job_collectives(snapshot.readings.collectives, {}))
+        attributor = Attributor()
+        attributor.evaluate(1.0, [job_view()], signals)
+        verdict = attributor.verdict("llm")
+        assert verdict.cause == "straggler" and evidence in verdict.evidence
+        assert families(snapshot.readings.collectives)["mfu_job_straggler"] == {("llm", source): 1.0}

@@ -270,7 +270,7 @@ def test_auto_detects_each_framework(line, expected):
     assert stream.format == expected
 
 
-# Checkpoint loads at start-up (issue 26's ledger): each line built from its framework's format string, cited in the
+# Checkpoint loads at start-up (the time ledger's checkpoint_load): each line built from its framework's format string, cited in the
 # parser's module.
 LOADS = [
     (

@@ -93,8 +93,8 @@ def test_the_unread_reason_clears_at_the_next_progress_and_returns_after_a_run_o
 
 
 def test_launcher_prefixes_are_peeled_once_for_detection_and_reading():
-    """The silent zero of issue 29: Python logging's time and "[Rank 15]:" before Megatron's line was detected as
-    Megatron by one pattern and read by another; now both see the peeled line."""
+    """Python logging's time and "[Rank 15]:" before Megatron's line: detection and reading both see the peeled line,
+    so a line detected as Megatron is also read as Megatron, never a silent zero."""
     (line,) = by_name("megatron/ibm-go-parser-rank-prefix").lines
     for wrapped in (line, " 3: " + line, "stdout: " + line, "[trainer1|1]:" + line):
         stream = LogStream("auto")

@@ -15,9 +15,9 @@ from mfu_exporter.config import LOG_FORMATS, ConfigError, typed_config, validate
 from mfu_exporter.logs import FORMATS
 from mfu_exporter.model.checkpoints import CheckpointTracker
 from mfu_exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
-from mfu_exporter.model.job_view import GpuInfo
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.render.jobs import job_families
 from mfu_exporter.sources.discovery import DiscoverySample
 from mfu_exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from

@@ -1,5 +1,5 @@
 """A detected format whose progress lines read nothing, through the real aiohttp app: /api/v1/jobs, /api/v1/status
-and /metrics say so, with the line (issue 29). Every wait is on the served value itself."""
+and /metrics say so, with the line. Every wait is on the served value itself."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ async def test_unread_progress_reaches_the_api_the_status_and_the_metrics_within
         reason = next((j["reason"] for j in jobs if j["job"] == "grpo"), None) or ""
         return reason if "no progress read" in reason else None
 
-    # A timeout only bounds a failing run: the minute of issue 29 is the follower's and the model's intervals.
+    # A timeout only bounds a failing run: the reason must show within a minute, the follower's and the model's
+    # intervals.
     reason = await wait_for(jobs_reason, 60, "the job's reason to say no progress was read")
     assert "detected hf" in reason and "first unread line \"{'loss': 0.0" in reason, reason
 

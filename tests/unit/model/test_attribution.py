@@ -360,7 +360,7 @@ def test_job_without_mfu_has_no_verdict_and_gone_jobs_are_forgotten():
     assert list(attribution_families(attributor.standings()))[0].samples == []
 
 
-# --- on time and to the second (issue 35) ------------------------------------------------------------------------
+# --- on time and to the second -----------------------------------------------------------------------------------
 
 PER_TOKEN, PEAK, HEALTHY_RATE = 1e12, 8e15, 0.45 * 8e15 / 1e12  # the rate at which job() runs at its 45 % baseline
 

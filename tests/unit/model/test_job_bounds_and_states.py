@@ -12,9 +12,9 @@ from mfu_exporter.config import ConfigError, validate
 from mfu_exporter.model.attribution import Attributor, NodeSignals
 from mfu_exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
 from mfu_exporter.model.errors import TooManyJobs, ValidationError
-from mfu_exporter.model.job_view import GpuInfo
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.render.attribution import attribution_families
 from mfu_exporter.render.jobs import job_families
 

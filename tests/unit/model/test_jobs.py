@@ -3,9 +3,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfu_exporter.model.errors import TooManyJobs, ValidationError
-from mfu_exporter.model.job_view import GpuInfo
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.model.readings import GpuInfo
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"

@@ -11,6 +11,8 @@ from mfu_exporter.nccl.inspector import (
     JSON_FILE,
     PROM_FILE,
     CollectiveTally,
+    JsonObjects,
+    LineError,
     message_size_bytes,
     parse_line,
     parse_textfile,
@@ -123,3 +125,60 @@ def test_the_straggler_has_the_shortest_collectives():
     assert shortest_outlier({"0": 0.1, "1": 0.1, "2": 0.1, "3": 0.02}) == ("3", 0.02, 0.1)
     assert shortest_outlier({"0": 0.1, "1": 0.095, "2": 0.105, "3": 0.09}) is None  # close together: nobody
     assert shortest_outlier({"0": 0.1, "1": 0.02}) is None  # two ranks cannot say which is odd
+
+
+def objects(lines):
+    """Every line through one reader: the objects' texts and the errors, in order."""
+    reader = JsonObjects()
+    return [item for line in lines for item in reader.feed(line)], reader
+
+
+def test_the_readme_examples_printed_over_many_lines_read_as_their_compact_form():
+    path = FIXTURES / "example-hostname-pid1639453.log"
+    texts, reader = objects(path.read_text().splitlines())
+    assert len(texts) == 2 and not reader.open and all(isinstance(t, str) and "\n" in t for t in texts)
+    first, verbose = (parse_line(t) for t in texts)
+    assert first == parse_line(json.dumps(README_EXAMPLE, separators=(",", ":")))
+    assert (verbose.collective, verbose.rank, verbose.sn, verbose.timing_source) == (
+        "ReduceScatter",
+        4,
+        1231,
+        "kernel_gpu",
+    )
+    assert verbose.busbw_bytes_per_second == pytest.approx(366.134533e9)
+    # The compact lines the plugin writes pass through unchanged, before and after a pretty-printed object.
+    compact = (FIXTURES / "node-a-pid4101.log").read_text().splitlines()
+    mixed, _ = objects([compact[0], *path.read_text().splitlines(), compact[1]])
+    assert mixed[0] == compact[0] and mixed[-1] == compact[1] and len(mixed) == 4
+
+
+def pretty(record: dict) -> list[str]:
+    return json.dumps(record, indent=2).splitlines()
+
+
+def test_a_pretty_printed_object_holds_to_the_same_bounds():
+    nested = {**README_EXAMPLE, "extra": json.loads("[" * 40 + "]" * 40)}
+    big = {**README_EXAMPLE, "extra": ["x" * 100] * 800}
+    after = pretty(README_EXAMPLE)
+    for record, reason in ((nested, "nested_too_deep"), (big, "line_too_long")):
+        items, reader = objects([*pretty(record), *after])
+        errors = [i for i in items if isinstance(i, LineError)]
+        assert [e.reason for e in errors] == [reason]  # refused whole, once; the object after it still reads
+        assert [parse_line(i).rank for i in items if isinstance(i, str)] == [2] and not reader.open
+    # Numbers JSON does not allow, and a value past its bound, are refused as in a compact line.
+    for text, value in (("NaN", "NaN"), ("1e400", "1e400"), ("Infinity", "Infinity")):
+        lines = [line.replace("61974", value) for line in after]
+        (item,), _ = objects(lines)
+        with pytest.raises(LineError) as refused:
+            parse_line(item)
+        assert refused.value.reason == "value_out_of_range", text
+
+
+def test_an_object_cut_off_by_the_next_one_is_refused_and_the_next_one_read():
+    lines = pretty(README_EXAMPLE)
+    items, reader = objects([*lines[:10], *lines])
+    assert [type(i).__name__ for i in items] == ["LineError", "str"] and not reader.open
+    assert items[0].reason == "unreadable_line" and parse_line(items[1]).rank == 2
+    # Lines that are no object at all each reach the parser, which refuses them.
+    stray, _ = objects(["  }", "not json", "]"])
+    assert len(stray) == 3 and all(isinstance(s, str) for s in stray)

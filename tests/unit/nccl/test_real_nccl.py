@@ -1,4 +1,4 @@
-"""Item 7 of issue 32, scored on every run: real nccl-tests pastes and NCCL_DEBUG=INFO snippets from public issues.
+"""Scored on every run: real nccl-tests pastes and NCCL_DEBUG=INFO snippets from public GitHub issues.
 
 Done when the ``nccl`` command gives the right average and largest busbw, largest size, row count, rank count and
 wrong-value flag for at least 95 % of the real pastes, and the right transport and fallback for at least 95 % of

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,25 @@ def test_this_machines_mountstats_and_diskstats():
     with open("/proc/self/mountinfo") as handle:
         numbers = parse_mountinfo(handle.read())
     assert "/" in numbers
+
+
+def test_nvfs_stats_of_the_layout_before_the_io_stats_line_count_what_they_show():
+    """``NVFS statistics(ver: 2.0)`` (nvidia-fs 2.3) has no "IO stats:" line and always counts reads and writes: NVIDIA's
+    GDS Benchmarking and Configuration Guide prints one from an NFS client with 20 TiB read, kept verbatim (its tabs as
+    the page renders them, its closing ". ." elision too):
+    https://docs.nvidia.com/gpudirect-storage/configuration-guide/index.html, "cat /proc/driver/nvidia-fs/stats"."""
+    skipped = Counter()
+    stats = parse_nvfs_stats(text("nvidia-fs-stats-2.0"), skipped)
+    assert stats is not None and skipped == Counter()
+    assert (stats.version, stats.driver_version, stats.io_stats_enabled) == ("2.0", "2:3:1", True)
+    assert (stats.reads.operations, stats.reads.ok, stats.reads.mebibytes) == (424436862, 424436734, 21518771)
+    assert (stats.reads.bandwidth_mib_per_second, stats.reads.average_latency_us) == (13081, 9773)
+    assert (stats.writes.operations, stats.writes.mebibytes, stats.writes.bandwidth_mib_per_second) == (
+        309770912,
+        9748727,
+        6958,
+    )
+    assert stats.active_processes == 1 and stats.batches is None
+    assert [g.pci_address for g in stats.gpus] == ["0000:be:00.0", "0000:e7:00.0"]
+    # A layout with the line says so itself, whatever its counts show.
+    assert not parse_nvfs_stats(text("nvidia-fs-stats-disabled")).io_stats_enabled

@@ -200,7 +200,11 @@ def test_units_and_created_samples():
 
 def mostly(common, rare):
     """``common`` nine times in ten: families the fast path writes, with now and then one it hands over."""
-    return st.integers(0, 9).flatmap(lambda roll: rare if roll == 0 else common)
+
+    def pick(roll):
+        return rare if roll == 0 else common
+
+    return st.integers(0, 9).flatmap(pick)
 
 
 NAMES = mostly(

@@ -10,6 +10,7 @@ from pynvml import NVML_GPM_METRIC_ANY_TENSOR_UTIL
 from mfu_exporter.cli import main
 from mfu_exporter.model.attribution import CAUSES
 from mfu_exporter.sim import node as demo
+from mfu_exporter.sources.gpu import GpuSource
 
 WALL = 1_800_000_000.0
 
@@ -178,3 +179,40 @@ def test_a_warm_up_delays_the_first_incident_and_the_rotation_follows_it():
     assert spans[len(demo.INCIDENTS)][1] == pytest.approx(100.0 + schedule.rotation_seconds)  # the next rotation
     assert schedule.incident(99.0) is None and schedule.next_start(0.0) == 100.0
     assert demo.Schedule.from_flags("thermal", warmup=60.0).spans(0.0, 100.0) == [("thermal", 60.0, math.inf)]
+
+
+class GpuHealthIncidents(demo.Schedule):
+    """The rotation's two incidents that change a GPU's health, 10 s of healthy training before each."""
+
+    incidents = ("gpu-lost", "uncorrectable-ecc")
+
+
+def test_the_gpu_health_incidents_show_their_state_and_action_and_clear_after_the_reset(tmp_path):
+    """gpu-lost puts its GPU in reboot_required (Xid 79, off the bus), uncorrectable-ecc its GPU in reset_required
+    (Xid 95, the driver's recovery action GPU_RESET), each as the truth's row says, through the real GPU source on the
+    demo's fake NVML; every other GPU stays healthy, and each comes back healthy once the incident's end resets it."""
+    monotonic = [0.0]
+    clock = demo.SimClock(1.0, wall=lambda: WALL, monotonic=lambda: monotonic[0])
+    node = demo.DemoNode(tmp_path, clock, GpuHealthIncidents(healthy=10.0))
+    source = GpuSource(node.nvml, monotonic=clock.monotonic, retry_interval=30.0)
+    truth = {row["name"]: row["gpu_health"] for row in node.truth()["incident_table"]}
+    assert truth["gpu-lost"] == {"gpu": demo.LOST_GPU, "xids": [79], "state": "reboot_required"}
+    assert truth["uncorrectable-ecc"] == {"gpu": demo.ECC_GPU, "xids": [95, 154], "state": "reset_required"}
+    actions = {}
+    while monotonic[0] <= 265:
+        node.tick()
+        snapshot = source.sample()
+        states = {index: reading.health for index, reading in snapshot.readings.gpus.items()}
+        row = truth.get(node.incident)
+        # An incident's Xids are drained by the sample after it began.
+        if row is not None and monotonic[0] > node.timeline[-1]["start_elapsed"] + 1:
+            gpu = row["gpu"]
+            assert states[gpu] == row["state"], (node.incident, monotonic[0])
+            assert {i for i, s in states.items() if s != "healthy"} == {gpu}, (node.incident, monotonic[0])
+            health = next(g for g in snapshot.status["gpus"] if g["index"] == gpu)["health"]
+            assert health["last_xid"]["code"] == row["xids"][-1]
+            actions[node.incident] = health["action"]
+        monotonic[0] += 1.0
+    assert "reboot" in actions["gpu-lost"] and "nvidia-smi -r" in actions["uncorrectable-ecc"]
+    # 265 s: the ECC incident ended at 260 with the operator's reset; the lost GPU came back by NVML's re-init.
+    assert node.incident is None and set(states.values()) == {"healthy"}

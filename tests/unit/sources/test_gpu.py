@@ -1,4 +1,4 @@
-"""The GPU source against the fake pynvml module: healthy and mixed nodes, every fault of issue 3, exact metrics."""
+"""The GPU source against the fake pynvml module: healthy and mixed nodes, every fault NVML reports, exact metrics."""
 
 import logging
 import subprocess
@@ -7,9 +7,9 @@ import pynvml
 import pytest
 
 from mfu_exporter.config import typed_config, validate
-from mfu_exporter.model.job_view import GpuInfo
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
+from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.node import gpm as gpm_module
 from mfu_exporter.node import nvml_fields as fields_module
 from mfu_exporter.node.nvml_fields import NVLINK_READ_INTERVAL, decode_throttle_reasons
@@ -665,7 +665,7 @@ async def test_hanging_nvml_call_leaves_metrics_answering_from_the_last_snapshot
     await wait_for(lambda: state.up)
 
 
-# --- issue 28: throttle time and NVLink errors ---------------------------------------------------------------------
+# --- throttle time and NVLink errors --------------------------------------------------------------------------------
 
 
 def test_throttle_seconds_come_from_nvml_counters_in_nanoseconds():
@@ -677,7 +677,7 @@ def test_throttle_seconds_come_from_nvml_counters_in_nanoseconds():
     throttle = series_of(values, "mfu_gpu_throttle_seconds_total")
     assert throttle[gpu(0, reason="sw_power_cap")] == 3.0  # 3 s of 1e9 ns each, from field 74
     assert throttle[gpu(0, reason="hw_thermal_slowdown")] == 0.0
-    assert len(throttle) == 2 * 4  # four reasons per GPU: the series budget of issue 28
+    assert len(throttle) == 2 * 4  # four reasons per GPU: the node's series budget
     assert snapshot.status["gpus"][0]["throttle_time_from"]["sw_power_cap"] == "field"
 
 
@@ -718,7 +718,8 @@ def test_nvlink_errors_are_summed_over_links_and_kinds_per_gpu():
 
 
 def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
-    # 72 of an 18-link H100's 78 fields: a 1 s sample between two reads asks for the other 6 only.
+    # 72 of an 18-link H100's 82 fields: a 1 s sample between two reads asks for the other 10 only (byte counters,
+    # throttle time, and the 4 health fields read every cycle).
     node = h100_node(count=1)
     node.tick()
     node.tick()  # planned again (the fake H100 lacks the PCIe byte fields): NVLink read again, the plan settled
@@ -731,7 +732,7 @@ def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
         assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 0.0  # the last read's total stands, still a series
     _, values = exposition(node.tick())
     assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 3.0  # 10 s after the last read: read again
-    assert asked == [6] * (int(NVLINK_READ_INTERVAL) - 1) + [78]
+    assert asked == [10] * (int(NVLINK_READ_INTERVAL) - 1) + [82]
 
 
 def test_an_unknown_error_on_one_field_degrades_that_series_only(caplog):
@@ -751,7 +752,7 @@ def test_an_unknown_error_on_one_field_degrades_that_series_only(caplog):
     assert values[("mfu_gpu_throttle_seconds_total", gpu(0, reason="sw_power_cap"))] == 3.0
 
 
-def test_issue_28_adds_at_most_40_series_to_an_8_gpu_node():
+def test_throttle_time_and_nvlink_errors_are_at_most_40_series_on_an_8_gpu_node():
     _, values = exposition(h100_node().tick())
     added = [k for k in values if k[0] in ("mfu_gpu_throttle_seconds_total", "mfu_gpu_nvlink_errors_total")]
     assert len(added) == 40
@@ -807,7 +808,7 @@ def test_a_gpm_metric_answered_as_nan_is_left_out_not_exported():
     assert values[("mfu_gpu_tensor_active_ratio", gpu(0))] == pytest.approx(0.4)
 
 
-# --- issue 28: NVML's lifecycle as the real library has it ----------------------------------------------------------
+# --- NVML's lifecycle as the real library has it --------------------------------------------------------------------
 
 
 def test_one_call_answering_unknown_degrades_that_call_only():

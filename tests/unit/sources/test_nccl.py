@@ -149,3 +149,23 @@ def test_hostile_inspector_lines_are_each_skipped_and_counted_and_the_rest_of_th
     found = series(snapshot)
     assert found["mfu_job_nccl_collectives"] == {("llm", "AllReduce", "large"): 4}
     assert found["mfu_job_nccl_bus_bandwidth_bytes_per_second"] == {("llm", "AllReduce", "large"): pytest.approx(400e9)}
+
+
+def test_objects_printed_over_many_lines_are_read_across_samples(tmp_path):
+    """An Inspector file holding objects indented over lines (as the plugin's README prints them): an object whose
+    end is not written yet counts at the sample that reads its end, once."""
+    gpus = [h100(0, processes=[5000])]
+    dump = tmp_path / "dump-1"
+    dump.mkdir()
+    path = dump / "node-a-pid5000.log"
+    pretty = [json.dumps(json.loads(record(0, 5000, sn, 1200, 400.0)), indent=2) for sn in range(3)]
+    text = "\n".join(pretty) + "\n"
+    cut = text.index('"coll_perf"', len(pretty[0]) + 1)  # inside the second object
+    path.write_text(text[:cut])
+    source = source_on(tmp_path, gpus, {0: "llm"})
+    assert series(source.sample())["mfu_job_nccl_collectives"] == {("llm", "AllReduce", "large"): 1}
+    with open(path, "a") as handle:
+        handle.write(text[cut:])
+    snapshot = source.sample()
+    assert series(snapshot)["mfu_job_nccl_collectives"] == {("llm", "AllReduce", "large"): 3}
+    assert dict(snapshot.errors) == {}  # no line of the objects was taken for one of its own
