@@ -15,6 +15,10 @@ grow SPEED times faster per wall second) and ``time()`` read on the demo's clock
 the same demo times as at full speed: a 5-minute window holds 20 scrapes, as a real one does, so ``rate()`` has its
 two samples and more; nothing else of the files changes. Times are measured on the wall clock and read on the
 demo's (its speed and origin, from ``GET /api/v1/demo``), so a time to page in demo seconds is wall seconds × SPEED.
+Prometheus's scrape timeout is its interval, 187 ms at speed 80: it scrapes the demo through a relay that answers
+with the demo's newest exposition within half of that (tests/support/paging_harness.py, ``Relay``), since a demo
+starved of CPU on a loaded machine can be slower, and a failed scrape would mark every series stale and start each
+alert's ``for:`` again, where a real node has seconds to answer.
 
 What is checked, for each incident's expected alert (``PAGES``):
 
@@ -35,6 +39,7 @@ was due by, never a wall-clock timeout.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,17 +189,7 @@ def check_belongs(stack: PagingStack, notification: Notification, incidents: lis
     assert nodes_named(notification) <= {stack.node}, (row.name, notification)
 
 
-@pytest.fixture(scope="module")
-def default_rotation(tmp_path_factory):
-    """The demo's own rotation (each incident its table length) at speed, paging a webhook, started when the module
-    starts so that it runs beside the other test rather than after it."""
-    args = ["--incident-gap", f"{GAP:.0f}s", "--warm-up", f"{WARM_UP:.0f}s"]
-    with paging_stack(tmp_path_factory.mktemp("default-rotation"), SPEED, args) as stack:
-        assert not stack.truth()["incidents"], "an incident began before Prometheus had the rules and the series"
-        yield stack, stack.now()
-
-
-def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_else_pages(tmp_path, default_rotation):
+def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_else_pages(tmp_path):
     run = lengths()
     spec = ",".join(f"{name}={seconds:.0f}s" for name, seconds in run.items())
     args = ["--incident-gap", f"{GAP:.0f}s", "--warm-up", f"{WARM_UP:.0f}s", "--for", spec]
@@ -244,12 +239,16 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
         try:
             stack.wait_demo(done, until, "every incident's page and its resolution", interval=0.5)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}: {left}") from None
+            failed, scrapes = stack.scrapes()
+            late = stack.relay.late
+            raise AssertionError(f"{exc}: {left} ({failed} of {scrapes} scrapes failed, {late} late)") from None
+        failed, scrapes = stack.scrapes()
+        print(f"\n{failed} of {scrapes} scrapes failed; {stack.relay.late} answered from the demo's previous one")
         notifications = stack.webhook.all()
         incidents = rows()
 
     first = first_firing(notifications)
-    measured = []
+    print("\ntime to page (demo seconds from the incident's start): incident, alert, severity, page, onset, delay")
     for notification in first.values():
         check_belongs(stack, notification, incidents, jobs)
     for row in incidents:
@@ -267,7 +266,8 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
             page_at = stack.clock.demo(fired[0].arrived)
             active = onset_of(stack, fired[0])
             hold = shipped_for(page.alert, page.severity)
-            measured.append((row.name, page, page_at - row.start, active - row.start, page_at - active))
+            to_page, onset, delay = page_at - row.start, active - row.start, page_at - active
+            print(f"  {row.name:22} {page.alert:24} {page.severity:8} {to_page:7.0f} {onset:6.0f} {delay:6.0f}")
             assert page_at <= row.end, f"{row.name}: {page.alert} paged after the incident ended"
             assert active - row.start <= page.onset + 2 * EVALUATION + LAG, (row.name, page, active - row.start)
             assert page_at - active <= hold + 2 * EVALUATION + GROUP_WAIT + LAG, (row.name, page, page_at - active)
@@ -287,17 +287,24 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
                 done = resolved(stack, notification)
                 assert done is not None and done.ends_at is not None, (row.name, notification)
                 assert stack.clock.demo(done.ends_at) >= row.end - 2 * EVALUATION, (row.name, notification)
-    print("\ntime to page (demo seconds from the incident's start): incident, alert, severity, page, onset, delay")
-    for name, page, to_page, onset, delay in measured:
-        print(f"  {name:22} {page.alert:24} {page.severity:8} {to_page:7.0f} {onset:6.0f} {delay:6.0f}")
 
 
-def test_the_demos_own_rotation_pages_for_each_incident_that_outlasts_its_for_and_for_nothing_else(default_rotation):
+@pytest.mark.skipif(
+    not os.environ.get("PAGING_DEFAULT_ROTATION"),
+    reason="make test-paging runs it (40 s more of the demo at speed; make test keeps the rotation above)",
+)
+def test_the_demos_own_rotation_pages_for_each_incident_that_outlasts_its_for_and_for_nothing_else(tmp_path):
     """The rotation as ``make demo`` runs it (2-minute incidents, the checkpoint stall's 15-minute write), at speed:
-    an incident that lasts past its alert's condition and ``for:`` pages (the storm's error events, the lost GPU's
-    minute, the stalled write's five), one that does not stays quiet, and every alert that fires began within an
-    incident and names only what it touches."""
-    stack, begun = default_rotation
+    an incident that lasts past its alert's condition and ``for:`` pages (the storm's error events, the stalled
+    write's five minutes), one that does not stays quiet, and every alert that fires began within an incident and
+    names only what it touches."""
+    args = ["--incident-gap", f"{GAP:.0f}s", "--warm-up", f"{WARM_UP:.0f}s"]
+    with paging_stack(tmp_path, SPEED, args) as stack:
+        assert not stack.truth()["incidents"], "an incident began before Prometheus had the rules and the series"
+        check_the_default_rotation(stack, stack.now())
+
+
+def check_the_default_rotation(stack: PagingStack, begun: float) -> None:
     truth = stack.truth()
     names, jobs = truth["schedule"]["incidents"], set(truth["jobs"])
     end_of_rotation = begun + WARM_UP + truth["schedule"]["rotation_seconds"]

@@ -1,7 +1,8 @@
 """The demo paging a webhook: ``mfu-exporter demo`` at ``--speed S``, Debian's Prometheus evaluating the shipped
 rules and Debian's Alertmanager routing with ``alerts/alertmanager.example.yaml``, both on a clock S times faster
 (``tests/support/timescale.py``), and a webhook receiver, a real HTTP server on loopback, that Alertmanager's
-receivers post to. Every notification is kept with the wall time it arrived; ``DemoClock`` turns wall times into
+receivers post to. Prometheus scrapes the demo through a relay (``Relay``) that never makes it wait past its scaled
+timeout. Every notification is kept with the wall time it arrived; ``DemoClock`` turns wall times into
 demo times.
 
     with paging_stack(tmp_path, speed=60, demo_args=["--incident", "gpu-lost", "--warm-up", "5m"]) as stack:
@@ -148,6 +149,73 @@ class Webhook:
             return list(self.notifications)
 
 
+class Relay:
+    """An HTTP server on a free loopback port serving the demo's newest ``/metrics``: each request asks the demo
+    afresh and answers with its reply once it comes, or after ``patience`` wall seconds with the last one it had.
+
+    Prometheus's scrape timeout is its interval, 15 s divided by the speed (187 ms at 80): a demo starved of CPU on a
+    loaded machine can take longer, and a failed scrape marks every series stale, which starts each alert's ``for:``
+    again. A real node's scrape has seconds; here a slow answer makes the sample a little older instead (its values
+    from the demo's last answer), never a failed scrape. ``up`` then says whether the relay answered."""
+
+    def __init__(self, target: str, patience: float):
+        self.target = target.rstrip("/") + "/metrics"
+        self.patience = patience
+        self.body, self.content_type = b"", "text/plain; version=0.0.4"
+        self.lock = threading.Lock()
+        self.fetching: threading.Thread | None = None
+        self.late = 0  # answers given from the last body, the demo being slower than the patience
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body, content_type = relay.newest()
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def fetch(self) -> None:
+        try:
+            response = requests.get(self.target, headers={"Accept": "text/plain"}, timeout=30)
+            if response.status_code == 200:
+                with self.lock:
+                    self.body, self.content_type = response.content, response.headers["Content-Type"]
+        except requests.RequestException:
+            pass
+
+    def newest(self) -> tuple[bytes, str]:
+        with self.lock:
+            if self.fetching is None or not self.fetching.is_alive():
+                self.fetching = threading.Thread(target=self.fetch, daemon=True)
+                self.fetching.start()
+            fetching = self.fetching
+        fetching.join(self.patience)
+        with self.lock:
+            self.late += fetching.is_alive()
+            return self.body, self.content_type
+
+    def start(self) -> "Relay":
+        self.fetch()
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class Alertmanager:
     """Debian's Alertmanager (``prometheus-alertmanager``) on a free loopback port, no cluster, its own storage."""
 
@@ -208,13 +276,14 @@ class Pending:
 @dataclass
 class PagingStack:
     base: str  # the demo's URL
-    node: str  # its host:port, the series' instance
+    node: str  # the host:port Prometheus scrapes it at (the relay's), the series' instance
     clock: DemoClock
     prometheus: Prometheus
     alertmanager: Alertmanager
     webhook: Webhook
     pending: Pending
     ready: float  # demo time when Prometheus had the rules and scraped the demo
+    relay: Relay  # what Prometheus scrapes: the demo's newest exposition (node is its address)
 
     def now(self) -> float:
         """The demo's time now."""
@@ -222,6 +291,14 @@ class PagingStack:
 
     def truth(self) -> dict:
         return get_json(self.base + "api/v1/demo")
+
+    def scrapes(self) -> tuple[int, int]:
+        """(failed, all) scrapes of the demo so far: on a loaded machine some take longer than the scaled timeout."""
+        span = f"{max(int(time.time() - self.clock.wall(self.ready)) + 60, 60)}s"
+        total = self.prometheus.query(f'count_over_time(up{{job="{SCRAPE_JOB}"}}[{span}])')
+        good = self.prometheus.query(f'sum_over_time(up{{job="{SCRAPE_JOB}"}}[{span}])')
+        count = int(total[0]["value"]) if total else 0
+        return count - (int(good[0]["value"]) if good else 0), count
 
     def wait_demo(self, predicate: Callable[[], Any], until: float, what: str, interval: float = 0.1) -> Any:
         """``predicate()``'s first truthy value, polled until the demo's clock passes ``until``."""
@@ -262,8 +339,10 @@ def paging_stack(tmp_path: Path, speed: float, demo_args: Sequence[str] = ()) ->
         # scraping a new target, minutes of demo time, so it begins while the demo starts; the rules come once
         # the demo's clock is known (time() reads it), before its first incident (demo_args' --warm-up).
         port = free_port()
-        node = f"127.0.0.1:{port}"
         timing = prometheus_timing(speed)
+        relay = Relay(f"http://127.0.0.1:{port}/", patience=0.5 * 15.0 / speed).start()
+        stack.callback(relay.stop)
+        node = relay.address
         prometheus = Prometheus(
             prometheus_binary,
             tmp_path / "prometheus",
@@ -283,4 +362,4 @@ def paging_stack(tmp_path: Path, speed: float, demo_args: Sequence[str] = ()) ->
         watcher.start()
         stack.callback(watcher.join, 5)
         stack.callback(stop.set)
-        yield PagingStack(base, node, clock, prometheus, alertmanager, webhook, pending, clock.demo(time.time()))
+        yield PagingStack(base, node, clock, prometheus, alertmanager, webhook, pending, clock.demo(time.time()), relay)
