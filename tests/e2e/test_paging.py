@@ -56,7 +56,7 @@ pytestmark = pytest.mark.slow
 SPEED = 80.0
 GAP = 30.0  # demo seconds of healthy training before each incident (--incident-gap's least)
 # Before the first: Prometheus begins scraping a new target within 5 wall seconds, then loads the rules (time() reads
-# the demo's clock, known once it runs): 8 wall seconds at speed 60.
+# the demo's clock, known once it runs): 8 wall seconds.
 WARM_UP = 8 * SPEED
 EVALUATION = 15.0  # the shipped evaluation interval (deploy/fleet/prometheus-shard.yaml), demo seconds
 GROUP_WAIT = 30.0  # alerts/alertmanager.example.yaml's group_wait: a new group's first notification waits it
