@@ -35,7 +35,7 @@ test-busy: $(STAMP) system-deps lint
 
 # Time to page (tests/e2e/test_paging.py, docs/runbook.md "Time to page"): the demo's rotation with each incident
 # lasting until it pages, as make test runs it, and the demo's own rotation (2-minute incidents) paging for nothing
-# else, through Debian's Prometheus and Alertmanager at the demo's --speed 80: about 3 minutes, the times printed.
+# else, through Debian's Prometheus and Alertmanager at the demo's --speed 80: about 4 minutes, the times printed.
 test-paging: $(STAMP) system-deps
 	PAGING_DEFAULT_ROTATION=1 $(PY) -m pytest -q -s -n 0 tests/e2e/test_paging.py
 
