@@ -6,11 +6,13 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md LICENSE CHANGELOG.md ./
 COPY mfu_exporter ./mfu_exporter
-# Wheels for the package and every dependency. Anything without a binary wheel would be compiled here, never in the
-# final image, which gets no compiler and no network access at install time.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+COPY clients/python ./clients/python
+# Wheels for the daemon, the client distribution it requires (clients/python) and every dependency. Anything without
+# a binary wheel would be compiled here, never in the final image, which gets no compiler and no network access at
+# install time.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ./clients/python .
 
 FROM ${PYTHON_IMAGE}
 ARG PYTHON_IMAGE

@@ -3,12 +3,15 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-busy test-paging test-unit test-property lint golden soak bench bench-fleet bench-global fleet system-deps rules clean gpu-check
+.PHONY: demo run test test-busy test-paging test-unit test-property lint golden soak bench bench-fleet bench-fleet-replay bench-global fleet system-deps rules clean gpu-check docs dist screenshot
 
-$(STAMP): pyproject.toml
+# The daemon requires the client distribution (clients/python) at its own version: both come from this checkout,
+# editable. The daemon's editable finder is read first (its .pth file sorts first), so mfu_exporter is this
+# checkout's whole package.
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e ./clients/python -e '.[test]'
 	touch $(STAMP)
 
 system-deps:
@@ -87,14 +90,27 @@ bench-fleet: $(STAMP) system-deps
 	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-256,1024,2048,4096} --paths-apart --node-tier-up-to 1024 \
 		--layout $${FLEET_LAYOUT:-small} $(BENCH_FLEET_ARGS) --json bench/results/fleet-$$(date -u +%Y%m%dT%H%M%SZ).json
 
-# The global tier of the rules fed S shards' partial aggregates (bench/global_tier.py; README "Rules in three
-# tiers"): PARTIALS from `make bench-fleet FLEET_SIZES=2048 FLEET_LAYOUT=one BENCH_FLEET_ARGS="--partials-out ..."`,
+# The growth table's replayed rows (docs/benchmarks.md, "A real node replayed"): a real node's exposition served on
+# every node of 256, 1,024 and 2,048 (FLEET_SIZES), every job on every node, every rule file of alerts/ on vmalert over
+# VictoriaMetrics and on a Prometheus scraping the nodes, each path in its own stack; per group its mean and share of
+# its interval, each engine's slowest group, the machine's busy share; 120 s measured, so that the groups run once a
+# minute finish twice. FLEET_EXPOSITION: `demo` (the default: a demo started and captured twice, 420 s and 480 s in,
+# kept beside the JSON), two captured files, or a node's /metrics URL. ~40 minutes and up to ~4 GiB on 2 cores, on a
+# quiet machine; exits 1 when a group takes over 10 % of its interval.
+FLEET_EXPOSITION ?= demo
+bench-fleet-replay: $(STAMP) system-deps
+	$(PY) -m bench.fleet --nodes $${FLEET_SIZES:-256,1024,2048} --paths-apart --seconds 120 \
+		$(foreach e,$(FLEET_EXPOSITION),--exposition $(e)) $(BENCH_FLEET_ARGS) \
+		--json bench/results/fleet-replay-$$(date -u +%Y%m%dT%H%M%SZ).json
+
+# The global tier of the rules fed S shards' partial aggregates (bench/global_tier.py; docs/scaling.md "Rules in
+# three tiers"): PARTIALS from `make bench-fleet FLEET_SIZES=2048 FLEET_LAYOUT=one BENCH_FLEET_ARGS="--partials-out ..."`,
 # replayed as 2, 4 and 8 shards of 2,048 nodes, on VictoriaMetrics and Prometheus; ~10 minutes.
 bench-global: $(STAMP) system-deps
 	$(PY) -m bench.global_tier --partials $(PARTIALS) --json bench/results/global-$$(date -u +%Y%m%dT%H%M%SZ).json
 
 # A simulated fleet (FLEET_NODES, default 64) on both distributed paths, the UIs printed (VictoriaMetrics,
-# vmalert, the Prometheus receiver's alerts), until Ctrl-C: README "A fleet of 10,000 nodes".
+# vmalert, the Prometheus receiver's alerts), until Ctrl-C: docs/scaling.md "A fleet of 10,000 nodes".
 fleet: $(STAMP) system-deps
 	$(PY) -m tests.support.fleet_harness --nodes $${FLEET_NODES:-64} $(FLEET_ARGS)
 
@@ -106,6 +122,26 @@ GPU_PYTHON ?= $(PY)
 gpu-check: $(STAMP)
 	$(GPU_PYTHON) scripts/gpu-truth.py --json bench/results/gpu-truth-$$(date -u +%Y%m%dT%H%M%SZ).json $(GPU_CHECK_ARGS)
 
+# The documentation site (mkdocs.yml: the guides of docs/, docs/index.md its home page) into site/, in strict mode:
+# a broken link, a missing page or an unknown anchor fails it. make test builds it too (tests/unit/test_docs_site.py).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Retake docs/img/status-page.png, the README's picture of the status page, from the demo in Chromium (Debian's,
+# installed by system-deps) after a change of the page; review it before committing.
+screenshot: $(STAMP) system-deps
+	$(PY) -m pytest -q tests/e2e/test_screenshot.py --update-screenshot
+
+# The two distributions, wheel and sdist each, into dist/, checked by twine: mfu-exporter-client (clients/python, the
+# training-side client, standard library only) and mfu-exporter (the daemon, which requires the client at its
+# version). make test builds, checks and installs them too (tests/e2e/test_packaging.py).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist clients/python
+	$(PY) -m build --no-isolation --outdir dist .
+	rm -rf build clients/python/build *.egg-info clients/python/*.egg-info  # setuptools' leftovers in the tree
+	$(PY) -m twine check --strict dist/*
+
 # Regenerate the Kubernetes PrometheusRule after editing alerts/*.yaml (a test fails while it drifts), and point every
 # runbook_url in alerts/ and the PrometheusRule at RUNBOOK_BASE/runbook.md#<alert> (default: the repository's docs;
 # a site with its own copy of the runbook: make rules RUNBOOK_BASE=https://wiki.example.org/mfu).
@@ -113,4 +149,4 @@ rules: $(STAMP)
 	$(PY) scripts/gen-prometheusrule.py $(if $(RUNBOOK_BASE),--runbook-base '$(RUNBOOK_BASE)')
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info clients/python/build clients/python/*.egg-info

@@ -9,8 +9,8 @@ Starts ``bench.node`` on the fixture as ``bench.cpu_window`` does (warmed up the
 second), ``both`` (what ``bench.cpu_window`` runs). Then the same requests, both kinds, to a bare aiohttp server
 that answers a scrape with fixed bytes of the daemon's body size and a report with a small JSON: what HTTP alone
 costs in this process model. Prints the CPU (% of a core, /proc user + system) of each. ``--interval`` samples the
-sources that sample every second by default at that interval instead (the 1 s tick stays): what a node pays for
-its attribution's time resolution. ``--scrape-every 15`` scrapes as a Prometheus does by default.
+GPU, RDMA and ethtool sources at that interval instead of their 5 s default (the 1 s tick stays): what a node pays
+for a cause's onset within a second (``--interval 1``). ``--scrape-every 15`` scrapes as a Prometheus does by default.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def main() -> int:
         "--interval",
         type=positive_seconds,
         metavar="SECONDS",
-        help="sampling interval of the sources that sample each second",
+        help="sampling interval of the gpu, rdma and ethtool sources (default 5 s)",
     )
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument(

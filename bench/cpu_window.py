@@ -10,7 +10,7 @@ few minutes instead of ``make bench``'s fifteen, for measuring a change to the d
 ``--profile DIR`` records the daemon with py-spy (``--threads --idle`` off) over the windows into DIR; ``--parts
 FILE`` runs ``bench.cpu_parts`` instead of ``bench.node`` and prints the CPU of the daemon's named parts over the
 windows (kept in FILE as JSON): where its CPU went, measured in the daemon as it runs. ``--interval`` has the
-sources that sample every second by default sample at that interval instead (``bench.node --interval``).
+GPU, RDMA and ethtool sources sample at that interval instead of their 5 s default (``bench.node --interval``).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def main() -> int:
         "--interval",
         type=positive_seconds,
         metavar="SECONDS",
-        help="sampling interval of the sources that sample each second",
+        help="sampling interval of the gpu, rdma and ethtool sources (default 5 s)",
     )
     parser.add_argument("--profile", type=Path, help="record the daemon with py-spy into this folder")
     parser.add_argument("--parts", type=Path, help="time the daemon's named parts (bench.cpu_parts) into this file")

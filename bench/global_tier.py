@@ -1,4 +1,4 @@
-"""``make bench-global``: what the global tier of the rules costs when S shards of N nodes feed it (README "Rules in
+"""``make bench-global``: what the global tier of the rules costs when S shards of N nodes feed it (docs/scaling.md "Rules in
 three tiers"), on VictoriaMetrics (vmagent → VictoriaMetrics → vmalert) and on Prometheus.
 
 The global tier reads only the shards' per-job partial aggregates, so it is fed those and nothing else: the partials

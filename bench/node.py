@@ -40,7 +40,7 @@ def main() -> int:
         "--interval",
         type=positive_seconds,
         metavar="SECONDS",
-        help="sampling interval of the sources that sample each second",
+        help="sampling interval of the gpu, rdma and ethtool sources (default 5 s)",
     )
     args = parser.parse_args()
     setup_logging("warning")

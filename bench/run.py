@@ -50,6 +50,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import fixture, loadgen
+from mfu_exporter.config import HARDWARE_INTERVAL
 from mfu_exporter.model.checkpoints import parse_checkpoint_event
 from mfu_exporter.model.progress import parse_progress
 from mfu_exporter.node.ethtool import EthtoolTextReader
@@ -63,11 +64,11 @@ SCRAPERS = 16
 REPORTERS = 32
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT = 30.0
-SAMPLE_INTERVAL = 1.0  # of every source but preflight, by default
+SAMPLE_INTERVAL = HARDWARE_INTERVAL  # the longest default interval of the sources the window measures but preflight
 NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
 HUNG_SOURCE = "gpu"  # NVML is the call that hangs on a sick GPU
 STATUS_REFRESH = 2.0  # seconds between the status page's polls of /api/v1/status (REFRESH_MS in status.js)
-# The series the README's remote_write example keeps (its write_relabel_configs regex): what a global store gets
+# The series the remote_write example of docs/scaling.md keeps (its write_relabel_configs regex): what a global store gets
 # per node. The instance: series are recorded by the shard's Prometheus, so not in a scrape: about 25 more per node.
 REMOTE_WRITE_KEEP = (
     "instance:mfu_.*|mfu_node_.*|mfu_job_.*|mfu_model_flops_utilization_ratio|mfu_checkpoint_.*"
@@ -456,7 +457,7 @@ def start_node_exporter(binary: str, root: Path) -> Process:
 
 async def warm_up(exporter: Process, reporters: Reporters) -> int:
     """Two reports per job (every job has an MFU), a checkpoint event each and 20 scrapes each way, then two sample
-    intervals (every 1 s source has sampled the reports and writes); returns the scrapes."""
+    intervals (every source but preflight has sampled twice: rates, the reports and writes); returns the scrapes."""
     warm = loadgen.Connection(exporter.address)
     scrapes = 0
     try:

@@ -25,6 +25,12 @@ exporter's time ledger counts start-up from then) and sends a heartbeat when it 
 seconds, so the exporter tells a crashed process (no heartbeat: down) from a hung one (heartbeats, no steps:
 stalled). An exporter from before run ids refuses these fields: the reporter then sends plain totals, as before.
 
+Standard library only, so a training environment installs it alone (``pip install mfu-exporter-client``): reports go
+over one kept-alive ``http.client`` connection, straight to the exporter (it runs on the job's own node, so no proxy
+from the environment is used); ``ssl_context`` for an exporter serving TLS with a private CA, or ``session``, any
+object with ``requests.Session``'s ``post``, for a transport of one's own. The first answer of the exporter says its
+version: a different major version than this client's is logged as a warning, since the API may differ.
+
 Totals are cumulative, so only the newest one matters: a slow or absent exporter makes the reporter keep just the
 latest totals and retry with backoff, never queueing the job's history. Checkpoint events each matter, so they wait
 in a small queue of their own, sent by the same thread; if it fills while the exporter is away, the oldest go.
@@ -35,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import ssl
 import threading
 import time
 import uuid
@@ -43,9 +50,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-import requests
-
-from mfu_exporter.model.discovery import DEFAULT_POD_NAME_PATTERN, compile_pod_name_pattern, sanitize_job_name
+from mfu_exporter import VERSION_HEADER, __version__
+from mfu_exporter.client_http import HttpSession
+from mfu_exporter.jobname import DEFAULT_POD_NAME_PATTERN, compile_pod_name_pattern, sanitize_job_name
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,11 @@ class CheckpointSave:
 
 
 JOB_ENV = "MFU_TRAINING_JOB"
+
+
+def major_version(version: str) -> str:
+    """``0.1.0`` -> ``0``: the part of a version whose change may change the API."""
+    return version.strip().split(".", 1)[0]
 
 
 def job_name_from_env(environ: dict[str, str] | None = None) -> str | None:
@@ -103,7 +115,8 @@ class ProgressReporter:
         token: str | None = None,
         timeout: float = 2.0,
         max_backoff: float = 30.0,
-        session: requests.Session | None = None,
+        session: Any = None,
+        ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         checkpoint_queue: int = 64,
@@ -113,6 +126,8 @@ class ProgressReporter:
         announce: bool = True,
     ):
         self._base = url.rstrip("/")
+        if session is None and not self._base.startswith(("http://", "https://")):
+            raise ValueError(f"the exporter's URL must start with http:// or https://, got {url!r}")
         if job is None:
             job = job_name_from_env()
             if job is None:
@@ -136,7 +151,8 @@ class ProgressReporter:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
         self._max_backoff = max_backoff
-        self._session = session or requests.Session()
+        self._session = session if session is not None else HttpSession(ssl_context)
+        self.exporter_version: str | None = None  # from the exporter's first answer that says it
         self._clock = clock
         self._monotonic = monotonic
         self._wake = threading.Condition()
@@ -377,6 +393,13 @@ class ProgressReporter:
             return PROGRESS_PATH, payload
 
     def _run(self) -> None:
+        try:
+            self._send_until_closed()
+        finally:
+            if isinstance(self._session, HttpSession):
+                self._session.close()  # the kept-alive connection goes with the thread; a caller's session stays open
+
+    def _send_until_closed(self) -> None:
         backoff = 0.5
         while True:
             item = self._take()
@@ -418,6 +441,7 @@ class ProgressReporter:
                 "unreachable", f"mfu-exporter at {self._base} unreachable ({type(exc).__name__}); will retry"
             )
             return False
+        self._check_version(response)
         if response.status_code < 300:
             self.sent += 1
             return True
@@ -445,6 +469,28 @@ class ProgressReporter:
             return True
         self._warn_once(f"status-{response.status_code}", f"mfu-exporter answered {response.status_code}; will retry")
         return False
+
+    def _check_version(self, response: Any) -> None:
+        """Note the exporter's version from its answer, once; warn when its major version differs from this one's."""
+        if self.exporter_version is not None:
+            return
+        try:
+            version = response.headers.get(VERSION_HEADER)
+        except Exception:  # noqa: BLE001 - a transport of the caller's whose answers have no headers
+            return
+        if not isinstance(version, str) or not version:
+            return  # an exporter from before the header: nothing to compare
+        self.exporter_version = version
+        if major_version(version) != major_version(__version__):
+            log.warning(
+                "mfu-exporter at %s is version %s and this client (mfu-exporter-client) is %s: major versions differ, "
+                "so reports may be refused or read differently; install the client of the exporter's major version "
+                "(pip install 'mfu-exporter-client==%s.*')",
+                self._base,
+                version,
+                __version__,
+                major_version(version),
+            )
 
     @classmethod
     def _refused_run_fields(cls, response: Any) -> bool:

@@ -217,6 +217,14 @@ class Service:
             mounts=storage.mounts if storage else (),
             nearest_nics=functools.partial(nearest_devices, self.paths.sysfs),
             collectives=job_collectives(*self._collectives()),
+            interval=max(
+                (
+                    state.interval
+                    for name, state in self.scheduler.states.items()
+                    if name in ("gpu", "ethtool", "rdma") and state.snapshot is not None
+                ),
+                default=1.0,
+            ),
         )
 
     def _collectives(self) -> tuple[dict[str, LogCollectives], dict[str, InspectorReading]]:

@@ -11,7 +11,8 @@ lacks what the run needs (PyTorch with CUDA, NVML).
 What it runs, in order:
 
 1. **The GPU source on this node's NVML**, built through ``build_sources`` and a ``SourceContext`` as the daemon
-   builds it: every core series present for every GPU, GPM series on Hopper and newer, the time one sample takes.
+   builds it: every core series present for every GPU, GPM series on Hopper and newer, the time one sample takes;
+   then its cost per GPU and sample at each series level (NVML calls, field values, wall and CPU milliseconds).
 2. **NVML probes** that settle what the fake can only assume: fields 197/198 (PCIe bytes) and 138/139 (NVLink),
    the perf-policy counters (74-81: their unit, against wall time), the NVLink error counters, GPM at short
    intervals, memory from the v1 and v2 calls (reserved memory), nvmlInit's reference count, the Xid wait.
@@ -354,6 +355,30 @@ def check_gpu_source(report: Report, nvml: Any, samples: int, pause: float) -> l
         },
     )
     return gpus
+
+
+def check_sample_cost(report: Report, nvml: Any, samples: int, pause: float) -> None:
+    """The GPU source's cost per GPU and sample at each series level on this NVML (``bench.nvml_calls.sample_cost``):
+    NVML calls, field values, wall and CPU time. What the 5 s default interval and ``interval: 1s`` cost follows:
+    an 8-GPU node at 1 s spends 8 × the wall time per second in NVML."""
+    from bench.nvml_calls import LEVELS, describe, sample_cost
+
+    results = [sample_cost(nvml, series, samples, between=lambda: time.sleep(pause)) for series in LEVELS]
+    for result in results:
+        print(f"        {describe(result)}", flush=True)
+    slowest = max(result["wall_ms_per_gpu_sample"] * result["gpus"] for result in results)
+    report.check(
+        "gpu_source_cost_by_level",
+        all(result["gpus"] for result in results) and slowest < 1000.0,
+        "; ".join(
+            f"{r['series']} {r['wall_ms_per_gpu_sample']:.3f} ms ({r['calls_per_gpu_sample']:g} calls, "
+            f"{r['fields_per_gpu_sample']:g} fields)"
+            for r in results
+        )
+        + " per GPU and sample",
+        **{r["series"]: {k: v for k, v in r.items() if k != "calls"} for r in results},
+    )
+    report.figure("sample_cost", results)
 
 
 # --- 2. NVML probes ---------------------------------------------------------------------------------------------
@@ -1209,6 +1234,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = check_gpu_source(report, nvml, samples=6 if fake else 20, pause=0.12 if fake else 0.25)
     if not gpus:
         return finish(report, args.json)
+    check_sample_cost(report, nvml, samples=4 if fake else 20, pause=0.11 if fake else 0.25)
     probes = Probes(nvml)
     probes.open()
     idle_probe: dict[str, Any] = {

@@ -12,6 +12,11 @@ def pytest_addoption(parser):
         action="store_true",
         help="rewrite tests/fixtures/e2e-output.txt from the live rendering instead of comparing with it",
     )
+    parser.addoption(
+        "--update-screenshot",
+        action="store_true",
+        help="write docs/img/status-page.png, the README's picture of the status page, from the demo in Chromium",
+    )
 
 
 @pytest.fixture

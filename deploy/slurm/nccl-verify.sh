@@ -1,7 +1,7 @@
 #!/bin/sh
 # The guide's fabric verification as a Slurm job: one short NCCL all-reduce across the allocation's nodes, its output
 # written on every node to the directory the mfu-exporter daemon reads (sources.nccl.tests_paths), where
-# mfu_nccl_test_passed and the alert MfuNcclTestFailed pick it up (README "Verifying the fabric").
+# mfu_nccl_test_passed and the alert MfuNcclTestFailed pick it up (docs/commands.md "Verifying the fabric").
 #
 #   sbatch -N 2 --ntasks-per-node=8 --gpus-per-node=8 --exclusive deploy/slurm/nccl-verify.sh
 #

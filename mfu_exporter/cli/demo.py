@@ -5,13 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
+import ssl
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
-
-import requests
-import urllib3
 
 from mfu_exporter.cli.flags import UsageError, add_daemon_flags, apply_web_flags, positive
 from mfu_exporter.client import ProgressReporter
@@ -221,7 +218,7 @@ def demo_flags(config: dict, args: argparse.Namespace) -> dict:
 
 def reporter_access(config: dict, url: str) -> dict[str, Any]:
     """How the demo's own job reaches the demo's server when ``--web.config.file`` or ``ingest.token_file`` secure
-    it: the token from the token file, and over TLS a session that does not verify the certificate. The job and
+    it: the token from the token file, and over TLS a context that does not verify the certificate. The job and
     the server are one process on loopback, and the certificate names whatever host the operator's file was made
     for; the scrapers and browsers the demo serves verify it as usual. Basic auth governs reads, not reports."""
     access: dict[str, Any] = {}
@@ -233,13 +230,10 @@ def reporter_access(config: dict, url: str) -> dict[str, Any]:
         except OSError as exc:  # the server reads it too, and says what is wrong with it
             raise ConfigError(token_file, "ingest.token_file", f"a readable file ({exc.strerror})") from None
     if url.startswith("https:"):
-        session = requests.Session()
-        session.verify = False
-        # Without this, REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the environment overrides verify=False for each
-        # request (requests merges the environment over the session), and a proxy variable could route loopback.
-        session.trust_env = False
-        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
-        access["session"] = session
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        access["ssl_context"] = context
     return access
 
 

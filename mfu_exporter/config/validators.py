@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
+from mfu_exporter.jobname import DEFAULT_POD_NAME_PATTERN
 from mfu_exporter.quantities import parse_duration, parse_quantity
 
 DEFAULT_LISTEN_ADDRESS = ":9495"
@@ -274,8 +275,7 @@ DISCOVERY_LABEL_KEYS = (
     "batch.kubernetes.io/job-name",  # batch/v1 Job
     "job-name",  # batch/v1 Job, the legacy unprefixed label
 )
-# Without labels: <job>-master-0, <job>-worker-3, <job>-launcher-0 (Kubeflow v1's and MPI's pod names) become <job>.
-DISCOVERY_POD_NAME_PATTERN = r"^(?P<job>.+)-(?:master|worker|launcher)-[0-9]+$"
+DISCOVERY_POD_NAME_PATTERN = DEFAULT_POD_NAME_PATTERN  # the client names a job from its pod name by the same rule
 PODRESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 

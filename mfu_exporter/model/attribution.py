@@ -10,8 +10,8 @@ on every node and in the cluster rules):
                    retransmissions/timeouts, or CNPs at or over a fixed rate (``cnp_per_second``, the level the
                    cluster rules use too; not a rise over the job's healthy rate, so set it above the CNP rate the job
                    sees when healthy)
-4. ``thermal``     a GPU of the job throttles for heat
-5. ``power``       a GPU of the job throttles for power (power cap, power brake, HW slowdown)
+4. ``thermal``     a GPU of the job was held down for heat at least ``throttle_ratio`` of the interval
+5. ``power``       a GPU of the job was held down for power (power cap, power brake) as long, or is in HW slowdown
 6. ``straggler``   one rank holds the job back: named by the job (Megatron's straggler detector, nvidia-resiliency-ext's
                    scores) or by NCCL Inspector (the rank whose collectives are the shortest: its peers wait in them).
                    After thermal and power, which name the hardware reason a rank is slow; before stalled, since a
@@ -36,17 +36,26 @@ GPUs × (baseline − MFU) ÷ baseline × Δt to ``mfu_job_lost_gpu_seconds_tota
 where the capacity went. This module reads the sources' latest snapshot data; it never calls a source.
 
 On time and to the second. The MFU is a rate over a window (``mfu.window``, 60 s by default) and moves a window
-after the fault; the signals move at once. So:
+after the fault; the signals move at the next sample of their source. They are time shares over each sample's
+interval, from counters (a NIC's pause duration per priority, a GPU's throttle time per reason, retransmission and
+error counts, CNPs), so an episode between two samples counts in full: a 2 s full pause in a 5 s interval is 40 % of
+it. What has only a state is read at the sample (a GPU off the bus, a checkpoint write in progress, NCCL's transport,
+the HW slowdown bit, GPU utilization, a reason on a driver without its throttle-time counter). So:
 
 - a cause appears as soon as its signal shows and the job's *recent* progress (its last report interval, or no
   report when one was due) is below the baseline by the tolerance, without waiting for the window's MFU;
-- after its signal clears, a cause *holds* for one MFU window (plus the job's report interval): the window still
-  holds the slow seconds, and its gap, booked each second, goes to the cause that made it, not to ``unknown``;
+- after its signal clears, a cause *holds* for one MFU window plus twice the longer of the job's report interval
+  and the sources' sampling interval: the window still holds the slow seconds, and its gap, booked each second,
+  goes to the cause that made it, not to ``unknown``;
 - of the causes seen now or held, the first by precedence wins; ``stalled``, ``idle`` and ``unknown``, which have no
   signal of their own, are given only when no cause was seen within the window.
 
 Booking the window's gap with the hold books each slow second once: a window passes the lost area through whole,
 a window late.
+
+The counters' 5-minute rates are computed here too (``JobStanding.loss_rates``), from the bookings themselves: a shard
+that reads the rate the node loses to its blamed cause, one series per job, instead of every cause's counter on
+every node, evaluates in time proportional to nodes × jobs, not nodes × jobs × causes.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ from typing import Any, Callable, Iterable
 from mfu_exporter.config import AttributionConfig
 from mfu_exporter.model.job_view import NOT_TRAINING, JobView
 from mfu_exporter.model.ledger import TICK_GAP_SECONDS
+from mfu_exporter.model.loss_window import LossWindow
 from mfu_exporter.model.progress import REPORT_RESOLUTION_SECONDS
 from mfu_exporter.model.readings import GpuReading, InterfaceSignal, JobCollectives, MountSignal, PortSignal
 
@@ -134,6 +144,15 @@ class JobStanding:
     job: str
     lost_seconds: tuple[tuple[str, float], ...]  # (cause, GPU-seconds) once the job had a verdict; () before
     verdict: Verdict | None
+    # (cause, GPU-seconds lost per second over the last 5 minutes: model/loss_window.py), every cause, as lost_seconds
+    loss_rates: tuple[tuple[str, float], ...] = ()
+
+    def blamed_rate(self) -> float | None:
+        """What the cause blamed now loses per second over the window (0 for a cause without a counter: none); None
+        without a verdict."""
+        if self.verdict is None:
+            return None
+        return dict(self.loss_rates).get(self.verdict.cause, 0.0)
 
 
 @dataclass
@@ -152,6 +171,9 @@ class NodeSignals:
     nearest_nics: Callable[[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = lambda bus_id, nics: ()
     # Each job's collectives as its log and NCCL Inspector show them (the logs and nccl sources): job -> reading.
     collectives: dict[str, JobCollectives] = field(default_factory=dict)
+    # The longest sampling interval of the sources above (sources.gpu, .rdma, .ethtool: 5 s by default): each
+    # reading's shares are over its interval, so a cause holds that long more.
+    interval: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -251,6 +273,23 @@ def _gpu_lost(view: JobView, signals: NodeSignals) -> bool:
     return any(not gpu.up for gpu in _job_gpus(view, signals))
 
 
+def throttled(gpu: GpuReading, reasons: frozenset[str], share: float) -> list[str]:
+    """The reasons that held the GPU's SM clock down, for the evidence: a reason with a throttle-time counter when it
+    grew by at least ``share`` of the interval since the previous sample (an episode between two samples counts in
+    full, whatever the state at either); a reason without one (``hw_slowdown``; every reason on a GPU whose driver
+    has no counter and on the first sample) when its clock-event bit is set at the sample."""
+    ratios = dict(gpu.throttle_ratio)
+    out = []
+    for reason in sorted(reasons):
+        ratio = ratios.get(reason)
+        if ratio is None:
+            if reason in gpu.throttle_reasons:
+                out.append(reason)
+        elif ratio >= share:
+            out.append(f"{reason} {100 * ratio:.0f}% of the time")
+    return out
+
+
 def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: bool = False) -> tuple[str, str]:
     """The cause of a degraded job's gap and the evidence for it, by precedence. ``stopped``: the job's report is
     overdue (its recent progress is none), which is ``stalled`` as much as a window without progress is."""
@@ -267,7 +306,7 @@ def classify(view: JobView, signals: NodeSignals, limits: Thresholds, stopped: b
     if network:
         return "network", network
     for cause, reasons in (("thermal", THERMAL_REASONS), ("power", POWER_REASONS)):
-        hit = [(g, sorted(reasons.intersection(g.throttle_reasons))) for g in gpus]
+        hit = [(g, throttled(g, reasons, limits.throttle_ratio)) for g in gpus]
         hit = [(g, r) for g, r in hit if r]
         if hit:
             return cause, "; ".join(
@@ -351,6 +390,7 @@ class _JobAttribution:
     unexplained_since: float | None = None
     held: dict[str, _Held] = field(default_factory=dict)  # cause -> when its signal was last seen
     expected: bool = False  # the baseline is the job's expected_mfu, not learned
+    losses: LossWindow = field(default_factory=LossWindow)  # lost_seconds over the last 5 minutes
 
 
 def _recent(view: JobView, state: _JobAttribution, now: float, elapsed: float) -> tuple[float | None, float, bool]:
@@ -430,6 +470,7 @@ class Attributor:
                     size = int(self.limits.baseline_window / self.limits.baseline_interval)
                     state = self._jobs[view.name] = _JobAttribution(history=deque(maxlen=max(size, 1)))
                 self._evaluate(now, view, state, signals, gap)
+                state.losses.remember(now, state.lost_seconds)
                 state.judged = state.judged or state.verdict is not None
             for name in set(self._jobs) - seen:
                 del self._jobs[name]
@@ -475,9 +516,11 @@ class Attributor:
             return
         lost = max(baseline - value, 0.0) / baseline  # the window's gap: what the MFU shows and each second books
         recent_lost = max(baseline - recent, 0.0) / baseline if recent is not None else 0.0
-        # A hardware figure is the last sample's, no window behind it: its cause holds a couple of evaluations.
+        # A hardware figure is the last sample's, no window behind it: its cause holds a couple of samples. The
+        # signals are read over the sources' interval, so a cause is seen up to an interval after the seconds it
+        # slowed and holds as long again after it clears.
         window = (view.window_seconds or self.window) if signal == "mfu" else 0.0
-        hold = window + 2 * max(interval, elapsed, 1.0)
+        hold = window + 2 * max(interval, elapsed, signals.interval, 1.0)
         for cause in [cause for cause, seen in state.held.items() if now - seen.seen > hold]:
             del state.held[cause]  # the window no longer holds the seconds it slowed
         found: tuple[str, str] | None = None
@@ -559,6 +602,7 @@ class Attributor:
                     # window with no MFU): gaps in a counter read as resets.
                     tuple(state.lost_seconds.items()) if state.judged else (),
                     state.verdict,
+                    state.losses.rates if state.judged else (),
                 )
                 for name, state in self._jobs.items()
             ]

@@ -23,13 +23,10 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from mfu_exporter.config import DISCOVERY_LABEL_KEYS, DISCOVERY_POD_NAME_PATTERN
+from mfu_exporter.config import DISCOVERY_LABEL_KEYS
+from mfu_exporter.jobname import sanitize_job_name
 
 DEFAULT_LABEL_KEYS = DISCOVERY_LABEL_KEYS
-DEFAULT_POD_NAME_PATTERN = DISCOVERY_POD_NAME_PATTERN
-
-JOB_NAME_MAX = 128
-_JOB_NAME_BAD = re.compile(r"[^A-Za-z0-9_.:@+-]")
 _UUID_BODY = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
 _GPU_UUID = re.compile(rf"^GPU-{_UUID_BODY}$", re.IGNORECASE)
 _BARE_UUID = re.compile(rf"^{_UUID_BODY}$")
@@ -99,28 +96,10 @@ def match_device(device_id: str, resource_name: str, gpus: Iterable[NodeGpu]) ->
     return DeviceMatch(device_id, None, replica, "not a GPU UUID, nvidiaN name or replica of one")
 
 
-def sanitize_job_name(value: str) -> str | None:
-    """A job name as JobTracker accepts it (1–128 of letters, digits and ``_ . : @ + -``, starting with a letter or
-    digit), or None when nothing usable is left. Deterministic, so every node turns one value into one name."""
-    cleaned = _JOB_NAME_BAD.sub("_", value).lstrip("_.:@+-")[:JOB_NAME_MAX]
-    return cleaned or None
-
-
 def sanitize_label_value(value: str, limit: int = 253) -> str:
     """An info-series label value: printable, bounded (253 is a Kubernetes name's maximum), valid UTF-8."""
     text = value.encode("utf-8", "replace").decode("utf-8", "replace")
     return "".join(ch if ch.isprintable() else "_" for ch in text)[:limit]
-
-
-def compile_pod_name_pattern(pattern: str) -> re.Pattern:
-    """The pattern with a ``job`` group (or a first group) naming the job; raises ValueError with the reason."""
-    try:
-        compiled = re.compile(pattern)
-    except re.error as error:
-        raise ValueError(f"not a regular expression: {error}") from None
-    if "job" not in compiled.groupindex and compiled.groups < 1:
-        raise ValueError("needs a group naming the job, (?P<job>...) or a first (...)")
-    return compiled
 
 
 @dataclass(frozen=True)

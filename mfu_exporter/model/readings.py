@@ -34,9 +34,13 @@ class GpuReading:
     pci_bus_id: str = ""  # NVML's bus ID ("00000000:1B:00.0"), to place the GPU in the PCIe topology
     up: bool = True
     mig: bool = False
-    throttle_reasons: tuple[str, ...] = ()  # the clock-event reasons set now, by name
+    throttle_reasons: tuple[str, ...] = ()  # the clock-event reasons set at the sample's instant, by name
     # Cumulative seconds the SM clock was held down, per reason: (reason, seconds) pairs, in THROTTLE_TIME order.
     throttle_seconds: tuple[tuple[str, float], ...] = ()
+    # The share of the time since the previous sample each reason held the SM clock down (0–1), from the growth of
+    # ``throttle_seconds``: an episode that began and ended between two samples counts in full. Empty on the first
+    # sample and for a reason without a counter; the attribution reads the state bits for those.
+    throttle_ratio: tuple[tuple[str, float], ...] = ()
     xid_count: int = 0  # Xid errors since the exporter started
     xids: tuple[tuple[int, int], ...] = ()  # (Xid, count) since the exporter started, by Xid
     health: str = "healthy"  # one of mfu_exporter.model.xid.HEALTH_STATES: what the GPU's Xids and NVML ask for

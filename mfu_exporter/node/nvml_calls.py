@@ -65,6 +65,10 @@ class GpuState:
         self.throttle_field: dict[str, float] = {}
         self.throttle_integrated: dict[str, float] = {}
         self.mask_at: float | None = None  # when the clock-event bitmask was last read (the integration's step)
+        # Each reason's throttle seconds at the previous sample, and when: the share of the interval is their growth.
+        self.throttle_last: dict[str, float] = {}
+        self.throttle_last_at: float | None = None
+        self.fields_at: float | None = None  # when the field values were last read (their request answered)
         # NVLink errors: the links NVML reports, the counters asked for, and each (field, link)'s last value.
         self.nvlink_links: int | None = None
         self.nvlink_kinds: tuple[tuple[str, int], ...] = ()  # set at each open (mfu_exporter.node.nvml_fields)

@@ -1,8 +1,11 @@
-"""NVML field values: which fields a GPU is asked for (byte counters, throttle time, NVLink errors per link), how
-their values are decoded, and the clock-event reason bits.
+"""NVML field values: which fields a GPU is asked for (power, energy, ECC counts, health, byte counters, throttle time,
+NVLink errors per link), how their values are decoded, and the clock-event reason bits.
 
-Every field goes into one ``nvmlDeviceGetFieldValues`` call a cycle. A field the driver lacks is remembered per GPU
-and left out of the next request; a byte counter answered in 32 bits is left to GPM's rate (``mfu_exporter.node.gpm``).
+Every field goes into one ``nvmlDeviceGetFieldValues`` call per GPU and sample: one trip into the driver where a call
+per figure made six. A field the driver lacks is remembered per GPU and left out of the next request; its figure then
+comes from its own call (``mfu_exporter.node.nvml_gpus``), and a byte counter answered in 32 bits is left to GPM's rate
+(``mfu_exporter.node.gpm``). Utilization, memory, the SM clock, the GPU temperature and the clock-event reasons have
+no field ID in nvml.h: they stay calls.
 """
 
 from __future__ import annotations
@@ -56,6 +59,19 @@ FIELD_COUNTERS = (
     ("pcie_transmit_bytes", 197, 0, 1),
     ("pcie_receive_bytes", 198, 0, 1),
 )
+# Figures read as field values in place of a call each: (reading key, field ID, scope ID, scale to base units).
+# NVML_FI_DEV_POWER_AVERAGE is what nvmlDeviceGetPowerUsage returns on Ampere and newer (the last second's average,
+# mW; scope NVML_POWER_SCOPE_GPU); NVML_FI_DEV_POWER_CURRENT_LIMIT the limit in force (mW);
+# NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION mJ since the driver loaded; NVML_FI_DEV_ECC_SBE_VOL_TOTAL and _DBE_VOL_TOTAL
+# the volatile corrected and uncorrected counts of nvmlDeviceGetTotalEccErrors. GA100 and older have no averaged
+# power: their GPUs answer it NOT_SUPPORTED and get the instant figure from the call.
+FIELD_FIGURES = (
+    ("power_watts", 185, 0, 1e-3),
+    ("power_limit_watts", 190, 0, 1e-3),
+    ("energy_joules", 83, 0, 1e-3),
+    ("ecc_corrected", 3, 0, 1),
+    ("ecc_uncorrected", 4, 0, 1),
+)
 # What the driver says a GPU needs, read every cycle (they are 4 fields of the one request, and a GPU's health is
 # what an operator acts on): nvml.h's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (an nvmlDeviceGpuRecoveryAction_t),
 # NVML_FI_DEV_REMAPPED_PENDING and NVML_FI_DEV_REMAPPED_FAILURE (row remapping, Ampere and newer) and
@@ -66,8 +82,8 @@ HEALTH_FIELDS = (
     ("remap_failed", 145),
     ("retirement_pending", 31),
 )
-# The field request of a GPU: (tag, key, field ID, scope ID, scale) per field; tag "counter", "throttle", "health"
-# or "nvlink".
+# The field request of a GPU: (tag, key, field ID, scope ID, scale) per field; tag "figure", "counter", "throttle",
+# "health" or "nvlink".
 FieldSpec = tuple[str, str, int, int, float]
 
 
@@ -77,22 +93,23 @@ def decode_throttle_reasons(mask: int) -> list[str]:
 
 
 class FieldValues(NvmlCalls):
-    """Reads a GPU's field values through the NVML gate; ``read_throttle_time`` and ``read_nvlink_errors`` say whether
-    the series level (``sources.gpu.series``) exports what those fields feed."""
+    """Reads a GPU's field values through the NVML gate; ``read_nvlink_errors`` says whether the series level
+    (``sources.gpu.series``) exports what those fields feed. The throttle-time fields are read at every level: the
+    loss attribution reads the share of each interval they grew by."""
 
-    read_throttle_time = True
     read_nvlink_errors = True
+    figures_read: frozenset[str] = frozenset(key for key, _, _, _ in FIELD_FIGURES)  # the figures the level exports
 
     def _plan_fields(self, gpu: GpuState) -> None:
         """Which field values to request, given what this GPU refused so far and what the series level exports."""
         specs: list[FieldSpec] = [
-            ("counter", key, field_id, scope, scale) for key, field_id, scope, scale in FIELD_COUNTERS
+            ("figure", key, field_id, scope, scale)
+            for key, field_id, scope, scale in FIELD_FIGURES
+            if key in self.figures_read
         ]
+        specs += [("counter", key, field_id, scope, scale) for key, field_id, scope, scale in FIELD_COUNTERS]
         specs += [("health", key, field_id, 0, 1) for key, field_id in HEALTH_FIELDS]
-        if self.read_throttle_time:
-            specs += [
-                ("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME
-            ]
+        specs += [("throttle", reason, field_id, 0, THROTTLE_FIELD_SECONDS) for reason, field_id, _ in THROTTLE_TIME]
         nvlink: list[FieldSpec] = []
         if self.read_nvlink_errors:
             nvlink = [
@@ -144,6 +161,7 @@ class FieldValues(NvmlCalls):
                 else:
                     self._refused(gpu, "fields", exc)
                 return
+            gpu.fields_at = now
             success = self._nvml.NVML_SUCCESS
             for spec, value in zip(specs, values):
                 tag, key, field_id, scope, scale = spec
@@ -156,7 +174,7 @@ class FieldValues(NvmlCalls):
                         # second it can wrap several times between samples, so GPM's rate integrated stands in.
                         gpu.unsupported[key] = "a 32-bit counter that wraps every 4 GiB; GPM's rate integrated instead"
                         gpu.planned = False
-                    elif tag == "counter":
+                    elif tag == "counter" or tag == "figure":
                         reading[key] = number
                     elif tag == "throttle":
                         gpu.throttle_field[key] = number
@@ -188,21 +206,36 @@ class FieldValues(NvmlCalls):
         if gpu.nvlink_values:
             reading["nvlink_errors"] = sum(gpu.nvlink_values.values())
 
-    def _throttle_time(self, gpu: GpuState, mask: int | None, now: float) -> tuple[tuple[str, float], ...]:
-        """Each reason's cumulative throttle seconds: its field where the driver answers it, else its bit integrated
-        over samples (the state a sample reads is taken to have held since the previous sample)."""
+    def _throttle_time(
+        self, gpu: GpuState, mask: int | None, now: float
+    ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+        """Each reason's cumulative throttle seconds, and the share of the time since the previous sample it held the
+        clock down (the counter's growth over that time). The seconds are its field where the driver answers it, else
+        its bit integrated over samples (the state a sample reads is taken to have held since the previous sample)."""
         elapsed = now - gpu.mask_at if gpu.mask_at is not None and mask is not None else 0.0
         if mask is not None:
             gpu.mask_at = now
-        out = []
+        seconds = []
         for reason, _, bit in THROTTLE_TIME:
             if reason in gpu.throttle_field:
-                out.append((reason, gpu.throttle_field[reason]))
+                seconds.append((reason, gpu.throttle_field[reason]))
             elif f"throttle:{reason}" in gpu.unsupported and mask is not None:
                 total = gpu.throttle_integrated.get(reason, 0.0) + (elapsed if mask & bit else 0.0)
                 gpu.throttle_integrated[reason] = total
-                out.append((reason, total))
-        return tuple(out)
+                seconds.append((reason, total))
+        if gpu.throttle_field and gpu.fields_at != now:
+            return tuple(seconds), ()  # the counters were not read this time: the next share spans both intervals
+        previous, since = gpu.throttle_last, gpu.throttle_last_at
+        gpu.throttle_last, gpu.throttle_last_at = dict(seconds), now
+        span = now - since if since is not None else 0.0
+        if span <= 0:
+            return tuple(seconds), ()
+        ratios = []
+        for reason, total in seconds:
+            grown = total - previous.get(reason, total)
+            if grown >= 0:  # a counter that went back (the driver reloaded) says nothing of this interval
+                ratios.append((reason, min(grown / span, 1.0)))
+        return tuple(seconds), tuple(ratios)
 
 
 def nvlink_by_kind(gpu: GpuState) -> dict[str, float]:
@@ -219,14 +252,19 @@ _NVLINK_KIND = {field_id: kind for kind, field_id in (*NVLINK_ERRORS, *NVLINK_ER
 
 
 def field_key(spec: tuple[str, str, int, int, float]) -> str:
-    """The ``unsupported`` key of a field spec: the reading key of a counter, ``health:<key>``,
-    ``throttle:<reason>``, ``nvlink:<field>:<link>``."""
+    """The ``unsupported`` key of a field spec: ``field:<reading key>`` of a figure (its call has the figure's own
+    key), the reading key of a counter, ``health:<key>``, ``throttle:<reason>``, ``nvlink:<field>:<link>``."""
     tag, key, field_id, scope, _ = spec
     if tag == "counter":
         return key
+    if tag == "figure":
+        return FIGURE_FIELD_KEYS[key]
     if tag == "health":
         return f"health:{key}"
     return f"throttle:{key}" if tag == "throttle" else f"nvlink:{field_id}:{scope}"
+
+
+FIGURE_FIELD_KEYS = {key: f"field:{key}" for key, _, _, _ in FIELD_FIGURES}
 
 
 def field_number(value: Any) -> float:

@@ -39,7 +39,13 @@ from mfu_exporter.node.gpm import (
 )
 from mfu_exporter.node.nvml import NvmlSession, clock_event_reasons
 from mfu_exporter.node.nvml_calls import GpuState, NvmlUnavailable
-from mfu_exporter.node.nvml_fields import FIELD_COUNTERS, NVLINK_ERRORS, FieldValues, decode_throttle_reasons
+from mfu_exporter.node.nvml_fields import (
+    FIELD_COUNTERS,
+    FIGURE_FIELD_KEYS,
+    NVLINK_ERRORS,
+    FieldValues,
+    decode_throttle_reasons,
+)
 from mfu_exporter.node.xid import XidEvents
 
 log = logging.getLogger(__name__)
@@ -57,10 +63,10 @@ class GpuReads:
     summaries, the attribution and the job model read the rest at every level)."""
 
     memory: bool = True  # nvmlDeviceGetMemoryInfo: used, total, reserved
-    power: bool = True  # nvmlDeviceGetPowerUsage and nvmlDeviceGetEnforcedPowerLimit
+    power: bool = True  # the power and power limit fields (or nvmlDeviceGetPowerUsage, ...GetEnforcedPowerLimit)
     temperature: bool = True  # nvmlDeviceGetTemperature
-    energy: bool = True  # nvmlDeviceGetTotalEnergyConsumption (4.7 ms of a 6.4 ms sample on a real H200)
-    throttle_time: bool = True  # the four throttle-time fields (or the clock-event bit integrated)
+    # The energy field (or nvmlDeviceGetTotalEnergyConsumption: 4.7 ms of a 6.4 ms sample on a real H200).
+    energy: bool = True
     nvlink_errors: bool = True  # the NVLink error fields, per link (4 a link: 72 on an 18-link GPU)
 
 
@@ -89,8 +95,31 @@ class NvmlGpus(FieldValues, XidEvents):
         super().__init__(nvml)
         self.retry_interval = retry_interval
         self.reads = reads
-        self.read_throttle_time = reads.throttle_time
         self.read_nvlink_errors = reads.nvlink_errors
+        # The figures read as field values (node.nvml_fields.FIELD_FIGURES) at this level, and the call each comes
+        # from on a GPU that does not answer its field: (its ``unsupported`` key, function, arguments after the
+        # handle, scale to base units). ECC counts are volatile: since the driver loaded, updated live (the aggregate
+        # ones lag in the infoROM); energy is in millijoules, power in milliwatts.
+        calls = {
+            "power_watts": ("power", nvml.nvmlDeviceGetPowerUsage, (), 1e-3),
+            "power_limit_watts": ("power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, (), 1e-3),
+            "energy_joules": ("energy", nvml.nvmlDeviceGetTotalEnergyConsumption, (), 1e-3),
+            "ecc_corrected": (
+                "ecc_corrected",
+                nvml.nvmlDeviceGetTotalEccErrors,
+                (nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_VOLATILE_ECC),
+                1.0,
+            ),
+            "ecc_uncorrected": (
+                "ecc_uncorrected",
+                nvml.nvmlDeviceGetTotalEccErrors,
+                (nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC),
+                1.0,
+            ),
+        }
+        wanted = {"power_watts": reads.power, "power_limit_watts": reads.power, "energy_joules": reads.energy}
+        self._figure_calls = {key: call for key, call in calls.items() if wanted.get(key, True)}
+        self.figures_read = frozenset(self._figure_calls)
         self._gpm_enabled = gpm
         self._peak_clock_hz = peak_clock_hz  # a model name's reference tensor clock (the hardware FLOPs estimate)
         self._init_reasons = {
@@ -177,16 +206,6 @@ class NvmlGpus(FieldValues, XidEvents):
         clock = call(gpu, "sm_clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
         if clock is not None:
             reading["sm_clock_hz"] = clock * 1e6
-        power = call(gpu, "power", nvml.nvmlDeviceGetPowerUsage, handle) if reads.power else None
-        if power is not None:
-            reading["power_watts"] = power / 1000  # NVML reports milliwatts
-        limit = call(gpu, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle) if reads.power else None
-        if limit is not None:
-            reading["power_limit_watts"] = limit / 1000
-        # On a real H200 this call took 4.7 ms, the slowest of the sample: made only where its family is exported.
-        energy = call(gpu, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption, handle) if reads.energy else None
-        if energy is not None:
-            reading["energy_joules"] = energy / 1000  # millijoules
         temperature = (
             call(gpu, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
             if reads.temperature
@@ -200,21 +219,24 @@ class NvmlGpus(FieldValues, XidEvents):
             throttle_reasons = tuple(decode_throttle_reasons(mask))
         else:
             throttle_reasons = ()
-        for key, error_type in (
-            ("ecc_corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-            ("ecc_uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-        ):
-            # Volatile counts: since the driver loaded, updated live (the aggregate ones lag in the infoROM).
-            count = call(gpu, key, nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, nvml.NVML_VOLATILE_ECC)
-            if count is not None:
-                reading[key] = float(count)
         self._read_fields(gpu, reading, now)
-        throttle_seconds = self._throttle_time(gpu, mask, now) if reads.throttle_time else ()
+        for key in self._figure_calls:
+            if FIGURE_FIELD_KEYS[key] in gpu.unsupported:  # the field is not answered here: the figure's own call
+                call_key, function, args, scale = self._figure_calls[key]
+                value = call(gpu, call_key, function, handle, *args)
+                if value is not None:
+                    reading[key] = value * scale
+        throttle_seconds, throttle_ratio = self._throttle_time(gpu, mask, now)
         self._read_gpm(gpu, now, reading)
         tensor, sm_clock = reading["tensor_active"], reading["sm_clock_hz"]
         if tensor is not None and sm_clock is not None and gpu.peak_clock_hz:
             reading["hardware_flops_utilization"] = tensor * sm_clock / gpu.peak_clock_hz
-        return {"throttle_reasons": throttle_reasons, "throttle_seconds": throttle_seconds, **reading}
+        return {
+            "throttle_reasons": throttle_reasons,
+            "throttle_seconds": throttle_seconds,
+            "throttle_ratio": throttle_ratio,
+            **reading,
+        }
 
     def _plan(self, gpu: GpuState) -> None:
         """Which field values and GPM metrics to request, given what this GPU refused so far."""
@@ -450,6 +472,7 @@ class NvmlGpus(FieldValues, XidEvents):
     def _lose(self, gpu: GpuState, why: Exception | str, now: float) -> None:
         gpu.handle = None
         gpu.mask_at = None  # the time it was away is not integrated into throttle seconds
+        gpu.throttle_last_at = None  # nor shared out over the next sample's interval
         gpu.lost_reason = str(why)
         gpu.lost_code = getattr(why, "value", None)
         gpu.health_fields = {}  # what NVML said of it before the loss no longer stands

@@ -14,7 +14,8 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from mfu_exporter.model.attribution import POWER_REASONS, THERMAL_REASONS
+from mfu_exporter.config import AttributionConfig
+from mfu_exporter.model.attribution import POWER_REASONS, THERMAL_REASONS, throttled
 from mfu_exporter.model.flops import gpu_model
 from mfu_exporter.model.readings import GpuReading
 from mfu_exporter.model.xid import HEALTH_STATES
@@ -124,6 +125,9 @@ NODE_TOTALS = (
 )
 # GPUs count once per cause, whichever of its reasons hold them (as the attribution counts them).
 THROTTLE_CAUSES = (("thermal", THERMAL_REASONS), ("power", POWER_REASONS))
+# The share of a sample's interval a reason must hold a GPU down for the GPU to count in mfu_node_gpus_throttled: the
+# attribution's default (attribution.throttle_ratio), so the cluster rules count the GPUs a node's attribution blames.
+THROTTLE_SHARE = AttributionConfig().throttle_ratio
 
 
 class _Labels:
@@ -260,14 +264,16 @@ def _summaries(sample: GpuSample) -> Iterable[Metric]:
     lost = GaugeMetricFamily("mfu_node_gpus_lost", "GPUs of the node that stopped answering NVML.")
     lost.add_metric([], len(readings) - len(up))
     yield lost
-    throttled = GaugeMetricFamily(
+    held = GaugeMetricFamily(
         "mfu_node_gpus_throttled",
-        "GPUs of the node a thermal or power clock-event reason holds down now, by cause.",
+        "GPUs of the node a thermal or power reason held down over the last sample interval (at least "
+        f"{100 * THROTTLE_SHARE:g}% of it, from NVML's throttle-time counters; the clock-event state for a reason "
+        "without one), by cause.",
         labels=["cause"],
     )
     for cause, reasons in THROTTLE_CAUSES:
-        throttled.add_metric([cause], float(sum(1 for r in up if reasons.intersection(r.throttle_reasons))))
-    yield throttled
+        held.add_metric([cause], float(sum(1 for r in up if throttled(r, reasons, THROTTLE_SHARE))))
+    yield held
     for name, text, key in NODE_MEANS:
         values = [value for r in up if (value := getattr(r, key)) is not None]
         if values:

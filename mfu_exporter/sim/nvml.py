@@ -19,6 +19,9 @@ Behaviour worth knowing:
   taken (a simulation sets the table each tick), or ``NOT_SUPPORTED`` for an ID the GPU lacks. PCIe and NVLink
   rates (IDs 20/21/60/61) come from the GPU's byte rates, so they agree with the byte counters.
 - NVLink throughput fields answer per link (``scopeId`` = link) or summed over all links (``scopeId`` = UINT_MAX).
+- Field values answer each requested ID with its own ``nvmlReturn``: the figures a call also gives (power, power
+  limit, energy, volatile ECC counts), byte, throttle-time and NVLink counters, NOT_SUPPORTED for an ID outside
+  ``FakeGpu.fields`` (an A100 lacks the averaged power, an L40S every field).
 - Xid events: ``FakeNvml.xid(index, code)`` queues one on every event set registered for that GPU, as the driver
   does: an Xid raised while no set is registered reaches nobody, and ``nvmlEventSetFree`` drops what its set still
   holds. ``nvmlEventSetWait`` returns queued events and raises ``NVMLError_Timeout`` when none is left (it never
@@ -40,29 +43,23 @@ from typing import Any, Callable
 
 import pynvml
 
-ALL_LINKS = 0xFFFFFFFF
-MIB = 1024 * 1024
-
-# nvml.h field IDs the fake answers: cumulative NVLink data KiB (per link or all links) and PCIe bytes.
-NVLINK_FIELDS = {
-    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "nvlink_tx_bytes",
-    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "nvlink_rx_bytes",
-}
-PCIE_FIELDS = {197: "pcie_tx_bytes", 198: "pcie_rx_bytes"}  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES
-# Cumulative throttle time in ns (NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = PERF_POLICY_POWER, SW/HW thermal,
-# HW power brake), grown by ``advance`` while the matching clock-event bit is set.
-THROTTLE_FIELDS = {74: 0x4, 269: 0x20, 270: 0x40, 271: 0x80}
-NVLINK_LINK_COUNT = 91
-# Per-link NVLink error counters (scopeId = link): CRC flit, CRC data, replay, recovery totals over lanes; and the
-# newer per-link counters (receive errors, local link integrity errors, link recovery events).
-NVLINK_ERROR_FIELDS = (38, 45, 52, 59)
-NVLINK_ERROR_FIELDS_NEWER = (208, 211, 215)
-# What the driver says a GPU needs: the recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), row remap pending and
-# failed, pages pending retirement; each 0 until a simulation sets it in ``FakeGpu.health``.
-RECOVERY_ACTION, REMAP_PENDING, REMAP_FAILED, RETIRED_PENDING = 230, 144, 145, 31
-HEALTH_FIELDS = (RECOVERY_ACTION, REMAP_PENDING, REMAP_FAILED, RETIRED_PENDING)
-# GPM rate metrics in MiB/s, derived from the GPU's byte rates.
-GPM_RATES = {20: "pcie_tx_rate", 21: "pcie_rx_rate", 60: "nvlink_rx_rate", 61: "nvlink_tx_rate"}
+from mfu_exporter.sim.nvml_fields import (
+    FIGURE_FIELDS,
+    HEALTH_FIELDS,
+    MIB,
+    NVLINK_ERROR_FIELDS,
+    NVLINK_ERROR_FIELDS_NEWER,
+    NVLINK_FIELDS,
+    NVLINK_LINK_COUNT,
+    PCIE_FIELDS,
+    THROTTLE_FIELDS,
+    field_values,
+)
+from mfu_exporter.sim.nvml_fields import RECOVERY_ACTION as RECOVERY_ACTION  # the demo and tests set health by these
+from mfu_exporter.sim.nvml_fields import REMAP_FAILED as REMAP_FAILED
+from mfu_exporter.sim.nvml_fields import REMAP_PENDING as REMAP_PENDING
+from mfu_exporter.sim.nvml_fields import RETIRED_PENDING as RETIRED_PENDING
+from mfu_exporter.sim.nvml_gpm import FakeGpm, GpmSample
 
 HGX_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 
@@ -98,7 +95,10 @@ class FakeGpu:
     pcie_rx_rate: float = 0.0
     fields: set[int] = field(
         default_factory=lambda: (
-            set(NVLINK_FIELDS) | set(THROTTLE_FIELDS) | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS, *HEALTH_FIELDS}
+            set(FIGURE_FIELDS)
+            | set(NVLINK_FIELDS)
+            | set(THROTTLE_FIELDS)
+            | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS, *HEALTH_FIELDS}
         )
     )
     health: dict[int, int] = field(default_factory=dict)  # health field ID -> value (0 when absent)
@@ -176,7 +176,8 @@ def h200(index: int, **overrides: Any) -> FakeGpu:
             "uuid": _uuid(0x200, index),
             "memory_total": 143771 * MIB,
             "memory_reserved": 644_939_776,
-            "fields": set(NVLINK_FIELDS)
+            "fields": set(FIGURE_FIELDS)
+            | set(NVLINK_FIELDS)
             | set(THROTTLE_FIELDS)
             | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS}
             | set(PCIE_FIELDS),
@@ -198,6 +199,11 @@ def a100(index: int, **overrides: Any) -> FakeGpu:
             "power_limit_mw": 400_000,
             "nvlink_links": 12,
             "gpm_supported": False,
+            # GA100 has no averaged power (NVML_FI_DEV_POWER_AVERAGE): the instant figure of the call instead.
+            "fields": (set(FIGURE_FIELDS) - {185})
+            | set(NVLINK_FIELDS)
+            | set(THROTTLE_FIELDS)
+            | {NVLINK_LINK_COUNT, *NVLINK_ERROR_FIELDS, *HEALTH_FIELDS},
             **overrides,
         }
     )
@@ -233,7 +239,8 @@ def b200(index: int, **overrides: Any) -> FakeGpu:
             "memory_total": 183359 * MIB,
             "power_limit_mw": 1_000_000,
             # The newer per-link NVLink error counters only (the older per-lane totals are not asked for there).
-            "fields": set(NVLINK_FIELDS)
+            "fields": set(FIGURE_FIELDS)
+            | set(NVLINK_FIELDS)
             | set(PCIE_FIELDS)
             | set(THROTTLE_FIELDS)
             | {NVLINK_LINK_COUNT}
@@ -258,18 +265,11 @@ class _EventSet:
         self.freed = False
 
 
-@dataclass
-class _GpmSample:
-    buffer: Any  # keeps the memory the sample pointer points at alive
-    gpu: FakeGpu | None = None
-    values: dict[int, float] | None = None
-
-
 def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
-class FakeNvml:
+class FakeNvml(FakeGpm):
     """Stands in for the ``pynvml`` module: pass it where the source takes its NVML module."""
 
     def __init__(
@@ -290,7 +290,7 @@ class FakeNvml:
         self._refcount = 0
         self._session = 0
         self._enumerated: list[FakeGpu] = []
-        self._samples: dict[int, _GpmSample] = {}
+        self._samples: dict[int, GpmSample] = {}
         self._event_sets: list[_EventSet] = []  # created and not freed: where the driver delivers events
         self._lock = threading.Lock()
 
@@ -519,47 +519,7 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list) -> ctypes.Array:
         gpu = self._enter("nvmlDeviceGetFieldValues", handle)
-        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        # Members are set through object's setattr: pynvml's Python __setattr__ only encodes str, and no member here
-        # is one, while real NVML fills these structs in C (the bench counts this fake's work as the daemon's).
-        put = object.__setattr__
-        for value, requested in zip(values, field_ids):
-            field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
-            put(value, "fieldId", field_id)
-            put(value, "scopeId", scope)
-            if field_id in gpu.field_errors:
-                put(value, "nvmlReturn", gpu.field_errors[field_id])
-                continue
-            if field_id not in gpu.fields:
-                put(value, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
-                continue
-            if field_id == NVLINK_LINK_COUNT:
-                number = gpu.nvlink_links
-            elif field_id in THROTTLE_FIELDS:
-                number = gpu.throttle_ns.get(field_id, 0)
-            elif field_id in HEALTH_FIELDS:
-                number = gpu.health.get(field_id, 0)
-            elif field_id in NVLINK_ERROR_FIELDS or field_id in NVLINK_ERROR_FIELDS_NEWER:
-                if not 0 <= scope < gpu.nvlink_links:
-                    put(value, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
-                    continue
-                number = gpu.nvlink_errors.get((field_id, scope), 0)
-            elif field_id in NVLINK_FIELDS:
-                if scope != ALL_LINKS and scope >= gpu.nvlink_links:
-                    put(value, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
-                    continue
-                total = getattr(gpu, NVLINK_FIELDS[field_id]) / 1024  # NVML counts NVLink data in KiB
-                number = total if scope == ALL_LINKS else total / gpu.nvlink_links
-            else:
-                number = getattr(gpu, PCIE_FIELDS[field_id])
-            value_type = gpu.field_value_types.get(field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
-            put(value, "valueType", value_type)
-            if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-                object.__getattribute__(value, "value").uiVal = int(number) % 2**32
-            else:
-                object.__getattribute__(value, "value").ullVal = int(number)
-            put(value, "nvmlReturn", pynvml.NVML_SUCCESS)
-        return values
+        return field_values(gpu, field_ids)
 
     # --- Xid events -------------------------------------------------------------------------------------------
 
@@ -597,67 +557,6 @@ class FakeNvml:
             self._event_sets.remove(event_set)
         event_set.freed = True
         event_set.xids.clear()
-
-    # --- GPM --------------------------------------------------------------------------------------------------
-
-    def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> pynvml.c_nvmlGpmSupport_t:
-        gpu = self._enter("nvmlGpmQueryDeviceSupport", handle)
-        return pynvml.c_nvmlGpmSupport_t(
-            version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(gpu.gpm_supported)
-        )
-
-    def nvmlGpmSampleAlloc(self) -> Any:
-        self._enter("nvmlGpmSampleAlloc")
-        buffer = ctypes.create_string_buffer(8)
-        pointer = ctypes.cast(buffer, pynvml.c_nvmlGpmSample_t)
-        with self._lock:
-            self._samples[ctypes.addressof(buffer)] = _GpmSample(buffer)
-        return pointer
-
-    def _sample(self, pointer: Any) -> _GpmSample:
-        sample = self._samples.get(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
-        if sample is None:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return sample
-
-    def nvmlGpmSampleFree(self, pointer: Any) -> None:
-        self._enter("nvmlGpmSampleFree")
-        self._sample(pointer)
-        with self._lock:
-            del self._samples[ctypes.cast(pointer, ctypes.c_void_p).value]
-
-    def nvmlGpmSampleGet(self, handle: _Handle, pointer: Any) -> Any:
-        gpu = self._enter("nvmlGpmSampleGet", handle)
-        if not gpu.gpm_supported or gpu.mig_mode:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        sample = self._sample(pointer)
-        sample.gpu = gpu
-        sample.values = dict(gpu.gpm)
-        for metric_id, attribute in GPM_RATES.items():
-            sample.values[metric_id] = getattr(gpu, attribute) / MIB
-        return pointer
-
-    def nvmlGpmMetricsGet(self, request: Any) -> Any:
-        self._enter("nvmlGpmMetricsGet")
-        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
-            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        if not 0 < request.numMetrics <= pynvml.NVML_GPM_METRIC_MAX:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        first, second = self._sample(request.sample1), self._sample(request.sample2)
-        if first is second or first.gpu is None or first.gpu is not second.gpu:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        for j in range(request.numMetrics):
-            metric = request.metrics[j]
-            if metric.metricId in second.gpu.gpm_errors:
-                metric.value = 0.0
-                metric.nvmlReturn = second.gpu.gpm_errors[metric.metricId]
-            elif metric.metricId in second.values:
-                metric.value = second.values[metric.metricId]
-                metric.nvmlReturn = pynvml.NVML_SUCCESS
-            else:
-                metric.value = 0.0
-                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-        return request
 
 
 def node(*gpus: FakeGpu | Callable[[int], FakeGpu], count: int | None = None, **kwargs: Any) -> FakeNvml:

@@ -21,10 +21,17 @@ The pattern of Prometheus' own load tools (avalanche, prombench's fake targets),
   per state, each job's body is made from its state's text once per interval, and a request only joins its node's
   ``uuid`` token into the job's body: no per-request formatting.
 
+**Or a real node, replayed** (``--exposition``): the exposition of a node, a file or its ``/metrics`` URL (a running
+``mfu-exporter demo``, or any node's), served by every node with every job of it (the one-job layout: each job on
+every node). Counters advance at the rate between two captures ``--exposition-apart`` apart: two files given, or a
+URL read twice; each node is its own ``instance`` and its GPUs' UUIDs carry its index, as above. The incident and
+lost-GPU nodes are none: the replayed node's own causes are every node's.
+
 ``GET /api/v1/fleet`` gives the truth: each job's nodes, instances and MFU (what the served counters make it), the
 incident's node, job and instance, and the lost GPU's.
 
 ``python -m mfu_exporter.sim.targets --nodes 4096 --listen 127.0.0.1:9400 --file-sd nodes.json``
+``python -m mfu_exporter.sim.targets --nodes 2048 --exposition http://127.0.0.1:9495/metrics``
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import signal
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -53,6 +61,8 @@ log = logging.getLogger(__name__)
 
 HEALTHY, INCIDENT, WAITING, LOST, STOPPED = "healthy", "incident", "waiting", "lost", "stopped"
 STATES = (HEALTHY, INCIDENT, WAITING, LOST, STOPPED)
+REPLAY = "replay"  # the one state of a replayed node's fleet (--exposition)
+JOB_LABEL = re.compile(r'training_job="((?:[^"\\]|\\.)*)"')
 # The capture fleets: 18 nodes make a healthy job of 16 (nodes 0-15) and a job of 2 (16 and 17) with the incident on
 # node 16 and node 17 waiting on it (layout_jobs' sizes 16, 8, 32).
 CAPTURE_NODES = 18
@@ -124,8 +134,9 @@ class Rendering:
 
     first: str
     second: str
-    job: str
+    job: str  # "" for a replayed node: its jobs keep their names
     at: float
+    apart: float = CAPTURE_SECONDS  # seconds between the two
 
 
 async def _capture_fleet(root: Path, incident: str, nodes: dict[str, int], warmup: float) -> dict[str, Rendering]:
@@ -177,7 +188,38 @@ async def capture(root: Path, warmup: float = CAPTURE_WARMUP, incident: str = "p
 
 def _tokenize(line: str, job: str) -> str:
     """A captured line with its job's name and its GPUs' node part replaced by the tokens a served node fills."""
-    return UUID.sub(rf"\g<1>{NODE_TOKEN}\g<2>", line.replace(f'training_job="{job}"', f'training_job="{JOB_TOKEN}"'))
+    if job:
+        line = line.replace(f'training_job="{job}"', f'training_job="{JOB_TOKEN}"')
+    return UUID.sub(rf"\g<1>{NODE_TOKEN}\g<2>", line)
+
+
+def read_exposition(source: str) -> str:
+    """A node's exposition: a file, or a running node's ``/metrics`` (an http:// or https:// URL)."""
+    if source.startswith(("http://", "https://")):
+        with urllib.request.urlopen(source, timeout=30) as response:
+            return response.read().decode()
+    return Path(source).read_text()
+
+
+def replay_rendering(sources: list[str], apart: float, sleep: Callable[[float], None] = time.sleep) -> Rendering:
+    """The two captures of a replayed node: two sources ``apart`` seconds apart, or one URL read twice, ``apart``
+    seconds apart. A file's capture time is its modification time (its timestamps are offset from it)."""
+    url = len(sources) == 1 and sources[0].startswith(("http://", "https://"))
+    if len(sources) not in (1, 2) or (len(sources) == 1 and not url):
+        raise ValueError(
+            "--exposition: two captures (files or URLs) --exposition-apart seconds apart, or one URL to read twice: "
+            "one file has no counter rates"
+        )
+    if apart <= 0:
+        raise ValueError(f"--exposition-apart: a positive duration, not {apart:g} s")
+    first = read_exposition(sources[0])
+    if url:
+        sleep(apart)
+    second = read_exposition(sources[-1])
+    at = time.time() if sources[-1].startswith(("http://", "https://")) else Path(sources[-1]).stat().st_mtime
+    if not any(line.startswith("mfu_") for line in second.splitlines()):
+        raise ValueError(f"--exposition: {sources[-1]} has no mfu_ series: not an mfu-exporter's /metrics")
+    return Rendering(first, second, "", at, apart)
 
 
 @dataclass
@@ -220,7 +262,7 @@ class StateTemplate:
             if monotonic:
                 before = earlier.get(key)
                 # A counter that fell (none does in a capture: no restart) or is new moves no faster than zero.
-                rate = max(value - before, 0.0) / CAPTURE_SECONDS if before is not None else 0.0
+                rate = max(value - before, 0.0) / captured.apart if before is not None else 0.0
                 rates[key] = rate
             static.append(key + " ")
             parts.append("".join(static))
@@ -237,12 +279,16 @@ class StateTemplate:
             parts[index] = repr(value - self.captured_at + now if timestamp else value + rate * (now - started))
         return "".join(parts)
 
-    def job_value(self, family: str) -> float | None:
+    def job_value(self, family: str, job: str = JOB_TOKEN) -> float | None:
         """The captured value of a job family's one series (``<family>{training_job=...}``)."""
-        return self.values.get(f'{family}{{training_job="{JOB_TOKEN}"}}')
+        return self.values.get(f'{family}{{training_job="{job}"}}')
 
-    def job_rate(self, family: str) -> float | None:
-        return self.rates.get(f'{family}{{training_job="{JOB_TOKEN}"}}')
+    def job_rate(self, family: str, job: str = JOB_TOKEN) -> float | None:
+        return self.rates.get(f'{family}{{training_job="{job}"}}')
+
+    def job_names(self) -> list[str]:
+        """The jobs a replayed node's series name, in their order."""
+        return list(dict.fromkeys(m.group(1) for key in self.values for m in JOB_LABEL.finditer(key)))
 
 
 def _samples(lines: Any) -> list[tuple[str, float]]:
@@ -290,7 +336,13 @@ class TargetFleet:
         self.node_job: list[int] = []
         self.node_state: list[str] = []
         self.layout = layout
-        for index, job in enumerate(served_jobs(nodes, layout)):
+        if REPLAY in templates:
+            # Every job of the replayed node on every node: one body for all (no job token in it).
+            self.layout, self.incident_node, self.lost_node = REPLAY, None, None
+            everyone = list(range(nodes))
+            self.jobs = [ServedJob(name, everyone, [REPLAY] * nodes) for name in templates[REPLAY].job_names()]
+            self.node_job, self.node_state = [0] * nodes, [REPLAY] * nodes
+        for index, job in enumerate(served_jobs(nodes, layout) if REPLAY not in templates else ()):
             if lost_node in job.nodes and incident_node in job.nodes:
                 raise ValueError("--incident-node and --lost-node must be in different jobs")
             states = [
@@ -337,8 +389,9 @@ class TargetFleet:
         peaks, counting only nodes that export both (the recording rule's definition)."""
         flops = peak = 0.0
         for state in job.states:
-            template = self.templates[state]
-            rate, node_peak = template.job_rate("mfu_job_model_flops_total"), template.job_value("mfu_job_peak_flops")
+            template, name = self.templates[state], job.name if state == REPLAY else JOB_TOKEN
+            rate = template.job_rate("mfu_job_model_flops_total", name)
+            node_peak = template.job_value("mfu_job_peak_flops", name)
             if rate is not None and node_peak:
                 flops, peak = flops + rate, peak + node_peak
         return flops / peak if peak else None
@@ -364,7 +417,7 @@ class TargetFleet:
             "layout": self.layout,
             "address": self.address,
             "interval_seconds": self.interval,
-            "incident": node(self.incident, self.incident_node),
+            "incident": node(self.incident, self.incident_node) if self.layout != REPLAY else None,
             "lost": node("gpu-lost", self.lost_node),
             "jobs": [
                 {
@@ -434,6 +487,16 @@ def main(argv: list[str] | None = None) -> int:
         default="small",
         help="the jobs: many small ones (16, 8, 32 nodes in turn), one on every node, or one on half and small ones",
     )
+    parser.add_argument(
+        "--exposition",
+        action="append",
+        metavar="FILE_OR_URL",
+        help="replay this node's exposition on every node instead (twice: two captures --exposition-apart apart; "
+        "once, a URL read twice): --layout, --incident and the nodes' flags do not apply",
+    )
+    parser.add_argument(
+        "--exposition-apart", default="60s", help="the time between the two captures of --exposition (60s)"
+    )
     parser.add_argument("--file-sd", type=Path, help="write a file_sd target list of every node here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -452,6 +515,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--listen: host:port, not {args.listen!r}")
     if args.nodes < 1:
         parser.error(f"--nodes: at least 1, not {args.nodes}")
+    if args.exposition:
+        # A replayed node's fleet has no incident, lost GPU or layout of its own: those flags do not apply.
+        started = time.monotonic()
+        try:
+            replayed = replay_rendering(args.exposition, parse_duration(args.exposition_apart))
+            templates = {REPLAY: StateTemplate.parse(REPLAY, replayed)}
+            fleet = TargetFleet(templates, args.nodes, args.listen, parse_duration(args.interval), None, None)
+        except (OSError, ValueError) as exc:
+            print(f"mfu-exporter targets: {exc}", file=sys.stderr)
+            return 2
+        return _serve(args, host, port, fleet, started)
     incident, lost = node("--incident-node", args.incident_node), node("--lost-node", args.lost_node)
     if args.lost_node == str(DEFAULT_LOST_NODE) and lost is not None:
         # A fleet too small for the default lost GPU's node has none, and so has a layout that puts it in the
@@ -485,11 +559,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"mfu-exporter targets: {exc}", file=sys.stderr)
         return 2
+    return _serve(args, host, port, fleet, started)
+
+
+def _serve(args: argparse.Namespace, host: str, port: str, fleet: TargetFleet, started: float) -> int:
     fleet.refresh()
     if args.file_sd:
         args.file_sd.write_text(json.dumps(file_sd(args.nodes, args.listen)))
     print(
-        f"targets: {args.nodes} nodes ({args.layout} jobs) on http://{args.listen}/node/<i>/metrics, captured in "
+        f"targets: {args.nodes} nodes ({fleet.layout} jobs) on http://{args.listen}/node/<i>/metrics, captured in "
         f"{time.monotonic() - started:.1f} s",
         flush=True,
     )

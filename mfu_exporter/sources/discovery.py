@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mfu_exporter.config import DiscoveryConfig, Enabled
+from mfu_exporter.jobname import compile_pod_name_pattern, sanitize_job_name
 from mfu_exporter.model.discovery import (
     NodeGpu,
-    compile_pod_name_pattern,
     is_gpu_resource,
     job_name_for_pod,
     match_device,
-    sanitize_job_name,
     sanitize_label_value,
 )
 from mfu_exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod, merge_found

@@ -26,13 +26,13 @@ from mfu_exporter.sources.base import Snapshot, SourceContext, SourceUnavailable
 
 # The lowest series level (sources.gpu.series) at which a cycle makes each optional call: the level of the per-GPU
 # family it feeds (mfu_exporter.render.gpu's tables; tests/unit/sources/test_gpu_reads.py holds the two to each other). Every
-# other call feeds a node summary, the attribution or the job model, and is made at every level.
+# other call feeds a node summary, the attribution or the job model, and is made at every level: the throttle-time
+# fields among them, whose growth over each interval the attribution reads (mfu_gpu_throttle_seconds is standard).
 READ_LEVELS = {
     "memory": "standard",  # mfu_gpu_memory_used_bytes
     "power": "standard",  # mfu_gpu_power_watts, mfu_gpu_power_limit_watts
     "temperature": "standard",  # mfu_gpu_temperature_celsius
     "energy": "full",  # mfu_gpu_energy_joules
-    "throttle_time": "standard",  # mfu_gpu_throttle_seconds
     "nvlink_errors": "standard",  # mfu_gpu_nvlink_errors
 }
 # Node totals kept monotonic while GPUs come and go (node.counters.Totals): reading keys, at every level.
@@ -216,6 +216,7 @@ class GpuSource:
                     "power_watts": reading.power_watts,
                     "throttle": list(reading.throttle_reasons),
                     "throttle_seconds": dict(reading.throttle_seconds),
+                    "throttle_ratio": dict(reading.throttle_ratio),
                     "throttle_time_from": {
                         reason: "field" if reason in gpu.throttle_field else "samples"
                         for reason, _ in reading.throttle_seconds

@@ -1,7 +1,7 @@
 """The nccl source's second half: the node's last NCCL verification, the newest ``sources.nccl.tests_paths`` file.
 
-A Slurm prolog or a Kubernetes init container runs a short all_reduce_perf and writes its output there (README,
-"Verifying the fabric"). The source reads the newest matching file, judges it the way ``mfu-exporter nccl`` does
+A Slurm prolog or a Kubernetes init container runs a short all_reduce_perf and writes its output there
+(docs/commands.md, "Verifying the fabric"). The source reads the newest matching file, judges it the way ``mfu-exporter nccl`` does
 (``mfu_exporter.preflight.nccl``: busbw at the largest size against the ACTIVE RDMA ports, wrong values, sockets
 between nodes) and keeps the verdict until a newer file comes. A file is read again only when its modification
 time or size changes.

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from mfu_exporter import __version__
+from mfu_exporter import VERSION_HEADER, __version__
 from mfu_exporter.service import CHECKPOINTS_OFF, IngestError, Service, ValidationError
 from mfu_exporter.web.security import HTTP_LIMITS, WEB_SECURITY, WebSecurity
 
@@ -75,14 +75,19 @@ async def read_json(request: web.Request) -> Any:
 
 @web.middleware
 async def api_errors(request: web.Request, handler):
-    """Map the job model's refusals to JSON 4xx answers, each naming its field; and a body over the limit to 413."""
+    """Map the job model's refusals to JSON 4xx answers, each naming its field; and a body over the limit to 413.
+    Every answer to a report, taken or refused, says the daemon's version: the client compares it with its own. The
+    security middleware runs first, so only a caller it let through (the ingest token) learns the version."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except IngestError as exc:
-        return _error(exc.status, exc.message, exc.field)
+        response = _error(exc.status, exc.message, exc.field)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SERVICE].settings.ingest.max_body_bytes
-        return _error(413, f"the body is larger than the limit of {limit} bytes (ingest.max_body_bytes)")
+        response = _error(413, f"the body is larger than the limit of {limit} bytes (ingest.max_body_bytes)")
+    if request.method == "POST":
+        response.headers[VERSION_HEADER] = __version__
+    return response
 
 
 async def metrics(request: web.Request) -> web.Response:

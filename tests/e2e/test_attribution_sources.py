@@ -46,6 +46,10 @@ class Node:
                 # The sources the attribution reads, built as the daemon builds them; the others stay off.
                 "discovery": {"kubernetes": {"enabled": False}, "slurm": {"enabled": False}},
                 "sources": {
+                    # Sampled every simulated second below, so their readings' shares are over 1 s.
+                    "gpu": {"interval": "1s"},
+                    "rdma": {"interval": "1s"},
+                    "ethtool": {"interval": "1s"},
                     "preflight": {"enabled": False},
                     "logs": {"enabled": False},
                     "checkpoint": {
@@ -162,8 +166,8 @@ FAULTS = {  # in the order of precedence
     "gpu_lost": (lose_gpu_3, "GPU 3 (GPU-"),
     "checkpoint": (write_a_checkpoint, "checkpoint step-0001000 writing"),
     "network": (pause_ens3np0, "ens3np0 paused 45% of the time on priority 3 (the switch paused it)"),
-    "thermal": (heat_gpu_5, "GPU 5 throttled: hw_thermal_slowdown at 91 °C"),
-    "power": (power_cap_gpu_1, "GPU 1 throttled: sw_power_cap"),
+    "thermal": (heat_gpu_5, "GPU 5 throttled: hw_thermal_slowdown 100% of the time at 91 °C"),
+    "power": (power_cap_gpu_1, "GPU 1 throttled: sw_power_cap 100% of the time"),
     "stalled": (stop_reporting, "no token progress"),
     "input": (starve_the_loader, "waiting for its next batch 30% of wall time (its client's data_wait_seconds)"),
     "idle": (idle_the_gpus, "GPUs 20% busy on average, no sampled signal explains it"),

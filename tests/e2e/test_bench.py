@@ -122,10 +122,10 @@ def test_quick_bench_emits_every_figure(tmp_path):
         assert name in run.stdout  # the printed table has them too
 
 
-def test_the_readme_ships_what_the_bench_counts():
+def test_the_scaling_guide_ships_what_the_bench_counts():
     from bench.run import REMOTE_WRITE_KEEP
 
-    assert f'regex: "{REMOTE_WRITE_KEEP}"' in (REPOSITORY / "README.md").read_text()
+    assert f'regex: "{REMOTE_WRITE_KEEP}"' in (REPOSITORY / "docs" / "scaling.md").read_text()
 
 
 def test_discovery_bench_runs_and_emits_its_figures(tmp_path):

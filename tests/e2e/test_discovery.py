@@ -44,7 +44,11 @@ class Node:
                 "jobs": {"llama": {**demo.MODEL, "gpus": [0, 1, 2, 3], "expected_mfu": demo.STEADY_MFU}},
                 "attribution": {"baseline_min_samples": 5, "baseline_interval": "1s"},
                 # The sources discovery and attribution read, built as the daemon builds them; the others off.
-                "sources": {name: {"enabled": False} for name in ("checkpoint", "preflight", "logs")},
+                "sources": {
+                    **{name: {"enabled": False} for name in ("checkpoint", "preflight", "logs")},
+                    # Sampled every simulated second below, so their readings' shares are over 1 s.
+                    **{name: {"interval": "1s"} for name in ("gpu", "rdma", "ethtool")},
+                },
                 "discovery": {
                     "kubernetes": {"enabled": "true", "socket": socket, "api_server": {"enabled": "false"}},
                     "slurm": {"enabled": "false"},

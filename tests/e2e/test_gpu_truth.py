@@ -22,6 +22,7 @@ MUST_PASS = (
     "gpu_source_core_series",
     "gpu_source_gpm",
     "gpu_source_sample_time",
+    "gpu_source_cost_by_level",
     "gemm_formula_mfu",
     "gemm_hardware_estimate",
     "throttle_seconds",
@@ -61,6 +62,20 @@ def test_every_comparison_passes_or_skips_with_a_reason_on_the_fake(fake_report)
     assert "0 failed" in stdout
 
 
+def test_the_cost_per_gpu_and_sample_is_printed_for_each_series_level(fake_report):
+    report, stdout = fake_report
+    costs = {result["series"]: result for result in report["figures"]["sample_cost"]}
+    assert list(costs) == ["minimal", "standard", "full"]
+    for series, cost in costs.items():
+        assert f"{series:>8}: " in stdout and "ms wall" in stdout
+        assert cost["gpus"] == 2 and cost["wall_ms_per_gpu_sample"] > 0
+        # One field-values request per GPU and sample carries power, energy, ECC and the counters.
+        assert cost["calls"]["nvmlDeviceGetFieldValues"]["per_gpu_sample"] == 1
+        assert "nvmlDeviceGetPowerUsage" not in cost["calls"]
+    assert costs["minimal"]["calls_per_gpu_sample"] < costs["standard"]["calls_per_gpu_sample"]
+    assert costs["minimal"]["fields_per_gpu_sample"] < costs["full"]["fields_per_gpu_sample"]
+
+
 def test_the_gemm_figures_are_the_products_flops(fake_report):
     report, _ = fake_report
     gemm = next(c for c in report["checks"] if c["name"] == "gemm_formula_mfu")["figures"]
@@ -85,6 +100,7 @@ def test_the_probes_record_what_nvml_answered(fake_report):
 def test_a_gpu_lacking_a_core_series_fails_the_check():
     script = load_script()
     nvml = sim.node(sim.h100, count=2)
+    nvml.gpus[1].fields -= {185}  # neither the power field nor the call answers
     nvml.gpus[1].fail["nvmlDeviceGetPowerUsage"] = nvml.NVML_ERROR_NOT_SUPPORTED
     report = script.Report("fake")
     script.check_gpu_source(report, nvml, samples=2, pause=0.11)

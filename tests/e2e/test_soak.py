@@ -45,7 +45,7 @@ JOBS = ("llama", "mixtral", "gpt-oss", "qwen")
 # Per-cycle NVML calls of the GPU source, and the failures a sick driver gives them.
 NVML_CALLS = (
     "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetFieldValues",
     "nvmlDeviceGetTemperature",
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetClockInfo",

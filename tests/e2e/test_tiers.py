@@ -1,4 +1,4 @@
-"""End to end: the rules in three tiers (README "Rules in three tiers") on both real distributed paths at once, the
+"""End to end: the rules in three tiers (docs/scaling.md "Rules in three tiers") on both real distributed paths at once, the
 same simulated fleet as tests/e2e/test_fleet.py (32 nodes, jobs of 16, 8 and 8 nodes, a pfc-storm on node 17 from
 10 s), split over two shards:
 

@@ -165,7 +165,8 @@ class Store:
 
     def alerts(self) -> list[dict]:
         response = requests.get(f"{self.alerts_url}/api/v1/alerts", timeout=10)
-        return response.json()["data"]["alerts"]
+        # vmalert answers null, not an empty list, while no alert is pending or firing.
+        return response.json()["data"]["alerts"] or []
 
 
 class AlertSink:

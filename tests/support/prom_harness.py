@@ -36,7 +36,7 @@ from tests.support.net import free_port
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-# The rules in three tiers (README "Rules in three tiers"): the global files read only the shard file's partial
+# The rules in three tiers (docs/scaling.md "Rules in three tiers"): the global files read only the shard file's partial
 # aggregates; the shard file reads the nodes' summaries and job series; the node file a device's own series.
 GLOBAL_RULE_FILES = (ROOT / "alerts" / "mfu-exporter.rules.yaml", ROOT / "alerts" / "mfu-exporter.alerts.yaml")
 SHARD_RULE_FILE = ROOT / "alerts" / "mfu-exporter.shard.yaml"

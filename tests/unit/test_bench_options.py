@@ -8,12 +8,13 @@ from bench import fixture
 from bench.run import positive_seconds
 
 
-def test_node_config_samples_the_one_second_sources_at_the_interval_given():
-    default, slowed = fixture.node_config(), fixture.node_config(interval=5)
-    for name in fixture.ONE_SECOND_SOURCES:
-        assert default["sources"][name]["interval"] == 1.0
-        assert slowed["sources"][name]["interval"] == 5.0
-    assert slowed["sources"]["preflight"]["interval"] == default["sources"]["preflight"]["interval"]  # 5 min either way
+def test_node_config_samples_the_hardware_sources_at_the_interval_given():
+    default, quick = fixture.node_config(), fixture.node_config(interval=1)
+    for name in fixture.HARDWARE_SOURCES:
+        assert default["sources"][name]["interval"] == 5.0
+        assert quick["sources"][name]["interval"] == 1.0
+    for name in ("checkpoint", "logs", "preflight"):  # their own defaults either way
+        assert quick["sources"][name]["interval"] == default["sources"][name]["interval"]
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "five", ""])

@@ -1,15 +1,21 @@
-import json
+import logging
 import threading
 import time
 
-import requests
-import responses
+import pytest
 
+from mfu_exporter import VERSION_HEADER, __version__
 from mfu_exporter.client import ProgressReporter as Reporter
+from tests.support.fake_exporter import FakeExporter
 from tests.support.wait import wait_until
 
-URL = "http://exporter.test:9495"
-PROGRESS = URL + "/api/v1/progress"
+PROGRESS = "/api/v1/progress"
+
+
+@pytest.fixture
+def exporter():
+    with FakeExporter() as server:
+        yield server
 
 
 def ProgressReporter(*args, **kwargs):
@@ -18,50 +24,57 @@ def ProgressReporter(*args, **kwargs):
     return Reporter(*args, **{"announce": False, "heartbeat": None, **kwargs})
 
 
-@responses.activate
-def test_reports_carry_model_facts_and_time():
-    responses.post(PROGRESS, json={})
-    reporter = ProgressReporter(URL, "llama3-70b", model={"params": "70B"}, gpus=8, clock=lambda: 1234.5)
+def test_reports_carry_model_facts_and_time(exporter):
+    exporter.add(PROGRESS)
+    reporter = ProgressReporter(exporter.url, "llama3-70b", model={"params": "70B"}, gpus=8, clock=lambda: 1234.5)
     reporter.update(tokens_total=1000, step=3)
     reporter.close()
     # The update, unless close() came first and sent it as the final report; that one says the job finished.
-    assert 1 <= len(responses.calls) <= 2
-    body = responses.calls[-1].request.body
+    assert 1 <= len(exporter.calls) <= 2
+    body = exporter.calls[-1].body
     assert b'"state": "finished"' in body
     assert b'"tokens_total": 1000' in body and b'"step": 3' in body and b'"time": 1234.5' in body
     assert b'"model": {"params": "70B"}' in body and b'"gpus": 8' in body
+    assert exporter.calls[-1].headers["Content-Type"] == "application/json"
+    assert exporter.calls[-1].headers["User-Agent"] == f"mfu-exporter-client/{__version__}"
 
 
-@responses.activate
-def test_retries_with_backoff_until_the_exporter_answers():
-    responses.post(PROGRESS, status=503)
-    responses.post(PROGRESS, body=requests.ConnectionError("refused"))
-    responses.post(PROGRESS, json={})
-    reporter = ProgressReporter(URL, "job", max_backoff=0.01)
+def test_retries_with_backoff_until_the_exporter_answers(exporter):
+    exporter.add(PROGRESS, status=503)
+    exporter.add(PROGRESS, drop=True)  # the connection closed with no answer
+    exporter.add(PROGRESS)
+    reporter = ProgressReporter(exporter.url, "job", max_backoff=0.01)
     reporter.update(tokens_total=10)
     wait_until(lambda: reporter.sent == 1)
     reporter.close()
-    assert len(responses.calls) == 4  # the last: close() saying the job finished
-    assert (
-        b'"state"' not in responses.calls[2].request.body and b'"state": "finished"' in responses.calls[3].request.body
-    )
+    assert len(exporter.calls) == 4  # the last: close() saying the job finished
+    assert b'"state"' not in exporter.calls[2].body and b'"state": "finished"' in exporter.calls[3].body
     assert reporter.failures == 2
 
 
-@responses.activate
-def test_newest_totals_replace_unsent_ones():
+def test_an_exporter_that_is_not_there_is_retried_and_never_raises():
+    with FakeExporter() as gone:
+        url = gone.url
+    reporter = ProgressReporter(url, "job", max_backoff=0.01)
+    reporter.update(tokens_total=1)
+    wait_until(lambda: reporter.failures >= 2)  # connection refused, again and again
+    reporter.close(timeout=0.5)
+    assert reporter.sent == 0
+
+
+def test_newest_totals_replace_unsent_ones(exporter):
     gate = threading.Event()
     bodies = []
 
-    def slow(request):
+    def slow(call):
         gate.wait(5)
-        bodies.append(request.body)
-        return (200, {}, "{}")
+        bodies.append(call.body)
+        return 200, {}
 
-    responses.add_callback(responses.POST, PROGRESS, callback=slow)
-    reporter = ProgressReporter(URL, "job")
+    exporter.add(PROGRESS, callback=slow)
+    reporter = ProgressReporter(exporter.url, "job")
     reporter.update(tokens_total=1)
-    wait_until(lambda: len(responses.calls) == 0 and reporter._pending is None)
+    wait_until(lambda: len(exporter.calls) == 0 and reporter._pending is None)
     for total in range(2, 1002):
         reporter.update(tokens_total=total)  # the first request is still in flight
     gate.set()
@@ -70,10 +83,23 @@ def test_newest_totals_replace_unsent_ones():
     assert b'"tokens_total": 1001' in bodies[1]
 
 
+def test_reports_share_one_kept_alive_connection(exporter):
+    exporter.add(PROGRESS)
+    reporter = ProgressReporter(exporter.url, "job")
+    for total in range(1, 4):
+        reporter.update(tokens_total=total)
+        wait_until(lambda total=total: reporter.sent == total)
+    reporter.close()
+    assert len(exporter.calls) == 4 and reporter.failures == 0
+    assert len({call.peer for call in exporter.calls}) == 1  # one TCP connection (client port) for all four reports
+
+
 def test_update_never_blocks_or_raises_when_the_exporter_is_gone():
-    session = requests.Session()
-    session.post = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
-    reporter = ProgressReporter(URL, "job", session=session, max_backoff=0.01)
+    class Broken:
+        def post(self, *args, **kwargs):
+            raise RuntimeError("boom")
+
+    reporter = ProgressReporter("http://127.0.0.1:9", "job", session=Broken(), max_backoff=0.01)
     started = time.monotonic()
     for total in range(10_000):
         reporter.update(tokens_total=total)
@@ -82,63 +108,56 @@ def test_update_never_blocks_or_raises_when_the_exporter_is_gone():
     assert reporter.sent == 0 and reporter.failures >= 1
 
 
-@responses.activate
-def test_a_rejected_report_is_not_retried():
-    responses.post(PROGRESS, status=400, json={"error": "bad", "field": "job"})
-    reporter = ProgressReporter(URL, "job")
+def test_a_rejected_report_is_not_retried(exporter):
+    exporter.add(PROGRESS, status=400, body={"error": "bad", "field": "job"})
+    reporter = ProgressReporter(exporter.url, "job")
     reporter.update(tokens_total=1)
     reporter.close()
-    assert len(responses.calls) == 1
+    assert len(exporter.calls) == 1
 
 
-@responses.activate
-def test_close_flushes_the_pending_total():
-    responses.post(PROGRESS, json={})
-    with ProgressReporter(URL, "job") as reporter:
+def test_close_flushes_the_pending_total(exporter):
+    exporter.add(PROGRESS)
+    with ProgressReporter(exporter.url, "job") as reporter:
         reporter.update(tokens_total=42)
-    assert b'"tokens_total": 42' in responses.calls[-1].request.body
+    assert b'"tokens_total": 42' in exporter.calls[-1].body
 
 
-@responses.activate
-def test_close_and_the_context_manager_say_how_the_job_ended():
-    responses.post(PROGRESS, json={})
+def test_close_and_the_context_manager_say_how_the_job_ended(exporter):
+    exporter.add(PROGRESS)
 
     def final_state(exit_with: type[BaseException] | None) -> bytes:
-        responses.calls.reset()
+        exporter.reset()
         try:
-            with ProgressReporter(URL, "job") as reporter:
+            with ProgressReporter(exporter.url, "job") as reporter:
                 reporter.update(tokens_total=10)
                 if exit_with is not None:
                     raise exit_with()
         except BaseException as exc:  # noqa: BLE001 - the job's own exception passes through untouched
             assert exit_with is not None and isinstance(exc, exit_with)
-        return responses.calls[-1].request.body
+        return exporter.calls[-1].body
 
     assert b'"state": "finished"' in final_state(None)
     assert b'"state": "failed"' in final_state(RuntimeError)
     assert b'"state": "cancelled"' in final_state(KeyboardInterrupt)
-    responses.calls.reset()
-    reporter = ProgressReporter(URL, "job")
+    exporter.reset()
+    reporter = ProgressReporter(exporter.url, "job")
     reporter.update(tokens_total=5)
     wait_until(lambda: reporter.sent == 1)
     reporter.close(state="cancelled")
     reporter.update(tokens_total=6)  # after the end: dropped, or it would start a new run
-    assert [b'"state"' in c.request.body for c in responses.calls] == [False, True]
-    assert (
-        b'"state": "cancelled"' in responses.calls[1].request.body
-        and b'"tokens_total": 5' in responses.calls[1].request.body
-    )
+    assert [b'"state"' in c.body for c in exporter.calls] == [False, True]
+    assert b'"state": "cancelled"' in exporter.calls[1].body and b'"tokens_total": 5' in exporter.calls[1].body
 
 
-@responses.activate
-def test_a_reporter_that_never_reported_sends_nothing_on_close_and_a_bad_state_is_finished():
-    responses.post(PROGRESS, json={})
-    ProgressReporter(URL, "idle").close()
-    assert len(responses.calls) == 0
-    reporter = ProgressReporter(URL, "job")
+def test_a_reporter_that_never_reported_sends_nothing_on_close_and_a_bad_state_is_finished(exporter):
+    exporter.add(PROGRESS)
+    ProgressReporter(exporter.url, "idle").close()
+    assert len(exporter.calls) == 0
+    reporter = ProgressReporter(exporter.url, "job")
     reporter.update(tokens_total=1)
     reporter.close(state="exploded")
-    assert b'"state": "finished"' in responses.calls[-1].request.body
+    assert b'"state": "finished"' in exporter.calls[-1].body
 
 
 def test_job_name_from_the_environment_matches_discovery():
@@ -157,18 +176,20 @@ def test_job_name_from_the_environment_matches_discovery():
         assert reporter.job == "77"
         reporter.close(timeout=0.1)
     with mock.patch.dict(os.environ, {}, clear=True):
-        import pytest
-
         with pytest.raises(ValueError, match="MFU_TRAINING_JOB"):
             ProgressReporter("http://127.0.0.1:9")
 
 
-@responses.activate
-def test_a_reporter_announces_its_run_sends_heartbeats_and_times_a_checkpoint_load():
-    responses.post(PROGRESS, json={})
+def test_a_url_without_its_scheme_is_refused_at_once_rather_than_retried_for_ever():
+    with pytest.raises(ValueError, match="http:// or https://"):
+        ProgressReporter("127.0.0.1:9495", "job")
+
+
+def test_a_reporter_announces_its_run_sends_heartbeats_and_times_a_checkpoint_load(exporter):
+    exporter.add(PROGRESS)
     monotonic = [100.0]
     reporter = Reporter(
-        URL,
+        exporter.url,
         "job",
         run_id="run-1",
         heartbeat=0.05,
@@ -179,9 +200,9 @@ def test_a_reporter_announces_its_run_sends_heartbeats_and_times_a_checkpoint_lo
     with reporter.checkpoint_load(step=100):
         monotonic[0] += 15
     reporter.update(tokens_total=10, step=101)
-    wait_until(lambda: any(b'"heartbeat"' in c.request.body for c in responses.calls))
+    wait_until(lambda: any(b'"heartbeat"' in c.body for c in exporter.calls))
     reporter.close()
-    bodies = [json.loads(c.request.body) for c in responses.calls]
+    bodies = exporter.bodies()
     start, load_started, load_finished = bodies[:3]
     assert start == {
         "job": "job",
@@ -197,14 +218,13 @@ def test_a_reporter_announces_its_run_sends_heartbeats_and_times_a_checkpoint_lo
     assert bodies[-1]["state"] == "finished"
 
 
-@responses.activate
-def test_an_exporter_without_run_ids_gets_plain_totals():
-    responses.post(PROGRESS, status=400, json={"error": "unknown field run", "field": "run"})
-    responses.post(PROGRESS, json={})
-    reporter = Reporter(URL, "job", heartbeat=0.01)
+def test_an_exporter_without_run_ids_gets_plain_totals(exporter):
+    exporter.add(PROGRESS, status=400, body={"error": "unknown field run", "field": "run"})
+    exporter.add(PROGRESS)
+    reporter = Reporter(exporter.url, "job", heartbeat=0.01)
     reporter.update(tokens_total=5)
     reporter.close()
-    bodies = [json.loads(c.request.body) for c in responses.calls]
+    bodies = exporter.bodies()
     assert bodies[0]["event"] == "start"  # refused: the reporter learns the exporter is older
     assert all("run" not in b and "event" not in b for b in bodies[1:]) and bodies[-1]["tokens_total"] == 5
 
@@ -217,11 +237,10 @@ class _Clock:
         return self.now
 
 
-@responses.activate
-def test_the_wait_for_each_next_batch_is_timed_and_sent_as_a_running_total():
-    responses.post(PROGRESS, json={})
+def test_the_wait_for_each_next_batch_is_timed_and_sent_as_a_running_total(exporter):
+    exporter.add(PROGRESS)
     clock = _Clock()
-    reporter = ProgressReporter(URL, "job", monotonic=clock)
+    reporter = ProgressReporter(exporter.url, "job", monotonic=clock)
 
     def slow_loader():
         for batch in range(3):
@@ -237,34 +256,67 @@ def test_the_wait_for_each_next_batch_is_timed_and_sent_as_a_running_total():
     assert seen == [0, 1, 2] and reporter.data_wait_seconds == 1.75
     reporter.update(tokens_total=30, step=3)
     reporter.close()
-    body = json.loads(responses.calls[-1].request.body)
+    body = exporter.bodies()[-1]
     assert body["data_wait_seconds"] == 1.75 and body["tokens_total"] == 30
 
 
-@responses.activate
-def test_an_explicit_data_wait_total_is_sent_and_a_bad_one_left_out(caplog):
-    responses.post(PROGRESS, json={})
-    reporter = ProgressReporter(URL, "job")
+def test_an_explicit_data_wait_total_is_sent_and_a_bad_one_left_out(exporter, caplog):
+    exporter.add(PROGRESS)
+    reporter = ProgressReporter(exporter.url, "job")
     reporter.update(tokens_total=1, data_wait_seconds=float("nan"))
     reporter.close()
-    assert "data_wait_seconds" not in json.loads(responses.calls[-1].request.body)
+    assert "data_wait_seconds" not in exporter.bodies()[-1]
     assert "data_wait_seconds must be a running total of seconds" in caplog.text
-    responses.calls.reset()
-    reporter = ProgressReporter(URL, "job")
+    exporter.reset()
+    reporter = ProgressReporter(exporter.url, "job")
     reporter.update(tokens_total=2, data_wait_seconds=12.5)
     reporter.close()
-    assert json.loads(responses.calls[-1].request.body)["data_wait_seconds"] == 12.5
+    assert exporter.bodies()[-1]["data_wait_seconds"] == 12.5
 
 
-@responses.activate
-def test_an_exporter_without_data_wait_gets_totals_without_it():
-    responses.post(PROGRESS, status=400, json={"error": "unknown field", "field": "data_wait_seconds"})
-    responses.post(PROGRESS, json={})
-    reporter = ProgressReporter(URL, "job")
+def test_an_exporter_without_data_wait_gets_totals_without_it(exporter):
+    exporter.add(PROGRESS, status=400, body={"error": "unknown field", "field": "data_wait_seconds"})
+    exporter.add(PROGRESS)
+    reporter = ProgressReporter(exporter.url, "job")
     reporter.update(tokens_total=5, data_wait_seconds=1.0)
     wait_until(lambda: reporter.sent == 1)
     reporter.update(tokens_total=6, data_wait_seconds=2.0)
     reporter.close()
-    bodies = [json.loads(c.request.body) for c in responses.calls]
+    bodies = exporter.bodies()
     assert "data_wait_seconds" in bodies[0]
     assert all("data_wait_seconds" not in b for b in bodies[1:]) and bodies[-1]["tokens_total"] == 6
+
+
+def test_an_exporter_of_another_major_version_is_named_in_a_warning(exporter, caplog):
+    major = int(__version__.split(".")[0])
+    exporter.add(PROGRESS, headers={VERSION_HEADER: f"{major + 1}.0.0"})
+    with caplog.at_level(logging.WARNING, logger="mfu_exporter.client"):
+        reporter = ProgressReporter(exporter.url, "job")
+        reporter.update(tokens_total=1)
+        wait_until(lambda: reporter.sent == 1)
+        reporter.update(tokens_total=2)
+        reporter.close()
+    assert reporter.exporter_version == f"{major + 1}.0.0" and reporter.sent == 2  # a warning, never a refusal
+    warnings = [r.getMessage() for r in caplog.records if "major versions differ" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once, not once per report
+    assert f"is version {major + 1}.0.0" in warnings[0]
+    assert f"pip install 'mfu-exporter-client=={major + 1}.*'" in warnings[0]
+
+
+def test_an_exporter_of_the_same_major_version_or_without_the_header_is_not_warned_about(exporter, caplog):
+    major = __version__.split(".")[0]
+    exporter.add(PROGRESS, headers={VERSION_HEADER: f"{major}.99.1"})
+    with caplog.at_level(logging.WARNING, logger="mfu_exporter.client"):
+        reporter = ProgressReporter(exporter.url, "job")
+        reporter.update(tokens_total=1)
+        reporter.close()
+        assert reporter.exporter_version == f"{major}.99.1"
+        exporter.reset()
+        quiet = FakeExporter()
+        with quiet:
+            quiet.add(PROGRESS)
+            older = ProgressReporter(quiet.url, "job")
+            older.update(tokens_total=1)
+            older.close()
+        assert older.exporter_version is None and older.sent == 1
+    assert "major versions differ" not in caplog.text

@@ -1,19 +1,22 @@
 """ProgressReporter.checkpoint: started/finished/failed timed on the job's side, never raising into the job."""
 
-import json
 import logging
 import threading
 
 import pytest
-import requests
-import responses
 
 from mfu_exporter.client import ProgressReporter
+from tests.support.fake_exporter import FakeExporter
 from tests.support.wait import wait_until
 
-URL = "http://exporter.test:9495"
-CHECKPOINTS = URL + "/api/v1/checkpoints"
-PROGRESS = URL + "/api/v1/progress"
+CHECKPOINTS = "/api/v1/checkpoints"
+PROGRESS = "/api/v1/progress"
+
+
+@pytest.fixture
+def exporter():
+    with FakeExporter() as server:
+        yield server
 
 
 class Clocks:
@@ -28,26 +31,23 @@ class Clocks:
         self.mono += seconds
 
 
-def reporter_with(clocks, **kwargs):
+def reporter_with(exporter, clocks, **kwargs):
     # Without its start event and heartbeats, which test_client covers: these tests count checkpoint requests.
     kwargs = {"announce": False, "heartbeat": None, **kwargs}
-    return ProgressReporter(URL, "llama3-70b", clock=lambda: clocks.wall, monotonic=lambda: clocks.mono, **kwargs)
+    return ProgressReporter(
+        exporter.url, "llama3-70b", clock=lambda: clocks.wall, monotonic=lambda: clocks.mono, **kwargs
+    )
 
 
-def sent(url=CHECKPOINTS):
-    return [json.loads(call.request.body) for call in responses.calls if call.request.url == url]
-
-
-@responses.activate
-def test_a_save_sends_started_then_finished_with_its_duration_and_bytes():
-    responses.post(CHECKPOINTS, json={})
+def test_a_save_sends_started_then_finished_with_its_duration_and_bytes(exporter):
+    exporter.add(CHECKPOINTS)
     clocks = Clocks()
-    reporter = reporter_with(clocks)
+    reporter = reporter_with(exporter, clocks)
     with reporter.checkpoint("step-12000") as save:
         clocks.advance(42.5)
         save.bytes = 2**40
     reporter.close()
-    assert sent() == [
+    assert exporter.bodies(CHECKPOINTS) == [
         {"job": "llama3-70b", "checkpoint": "step-12000", "phase": "started", "time": 1_800_000_000.0},
         {
             "job": "llama3-70b",
@@ -60,60 +60,59 @@ def test_a_save_sends_started_then_finished_with_its_duration_and_bytes():
     ]
 
 
-@responses.activate
-def test_a_save_that_raises_sends_failed_and_the_jobs_exception_goes_on():
-    responses.post(CHECKPOINTS, json={})
+def test_a_save_that_raises_sends_failed_and_the_jobs_exception_goes_on(exporter):
+    exporter.add(CHECKPOINTS)
     clocks = Clocks()
-    reporter = reporter_with(clocks)
+    reporter = reporter_with(exporter, clocks)
     with pytest.raises(OSError, match="disk full"):
         with reporter.checkpoint("step-7"):
             clocks.advance(3)
             raise OSError("disk full")
     reporter.close()
-    assert [(e["phase"], e.get("duration_seconds")) for e in sent()] == [("started", None), ("failed", 3)]
+    assert [(e["phase"], e.get("duration_seconds")) for e in exporter.bodies(CHECKPOINTS)] == [
+        ("started", None),
+        ("failed", 3),
+    ]
 
 
-@responses.activate
-def test_an_absent_exporter_never_raises_into_the_job_and_events_are_retried():
-    responses.post(CHECKPOINTS, body=requests.ConnectionError("refused"))
-    responses.post(CHECKPOINTS, status=503)
-    responses.post(CHECKPOINTS, json={})
+def test_an_absent_exporter_never_raises_into_the_job_and_events_are_retried(exporter):
+    exporter.add(CHECKPOINTS, drop=True)
+    exporter.add(CHECKPOINTS, status=503)
+    exporter.add(CHECKPOINTS)
     clocks = Clocks()
-    reporter = reporter_with(clocks, max_backoff=0.01)
+    reporter = reporter_with(exporter, clocks, max_backoff=0.01)
     with reporter.checkpoint("step-1") as save:
         save.bytes = "a lot"  # not a byte count: sent without it, no exception
     wait_until(lambda: reporter.sent == 2)
     reporter.close()
-    phases = [e["phase"] for e in sent()]
+    phases = [e["phase"] for e in exporter.bodies(CHECKPOINTS)]
     assert phases == ["started", "started", "started", "finished"]  # retried in order, nothing lost
-    assert "bytes" not in sent()[-1]
+    assert "bytes" not in exporter.bodies(CHECKPOINTS)[-1]
     assert reporter.failures == 2
 
 
-@responses.activate
-def test_rejected_events_are_not_retried():
-    responses.post(CHECKPOINTS, status=400, json={"error": "bad", "field": "checkpoint"})
-    reporter = reporter_with(Clocks())
+def test_rejected_events_are_not_retried(exporter):
+    exporter.add(CHECKPOINTS, status=400, body={"error": "bad", "field": "checkpoint"})
+    reporter = reporter_with(exporter, Clocks())
     with reporter.checkpoint("step-1"):
         pass
     reporter.close()
-    assert len(sent()) == 2
+    assert len(exporter.bodies(CHECKPOINTS)) == 2
 
 
-@responses.activate
-def test_checkpoint_events_are_not_coalesced_like_progress_totals():
+def test_checkpoint_events_are_not_coalesced_like_progress_totals(exporter):
     gate = threading.Event()
     entered = threading.Event()
 
-    def slow(request):
+    def slow(call):
         entered.set()
         gate.wait(5)
-        return (200, {}, "{}")
+        return 200, {}
 
-    responses.add_callback(responses.POST, PROGRESS, callback=slow)
-    responses.post(CHECKPOINTS, json={})
+    exporter.add(PROGRESS, callback=slow)
+    exporter.add(CHECKPOINTS)
     clocks = Clocks()
-    reporter = reporter_with(clocks)
+    reporter = reporter_with(exporter, clocks)
     reporter.update(tokens_total=1)
     assert entered.wait(5)  # the thread is busy with the first progress report
     for step in (100, 200):
@@ -122,31 +121,27 @@ def test_checkpoint_events_are_not_coalesced_like_progress_totals():
             clocks.advance(1)
     gate.set()
     reporter.close()
-    assert [(e["checkpoint"], e["phase"]) for e in sent()] == [
+    assert [(e["checkpoint"], e["phase"]) for e in exporter.bodies(CHECKPOINTS)] == [
         ("step-100", "started"),
         ("step-100", "finished"),
         ("step-200", "started"),
         ("step-200", "finished"),
     ]
-    assert [
-        json.loads(body)["tokens_total"]
-        for body in [c.request.body for c in responses.calls if c.request.url == PROGRESS]
-    ] == [1, 200]
+    assert [body["tokens_total"] for body in exporter.bodies(PROGRESS)] == [1, 200]
 
 
-@responses.activate
-def test_a_full_queue_drops_the_oldest_events_with_a_warning(caplog):
+def test_a_full_queue_drops_the_oldest_events_with_a_warning(exporter, caplog):
     gate = threading.Event()
     entered = threading.Event()
 
-    def slow(request):
+    def slow(call):
         entered.set()
         gate.wait(5)
-        return (200, {}, "{}")
+        return 200, {}
 
-    responses.add_callback(responses.POST, CHECKPOINTS, callback=slow)
+    exporter.add(CHECKPOINTS, callback=slow)
     clocks = Clocks()
-    reporter = reporter_with(clocks, checkpoint_queue=3)
+    reporter = reporter_with(exporter, clocks, checkpoint_queue=3)
     with reporter.checkpoint("step-1"):
         assert entered.wait(5)  # "started" of step-1 is in flight; the queue holds what follows
     with caplog.at_level(logging.WARNING, logger="mfu_exporter.client"):
@@ -155,7 +150,7 @@ def test_a_full_queue_drops_the_oldest_events_with_a_warning(caplog):
                 pass
     gate.set()
     reporter.close()
-    assert [(e["checkpoint"], e["phase"]) for e in sent()] == [
+    assert [(e["checkpoint"], e["phase"]) for e in exporter.bodies(CHECKPOINTS)] == [
         ("step-1", "started"),
         ("step-2", "finished"),
         ("step-3", "started"),

@@ -1,4 +1,4 @@
-"""The rules in three tiers (README "Rules in three tiers"), each reading only the tier below:
+"""The rules in three tiers (docs/scaling.md "Rules in three tiers"), each reading only the tier below:
 
 - node (alerts/mfu-exporter.node.yaml): a port's, interface's or GPU's own series, evaluated in the shard;
 - shard (alerts/mfu-exporter.shard.yaml): the nodes' summaries and job series, never a device's own series; it
@@ -134,3 +134,20 @@ def test_the_node_tier_is_what_needs_raw_series():
     raw = per_device_families() | records(NODE_RULE_FILE)
     for rule in rules(NODE_RULE_FILE):
         assert selected(rule["expr"]) & raw, name(rule)
+
+
+# Families with a series per job and cause on every node (eleven and ten per job): read by the shard, they make its
+# cost nodes × jobs × causes. The node's own rates of them (one series per job) are what the shard reads instead.
+PER_CAUSE_FAMILIES = {"mfu_job_bottleneck", "mfu_job_lost_gpu_seconds_total"}
+
+
+def test_the_shard_reads_no_series_per_cause():
+    """The shard's attribution reads one series per node and job: no rule of the shard's file selects a family with
+    a series per cause (the node tier's file, evaluated there too, selects one cause of it by its label)."""
+    offending = {name(rule): sorted(selected(rule["expr"]) & PER_CAUSE_FAMILIES) for rule in rules(SHARD_RULE_FILE)}
+    offending = {rule: names for rule, names in offending.items() if names}
+    assert not offending, f"{SHARD_RULE_FILE.name} reads a series per cause: {offending}"
+    for rule in rules(NODE_RULE_FILE):
+        for node, _ in promql_nodes(promql_parser.parse(rule["expr"])):
+            if isinstance(node, promql_parser.VectorSelector) and node.name in PER_CAUSE_FAMILIES:
+                assert 'cause="' in str(node), f"{name(rule)}: {node}"

@@ -61,6 +61,12 @@ def test_the_file_is_merged_over_the_demo_s_own_config(node, tmp_path):
     assert demo_config(None, node)["mfu"]["window"] == 15.0  # the demo's own default
 
 
+def test_the_demo_samples_the_hardware_every_second(node):
+    """The demo's incidents last seconds: its GPU, RDMA and ethtool sources sample every second, not every 5 s."""
+    sources = demo_config(None, node)["sources"]
+    assert [sources[name]["interval"] for name in ("gpu", "rdma", "ethtool")] == [1.0, 1.0, 1.0]
+
+
 def test_a_bad_key_in_the_demo_s_file_is_the_daemon_s_error(node, tmp_path):
     file = tmp_path / "demo.yaml"
     file.write_text("sources:\n  gpu: {intreval: 5s}\n")

@@ -2,15 +2,13 @@
 
 import pytest
 
+from mfu_exporter.jobname import DEFAULT_POD_NAME_PATTERN, compile_pod_name_pattern, sanitize_job_name
 from mfu_exporter.model.discovery import (
     DEFAULT_LABEL_KEYS,
-    DEFAULT_POD_NAME_PATTERN,
     NodeGpu,
-    compile_pod_name_pattern,
     is_gpu_resource,
     job_name_for_pod,
     match_device,
-    sanitize_job_name,
     sanitize_label_value,
 )
 

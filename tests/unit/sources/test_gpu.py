@@ -23,6 +23,13 @@ from tests.support import expo
 from tests.support.tools import require_tool
 from tests.support.wait import wait_for
 
+# The calls whose figures the field values give where the driver answers the fields.
+FIGURE_CALLS = (
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetTotalEccErrors",
+)
 H100_PEAK = 989.4e12
 A100_PEAK = 312e12
 L40S_PEAK = 362e12
@@ -324,18 +331,83 @@ def test_init_failures_name_their_reason(code, reason):
 
 def test_unsupported_call_drops_that_series_on_that_gpu_only_and_is_not_retried():
     node = h100_node(count=4)
-    node.nvml.gpus[1].fail["nvmlDeviceGetPowerUsage"] = pynvml.NVML_ERROR_NOT_SUPPORTED
-    node.nvml.gpus[2].fail["nvmlDeviceGetTotalEccErrors"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    node.nvml.gpus[0].clocks_event_reasons = 0
+    node.nvml.gpus[1].fail["nvmlDeviceGetClockInfo"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    node.nvml.gpus[2].fail["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_NOT_SUPPORTED
     for _ in range(3):
         snapshot = node.tick()
     _, values = exposition(snapshot)
-    assert set(series_of(values, "mfu_gpu_power_watts")) == {gpu(0), gpu(2), gpu(3)}
-    assert set(series_of(values, "mfu_gpu_power_limit_watts")) == {gpu(i) for i in range(4)}
-    assert gpu(2, kind="corrected") not in series_of(values, "mfu_gpu_ecc_errors_total")
-    assert node.nvml.calls["nvmlDeviceGetPowerUsage"] == 3 * 3 + 1  # GPU 1 asked once
+    assert set(series_of(values, "mfu_gpu_sm_clock_hertz")) == {gpu(0), gpu(2), gpu(3)}
+    assert set(series_of(values, "mfu_gpu_temperature_celsius")) == {gpu(0), gpu(1), gpu(3)}
+    assert node.nvml.calls["nvmlDeviceGetClockInfo"] == 3 * 3 + 1  # GPU 1 asked once
     assert snapshot.errors == {}  # not an error: a fact about this GPU model
-    assert snapshot.status["gpus"][1]["unsupported"]["power"] == "Not Supported"
-    assert "power" not in snapshot.status["gpus"][0]["unsupported"]
+    assert snapshot.status["gpus"][1]["unsupported"]["sm_clock"] == "Not Supported"
+    assert "sm_clock" not in snapshot.status["gpus"][0]["unsupported"]
+
+
+def test_the_figures_with_a_field_id_come_in_one_field_values_call_per_gpu_and_sample():
+    """Power, power limit, energy and the ECC counts are fields of the one request a GPU gets per sample, beside the
+    byte and throttle-time counters: none of their calls is made where the driver answers the fields."""
+    node = h100_node(count=2)
+    for g in node.nvml.gpus:
+        busy(g)
+        g.ecc_corrected, g.ecc_uncorrected = 12, 1
+    node.tick()
+    node.nvml.calls.clear()
+    _, values = exposition(node.tick())
+    assert node.nvml.calls["nvmlDeviceGetFieldValues"] == 2
+    for call in FIGURE_CALLS:
+        assert call not in node.nvml.calls, call
+    assert values[("mfu_gpu_power_watts", gpu(1))] == pytest.approx(650.5)
+    assert values[("mfu_gpu_power_limit_watts", gpu(1))] == 700
+    assert values[("mfu_gpu_energy_joules_total", gpu(1))] == pytest.approx(1000 + 2 * 650.5)
+    assert values[("mfu_gpu_ecc_errors_total", gpu(1, kind="corrected"))] == 12
+    assert values[("mfu_gpu_ecc_errors_total", gpu(1, kind="uncorrected"))] == 1
+
+
+def test_a_field_a_gpu_does_not_answer_falls_back_to_its_call_once_and_for_good():
+    """An A100 has no averaged power field: its power comes from nvmlDeviceGetPowerUsage, the field is not asked
+    again. A GPU that answers neither the field nor the call (ECC off) has no series and is asked neither again."""
+    nvml = fake.node(fake.h100(0), fake.a100(1))
+    nvml.gpus[0].fields -= {3}
+    nvml.gpus[0].fail["nvmlDeviceGetTotalEccErrors"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    node = Node(nvml)
+    asked: dict[int, list[bool]] = {0: [], 1: []}  # GPU -> whether each of its requests asked for the power field
+    real = nvml.nvmlDeviceGetFieldValues
+
+    def fields(handle, request):
+        asked[nvml.gpus.index(handle.gpu)].append(any(field_id == 185 for field_id, _ in request))
+        return real(handle, request)
+
+    nvml.nvmlDeviceGetFieldValues = fields
+    for _ in range(3):
+        snapshot = node.tick()
+    _, values = exposition(snapshot)
+    assert values[("mfu_gpu_power_watts", gpu(1))] == 70  # the A100's, from the call
+    assert values[("mfu_gpu_power_watts", gpu(0))] == 70  # the H100's, from the field
+    assert nvml.calls["nvmlDeviceGetPowerUsage"] == 3  # the A100 each sample, the H100 never
+    # Each GPU's first request is its NVLink link count, asked when it is opened; then the A100 is asked once.
+    assert asked == {0: [False, True, True, True], 1: [False, True, False, False]}
+    assert gpu(0, kind="corrected") not in series_of(values, "mfu_gpu_ecc_errors_total")
+    assert values[("mfu_gpu_ecc_errors_total", gpu(0, kind="uncorrected"))] == 0  # the other count still a field
+    assert nvml.calls["nvmlDeviceGetTotalEccErrors"] == 1  # the H100's corrected count, asked once
+    status = snapshot.status["gpus"]
+    assert status[1]["unsupported"]["field:power_watts"] == "Not Supported"
+    assert set(status[0]["unsupported"]) >= {"field:ecc_corrected", "ecc_corrected"}
+    assert snapshot.errors == {}
+
+
+def test_a_driver_without_field_values_gives_every_figure_from_its_call():
+    nvml = fake.node(fake.h100, count=1)
+    nvml.gpus[0].fail["nvmlDeviceGetFieldValues"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    node = Node(nvml)
+    node.tick()
+    _, values = exposition(node.tick())
+    assert values[("mfu_gpu_power_watts", gpu(0))] == 70
+    assert values[("mfu_gpu_power_limit_watts", gpu(0))] == 700
+    assert ("mfu_gpu_energy_joules_total", gpu(0)) in values
+    assert values[("mfu_gpu_ecc_errors_total", gpu(0, kind="corrected"))] == 0
+    assert all(nvml.calls[call] == 2 for call in ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit"))
 
 
 def test_passing_call_failure_is_counted_and_retried_next_cycle():
@@ -647,7 +719,7 @@ async def test_hanging_nvml_call_leaves_metrics_answering_from_the_last_snapshot
         return expo.samples(await (await client.get("/metrics")).text())
 
     await wait_for(lambda: state.up)
-    release = nvml.hang("nvmlDeviceGetPowerUsage")
+    release = nvml.hang("nvmlDeviceGetFieldValues")
     try:
         await wait_for(lambda: not state.up)
         assert state.reason == "timeout"
@@ -697,6 +769,32 @@ def test_throttle_seconds_integrate_the_bit_where_the_driver_has_no_counter():
     assert values[("mfu_gpu_throttle_seconds_total", gpu(0, reason="sw_thermal_slowdown"))] == 1.5
 
 
+def test_the_throttle_share_is_the_counters_growth_over_the_time_since_the_last_read():
+    """The share of each interval a reason held the clock down: from the counters, whatever the state at the samples;
+    an interval whose read failed adds its time to the next share instead of losing its throttle time."""
+    node = h100_node(count=1)
+    g = node.nvml.gpus[0]
+    g.clocks_event_reasons = 0
+    assert node.tick(5).readings.gpus[0].throttle_ratio == ()  # the first sample: no interval yet
+    g.clocks_event_reasons = 0x40
+    node.nvml.advance(2)  # 2 s of HW thermal slowdown, then none, all before the next sample
+    node.clock.now += 2
+    g.clocks_event_reasons = 0
+    ratios = dict(node.tick(3).readings.gpus[0].throttle_ratio)
+    assert ratios == {
+        "sw_power_cap": 0.0,
+        "sw_thermal_slowdown": 0.0,
+        "hw_thermal_slowdown": 0.4,
+        "hw_power_brake": 0.0,
+    }
+    g.fail["nvmlDeviceGetFieldValues"] = pynvml.NVML_ERROR_TIMEOUT
+    g.clocks_event_reasons = 0x40
+    assert node.tick(5).readings.gpus[0].throttle_ratio == ()  # not read: no share this time
+    del g.fail["nvmlDeviceGetFieldValues"]
+    g.clocks_event_reasons = 0
+    assert dict(node.tick(5).readings.gpus[0].throttle_ratio)["hw_thermal_slowdown"] == 0.5  # 5 s of the last 10
+
+
 def test_nvlink_errors_are_summed_over_links_and_kinds_per_gpu():
     nvml = fake.node(fake.h100(0), fake.a100(1), fake.l40s(2), fake.b200(3))
     nvml.gpus[0].nvlink_errors = {(38, 0): 5, (52, 17): 2}  # CRC flit on link 0, replay on link 17
@@ -718,8 +816,8 @@ def test_nvlink_errors_are_summed_over_links_and_kinds_per_gpu():
 
 
 def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
-    # 72 of an 18-link H100's 82 fields: a 1 s sample between two reads asks for the other 10 only (byte counters,
-    # throttle time, and the 4 health fields read every cycle).
+    # 72 of an 18-link H100's 87 fields: a 1 s sample between two reads asks for the other 15 only (power, power
+    # limit, energy, two ECC counts, two NVLink byte counters, four throttle times, and the 4 health fields).
     node = h100_node(count=1)
     node.tick()
     node.tick()  # planned again (the fake H100 lacks the PCIe byte fields): NVLink read again, the plan settled
@@ -732,7 +830,7 @@ def test_nvlink_errors_are_read_every_10_seconds_and_stand_between_reads():
         assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 0.0  # the last read's total stands, still a series
     _, values = exposition(node.tick())
     assert values[("mfu_gpu_nvlink_errors_total", gpu(0))] == 3.0  # 10 s after the last read: read again
-    assert asked == [10] * (int(NVLINK_READ_INTERVAL) - 1) + [82]
+    assert asked == [15] * (int(NVLINK_READ_INTERVAL) - 1) + [87]
 
 
 def test_an_unknown_error_on_one_field_degrades_that_series_only(caplog):

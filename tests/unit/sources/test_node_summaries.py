@@ -79,6 +79,28 @@ def test_gpu_node_summaries_count_lost_and_throttled_gpus_by_cause():
     assert snapshot_value(snapshot, "mfu_node_gpu_utilization_ratio") == pytest.approx(sum(utilizations) / 3)
 
 
+def test_a_gpu_held_down_between_two_samples_counts_as_throttled():
+    """At 5 s sampling, a 2 s thermal episode that ended before the sample is 40% of the interval: the GPU counts,
+    as the attribution blames it. A GPU whose driver lacks the throttle-time fields counts by its state only."""
+    nvml, source, clock = gpu_node("standard")
+    nvml.gpus[1].fields -= set(fake.THROTTLE_FIELDS)
+    source.sample()
+    for gpu in nvml.gpus[:2]:
+        gpu.clocks_event_reasons = 0x40
+    nvml.advance(2.0)
+    for gpu in nvml.gpus[:2]:
+        gpu.clocks_event_reasons = 0
+    nvml.advance(3.0)
+    clock.now += 5.0
+    snapshot = source.sample()
+    assert snapshot_value(snapshot, "mfu_node_gpus_throttled", cause="thermal") == 1  # GPU 0: its counter grew
+    nvml.gpus[1].clocks_event_reasons = 0x40
+    nvml.advance(5.0)
+    clock.now += 5.0
+    snapshot = source.sample()
+    assert snapshot_value(snapshot, "mfu_node_gpus_throttled", cause="thermal") == 1  # GPU 1: its state now
+
+
 def test_gpu_byte_totals_do_not_drop_when_a_gpu_is_lost():
     nvml, source, clock = gpu_node("standard")
     for gpu in nvml.gpus:

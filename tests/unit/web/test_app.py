@@ -9,6 +9,8 @@ import pytest
 from aiohttp import web
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
+from mfu_exporter import VERSION_HEADER, __version__
+from mfu_exporter.client import ProgressReporter
 from mfu_exporter.config import validate
 from mfu_exporter.service import build_service
 from mfu_exporter.sources.base import SourceUnavailable
@@ -424,3 +426,19 @@ async def test_a_port_in_use_is_one_line_before_any_source_starts():
     assert str(stopped.value).startswith("mfu-exporter: cannot listen on 127.0.0.1:")
     assert "\n" not in str(stopped.value)
     assert source.calls == 0 and not source.closed  # never started, so nothing to fail behind the message
+
+
+async def test_answers_to_reports_carry_the_version_the_client_compares(make_client):
+    client = await make_client(JOB)
+    accepted = await client.post("/api/v1/progress", json={"job": "llama3-70b", "tokens_total": 1})
+    refused = await client.post("/api/v1/progress", json={"job": "llama3-70b", "tokens_total": "many"})
+    checkpoint = await client.post("/api/v1/checkpoints", json={"job": "llama3-70b", "checkpoint": "c", "phase": "x"})
+    assert (accepted.status, refused.status, checkpoint.status) == (200, 400, 404)  # checkpoints are off by default
+    assert {r.headers[VERSION_HEADER] for r in (accepted, refused, checkpoint)} == {__version__}
+    assert VERSION_HEADER not in (await client.get("/metrics")).headers  # reads are not where the client looks
+    # The client itself, over a real socket: it notes the version and, the majors being one, warns of nothing.
+    reporter = ProgressReporter(str(client.make_url("/")), "llama3-70b", announce=False, heartbeat=None)
+    reporter.update(tokens_total=2)
+    await wait_for(lambda: reporter.sent == 1, what="the client's report taken")
+    await asyncio.to_thread(reporter.close)
+    assert reporter.exporter_version == __version__ and reporter.failures == 0

@@ -18,6 +18,7 @@ import trustme
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from mfu_exporter import VERSION_HEADER, __version__
 from mfu_exporter.config import ConfigError, validate
 from mfu_exporter.service import build_service
 from mfu_exporter.web import security as websecurity
@@ -345,9 +346,11 @@ async def test_ingest_needs_the_bearer_token_when_a_token_file_is_set(secured, t
         assert response.status == 401
         assert response.headers["WWW-Authenticate"].startswith("Bearer")
         assert "ingest.token_file" in (await response.json())["error"]
+        assert VERSION_HEADER not in response.headers  # the version is for callers past the token only
     assert client.service.jobs.names() == []
     response = await client.post("/api/v1/progress", json=REPORT, headers={"Authorization": "Bearer s3cr3t-token"})
     assert response.status == 200
+    assert response.headers[VERSION_HEADER] == __version__
     assert (await client.get("/api/v1/jobs")).status == 200  # reads follow the web config, not the ingest token
     write(tmp_path / "token", "rotated-token\n")
     rotated = {**REPORT, "tokens_total": 2000}

@@ -1,0 +1,1 @@
+../../../mfu_exporter/__init__.py

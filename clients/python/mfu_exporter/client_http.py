@@ -1,0 +1,1 @@
+../../../mfu_exporter/client_http.py

@@ -1,0 +1,1 @@
+../../../mfu_exporter/jobname.py
