@@ -167,7 +167,7 @@ class JobTotals:
     last_success: float | None
     last_duration: float | None
     last_bandwidth: float | None
-    in_progress_seconds: float = 0.0  # how long the oldest write in progress has run; 0 while none is
+    in_progress_since: float | None = None  # when the oldest write in progress started; None while none is
 
 
 class CheckpointTracker:
@@ -337,7 +337,6 @@ class CheckpointTracker:
             }
 
     def totals(self) -> dict[str, JobTotals]:
-        now = self._clock()
         with self._lock:
             result = {}
             for job, state in self._jobs.items():
@@ -356,7 +355,7 @@ class CheckpointTracker:
                     state.last_success,
                     state.last_duration,
                     state.last_bandwidth,
-                    max(now - oldest, 0.0) if oldest is not None else 0.0,
+                    oldest,
                 )
             return result
 
