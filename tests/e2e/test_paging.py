@@ -237,7 +237,7 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
             return not left
 
         try:
-            stack.wait_demo(done, until, "every incident's page and its resolution", interval=0.5)
+            stack.wait_demo(done, until, "every incident's page and its resolution", interval=1.0)
         except AssertionError as exc:
             failed, scrapes = stack.scrapes()
             late = stack.relay.late

@@ -1,8 +1,8 @@
 """The demo paging a webhook: ``mfu-exporter demo`` at ``--speed S``, Debian's Prometheus evaluating the shipped
 rules and Debian's Alertmanager routing with ``alerts/alertmanager.example.yaml``, both on a clock S times faster
 (``tests/support/timescale.py``), and a webhook receiver, a real HTTP server on loopback, that Alertmanager's
-receivers post to. Prometheus scrapes the demo through a relay (``Relay``) that never makes it wait past its scaled
-timeout. Every notification is kept with the wall time it arrived; ``DemoClock`` turns wall times into
+receivers post to. Prometheus scrapes the demo through a relay (tests/support/relay.py) that never makes it wait past
+its scaled timeout. Every notification is kept with the wall time it arrived; ``DemoClock`` turns wall times into
 demo times.
 
     with paging_stack(tmp_path, speed=60, demo_args=["--incident", "gpu-lost", "--warm-up", "5m"]) as stack:
@@ -15,6 +15,7 @@ import contextlib
 import json
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -149,74 +150,30 @@ class Webhook:
             return list(self.notifications)
 
 
-class Relay:
-    """An HTTP server on a free loopback port serving the demo's newest ``/metrics``: each request asks the demo
-    afresh and answers with its reply once it comes, or after ``patience`` wall seconds with the last one it had.
-
-    Prometheus's scrape timeout is its interval, 15 s divided by the speed (187 ms at 80): a demo starved of CPU on a
-    loaded machine can take longer, and a failed scrape marks every series stale, which starts each alert's ``for:``
-    again. A real node's scrape has seconds; here a slow answer makes the sample a little older instead (its values
-    from the demo's last answer), never a failed scrape. ``up`` then says whether the relay answered."""
+class RelayProcess:
+    """``tests/support/relay.py`` in a process of its own (so the test's own polling never holds it up), on a free
+    loopback port: what Prometheus scrapes instead of the demo."""
 
     def __init__(self, target: str, patience: float):
-        self.target = target.rstrip("/") + "/metrics"
-        self.patience = patience
-        self.body, self.content_type = b"", "text/plain; version=0.0.4"
-        self.lock = threading.Lock()
-        self.fetching: threading.Thread | None = None
-        self.late = 0  # answers given from the last body, the demo being slower than the patience
-        relay = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body, content_type = relay.newest()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", content_type)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # Prometheus gave up on this scrape (its timeout): it counts it failed
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.relay", target, str(patience)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        self.address = self.process.stdout.readline().strip()  # the relay prints its host:port once it listens
+        if not self.address:
+            raise AssertionError(f"the relay did not start (exit {self.process.poll()})")
 
     @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server.server_address[1]}"
-
-    def fetch(self) -> None:
-        try:
-            response = requests.get(self.target, headers={"Accept": "text/plain"}, timeout=30)
-            if response.status_code == 200:
-                with self.lock:
-                    self.body, self.content_type = response.content, response.headers["Content-Type"]
-        except requests.RequestException:
-            pass
-
-    def newest(self) -> tuple[bytes, str]:
-        with self.lock:
-            if self.fetching is None or not self.fetching.is_alive():
-                self.fetching = threading.Thread(target=self.fetch, daemon=True)
-                self.fetching.start()
-            fetching = self.fetching
-        fetching.join(self.patience)
-        with self.lock:
-            self.late += fetching.is_alive()
-            return self.body, self.content_type
-
-    def start(self) -> "Relay":
-        self.fetch()
-        self.thread.start()
-        return self
+    def late(self) -> int:
+        """Answers it gave from the demo's previous exposition, the demo being slower than its patience."""
+        return int(requests.get(f"http://{self.address}/late", timeout=5).text)
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        stop_process(self.process)
 
 
 class Alertmanager:
@@ -286,7 +243,7 @@ class PagingStack:
     webhook: Webhook
     pending: Pending
     ready: float  # demo time when Prometheus had the rules and scraped the demo
-    relay: Relay  # what Prometheus scrapes: the demo's newest exposition (node is its address)
+    relay: RelayProcess  # what Prometheus scrapes: the demo's newest exposition (node is its address)
 
     def now(self) -> float:
         """The demo's time now."""
@@ -315,8 +272,8 @@ class PagingStack:
 
 
 def _watch_pending(prometheus: Prometheus, pending: Pending, stop: threading.Event) -> None:
-    """Keep each alert's ``activeAt`` from Prometheus's alerts API, polled a few times a wall second."""
-    while not stop.wait(0.2):
+    """Keep each alert's ``activeAt`` from Prometheus's alerts API, polled twice a wall second."""
+    while not stop.wait(0.5):
         try:
             alerts = prometheus.alerts()
         except (requests.RequestException, AssertionError, ValueError):
@@ -343,7 +300,7 @@ def paging_stack(tmp_path: Path, speed: float, demo_args: Sequence[str] = ()) ->
         # the demo's clock is known (time() reads it), before its first incident (demo_args' --warm-up).
         port = free_port()
         timing = prometheus_timing(speed)
-        relay = Relay(f"http://127.0.0.1:{port}/", patience=0.5 * 15.0 / speed).start()
+        relay = RelayProcess(f"http://127.0.0.1:{port}/", patience=0.5 * 15.0 / speed)
         stack.callback(relay.stop)
         node = relay.address
         prometheus = Prometheus(
