@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo run test test-busy test-unit test-property lint golden soak bench bench-fleet bench-fleet-replay bench-global fleet system-deps rules clean gpu-check docs dist screenshot
+.PHONY: demo run test test-busy test-paging test-unit test-property lint golden soak bench bench-fleet bench-fleet-replay bench-global fleet system-deps rules clean gpu-check docs dist screenshot
 
 # The daemon requires the client distribution (clients/python) at its own version: both come from this checkout,
 # editable. The daemon's editable finder is read first (its .pth file sorts first), so mfu_exporter is this
@@ -35,6 +35,12 @@ test: $(STAMP) system-deps lint
 # speed fails here rather than now and then in CI.
 test-busy: $(STAMP) system-deps lint
 	./scripts/busy.sh $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# Time to page (tests/e2e/test_paging.py, docs/runbook.md "Time to page"): the demo's rotation with each incident
+# lasting until it pages, as make test runs it, and the demo's own rotation (2-minute incidents) paging for nothing
+# else, through Debian's Prometheus and Alertmanager at the demo's --speed 80: about 4 minutes, the times printed.
+test-paging: $(STAMP) system-deps
+	PAGING_DEFAULT_ROTATION=1 $(PY) -m pytest -q -s -n 0 tests/e2e/test_paging.py
 
 # Unit tests only: no root, no Debian tools, about a minute.
 test-unit: $(STAMP) lint

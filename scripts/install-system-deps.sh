@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian tools the tests drive for real: promtool/prometheus, ethtool and iproute2 (veth), Chromium (status page),
-# Alertmanager's amtool, VictoriaMetrics with vmagent and vmalert (the fleet test's distributed path), Slurm's
-# controller, node daemon and client with munge (tests/e2e/test_slurm.py: a one-node cluster on loopback). Installs
+# Alertmanager (amtool, and the server tests/e2e/test_paging.py routes pages through), VictoriaMetrics with vmagent
+# and vmalert (the fleet test's distributed path), Slurm's controller, node daemon and client with munge
+# (tests/e2e/test_slurm.py: a one-node cluster on loopback). Installs
 # only what is missing, and only as root; otherwise says what is missing.
 set -euo pipefail
 declare -A need=(
@@ -12,6 +13,7 @@ declare -A need=(
   [chromium]=chromium
   [chromedriver]=chromium-driver
   [amtool]=prometheus-alertmanager
+  [prometheus-alertmanager]=prometheus-alertmanager
   [prometheus-node-exporter]=prometheus-node-exporter
   [victoria-metrics]=victoria-metrics
   [vmagent]=victoria-metrics

@@ -57,6 +57,23 @@ def incident_gap(value: str) -> float:
     return seconds
 
 
+def incident_lengths(value: str) -> float | dict[str, float]:
+    """``--for``: one duration (the forced incident's, or every incident's in the rotation), or ``NAME=DURATION``
+    pairs, comma-separated, for the incidents named."""
+    try:
+        if "=" not in value:
+            return duration(value)
+        lengths: dict[str, float] = {}
+        for item in value.split(","):
+            name, _, length = (part.strip() for part in item.partition("="))
+            if name not in INCIDENTS:
+                raise argparse.ArgumentTypeError(f"{name!r} is not an incident ({', '.join(INCIDENTS)})")
+            lengths[name] = duration(length)
+        return lengths
+    except Invalid as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected DURATION or NAME=DURATION,...: {exc.expected}") from None
+
+
 def add_demo_flags(parser: argparse.ArgumentParser) -> None:
     add_daemon_flags(parser, paths=False)
     for flag in ("--path.sysfs", "--path.procfs"):
@@ -64,13 +81,35 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speed", type=positive(float), default=1.0, help="simulated seconds per wall-clock second (default 1)"
     )
-    parser.add_argument("--incident", choices=INCIDENTS, help="force one incident after a short healthy warm-up")
+    parser.add_argument(
+        "--incident",
+        choices=INCIDENTS,
+        help="force one incident after 10 s of healthy training; it lasts until the demo stops (crash-restart: "
+        "the job restarts after a minute), or for --for DURATION",
+    )
     parser.add_argument(
         "--mfu.window",
         dest="mfu_window",
         type=mfu_window,
         metavar="DURATION",
         help="MFU window; overrides mfu.window of --config (default 15s, so changes show fast)",
+    )
+    parser.add_argument(
+        "--for",
+        dest="incident_for",
+        type=incident_lengths,
+        metavar="DURATION",
+        help="how long the forced incident lasts, then training is healthy again (default: until the demo stops; "
+        "crash-restart: a minute); without --incident, how long each incident of the rotation lasts, or "
+        "NAME=DURATION,... for the incidents named (default: the table's)",
+    )
+    parser.add_argument(
+        "--warm-up",
+        dest="warmup",
+        type=mfu_window,
+        metavar="DURATION",
+        help="healthy training before the first incident (default 10s with --incident, the incident gap without): "
+        "time for a Prometheus to start scraping the demo before anything happens",
     )
     parser.add_argument(
         "--incident-gap",
@@ -110,6 +149,9 @@ def add_demo_flags(parser: argparse.ArgumentParser) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     if not args.speed > 0:  # argparse checks the flag; a caller building the namespace itself is checked here
         raise UsageError("--speed must be positive")
+    lengths = getattr(args, "incident_for", None)
+    if args.incident and isinstance(lengths, dict) and set(lengths) != {args.incident}:
+        raise UsageError(f"--for with --incident {args.incident} takes one duration, or {args.incident}=DURATION")
     if args.nodes is not None:
         return run_fleet(args)
     if args.incident_node is not None:

@@ -167,6 +167,7 @@ class JobTotals:
     last_success: float | None
     last_duration: float | None
     last_bandwidth: float | None
+    in_progress_since: float | None = None  # when the oldest write in progress started; None while none is
 
 
 class CheckpointTracker:
@@ -339,6 +340,7 @@ class CheckpointTracker:
         with self._lock:
             result = {}
             for job, state in self._jobs.items():
+                oldest = min((write.started for write in state.open.values()), default=None)
                 cumulative, running = [], 0
                 for count in state.bucket_counts:
                     running += count
@@ -353,6 +355,7 @@ class CheckpointTracker:
                     state.last_success,
                     state.last_duration,
                     state.last_bandwidth,
+                    oldest,
                 )
             return result
 

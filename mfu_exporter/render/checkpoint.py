@@ -15,10 +15,11 @@ from mfu_exporter.sources.checkpoint import FAMILY_LEVELS, CheckpointSample
 
 
 def checkpoint_sample_families(sample: CheckpointSample) -> Iterable[Metric]:
-    return levelled(checkpoint_families(sample.totals), FAMILY_LEVELS, sample.series)
+    return levelled(checkpoint_families(sample.totals, sample.at), FAMILY_LEVELS, sample.series)
 
 
-def checkpoint_families(totals: dict[str, JobTotals]) -> Iterable[Metric]:
+def checkpoint_families(totals: dict[str, JobTotals], at: float = 0.0) -> Iterable[Metric]:
+    """The families of ``totals``; a write in progress is as old as it is at ``at`` (the sample's time)."""
     label = ["training_job"]
     duration = HistogramMetricFamily(
         "mfu_checkpoint_write_duration_seconds", "Duration of successful checkpoint writes.", labels=label
@@ -34,6 +35,11 @@ def checkpoint_families(totals: dict[str, JobTotals]) -> Iterable[Metric]:
     )
     in_progress = GaugeMetricFamily(
         "mfu_checkpoint_in_progress", "1 while a checkpoint write of the job is in progress.", labels=label
+    )
+    in_progress_seconds = GaugeMetricFamily(
+        "mfu_checkpoint_in_progress_seconds",
+        "How long the oldest checkpoint write of the job in progress has run; 0 while none is.",
+        labels=label,
     )
     last_success = GaugeMetricFamily(
         "mfu_checkpoint_last_success_timestamp_seconds",
@@ -56,9 +62,21 @@ def checkpoint_families(totals: dict[str, JobTotals]) -> Iterable[Metric]:
         failures.add_metric(key, job_totals.failures)
         written.add_metric(key, job_totals.written_bytes)
         in_progress.add_metric(key, 1.0 if job_totals.in_progress else 0.0)
+        since = job_totals.in_progress_since
+        in_progress_seconds.add_metric(key, max(at - since, 0.0) if since is not None else 0.0)
         if job_totals.last_success is not None and job_totals.last_duration is not None:  # set together
             last_success.add_metric(key, job_totals.last_success)
             last_duration.add_metric(key, job_totals.last_duration)
         if job_totals.last_bandwidth is not None:
             bandwidth.add_metric(key, job_totals.last_bandwidth)
-    return (duration, writes, failures, written, in_progress, last_success, last_duration, bandwidth)
+    return (
+        duration,
+        writes,
+        failures,
+        written,
+        in_progress,
+        in_progress_seconds,
+        last_success,
+        last_duration,
+        bandwidth,
+    )

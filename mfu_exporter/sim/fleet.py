@@ -71,6 +71,7 @@ from mfu_exporter.sim.node import (
     SimClock,
     SimulatedQos,
     stop_training,
+    storm,
     train_healthily,
     write_procfs,
 )
@@ -271,6 +272,7 @@ class Machine:
             train_healthily(gpu)
         for nic in self.fabric.nics:
             nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
+            nic.stalls_per_second = 0.0
         if self._lost and state != "gpu-lost":
             self.nvml.gpus[LOST_GPU].lost = False  # a reset brings it back; NVML re-init picks it up
             self._lost = False
@@ -297,8 +299,7 @@ class Machine:
             for nic in self.fabric.nics:
                 nic.cnp_per_second = 2_000.0
             for index in STORM_NICS:
-                nic = self.fabric.nics[index]
-                nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.45, 0.6, 40_000.0
+                storm(self.fabric.nics[index])
         elif state == "thermal":
             hot = self.nvml.gpus[HOT_GPU]
             hot.temperature_c, hot.sm_clock_mhz, hot.power_mw = 91, 1155, 520_000
@@ -656,7 +657,9 @@ def build_fleet(args: argparse.Namespace, root: Path) -> Fleet:
         args.nodes,
         int(port),
         SimClock(args.speed),
-        FleetSchedule(args.incident),
+        FleetSchedule.from_flags(
+            args.incident, lengths=getattr(args, "incident_for", None), warmup=getattr(args, "warmup", None)
+        ),
         incident_node=args.incident_node or 0,
         interval=parse_duration(args.fleet_interval),
         window=args.mfu_window,  # parsed by the flag

@@ -329,6 +329,9 @@ _TX_QUEUE = (
 _TC_CONGESTION = ("rx_prio{p}_buf_discard", "rx_prio{p}_cong_discard", "rx_prio{p}_marked")
 
 
+PFC_PREVENTION_TIMEOUT = 0.1  # seconds: mlx5's pfc-prevention-tout "auto" (MLX5E_PFC_PREVEN_AUTO_TOUT_MSEC)
+
+
 def port_counters(**values: int) -> dict[str, int]:
     """Every ``counters/`` file, zero unless given."""
     return {name: values.pop(name, 0) for name in PMA_COUNTERS} | values
@@ -392,6 +395,10 @@ class SimulatedNic:
     tx_pause_ratio: float = 0.0  # fraction of time we pause the switch
     cnp_per_second: float = 0.0  # DCQCN notifications, sent and handled
     drops_per_second: float = 0.0  # receive-buffer drops, seen as RoCE out-of-sequence packets too
+    # A receive path that backs up keeps the link partner paused without a break: each such stall lasts
+    # ``stall_seconds``, ``stalls_per_second`` times a second (0: none). mlx5's storm prevention counts them below.
+    stall_seconds: float = 0.0
+    stalls_per_second: float = 0.0
     counters: dict[str, float] = field(default_factory=dict)
     hw_counters: dict[str, float] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
@@ -490,8 +497,14 @@ class SimulatedNode:
             add(nic.stats, f"{direction}_prio{nic.roce_priority}_pause", paused_us / 40)
             if direction == "rx":
                 add(nic.stats, f"rx_prio{nic.roce_priority}_pause_transition", paused_us / 400)
-        if nic.tx_pause_ratio > 0.5:
-            add(nic.stats, "tx_pause_storm_warning_events", seconds / 10)
+        # mlx5's PFC storm prevention (ethtool --set-tunable pfc-prevention-tout, default auto = 100 ms): a stall
+        # past the minor watermark, max(80 ms, 85% of the timeout), counts tx_pause_storm_warning_events; one that
+        # reaches the timeout counts tx_pause_storm_error_events too, and the device stops sending pause frames.
+        stalls = nic.stalls_per_second * seconds
+        if nic.stall_seconds >= max(0.08, 0.85 * PFC_PREVENTION_TIMEOUT):
+            add(nic.stats, "tx_pause_storm_warning_events", stalls)
+        if nic.stall_seconds >= PFC_PREVENTION_TIMEOUT:
+            add(nic.stats, "tx_pause_storm_error_events", stalls)
         add(nic.counters, "port_xmit_wait", nic.rx_pause_ratio * seconds * 1e6)
         cnps = nic.cnp_per_second * seconds
         for name, amount in (

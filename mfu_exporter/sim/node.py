@@ -15,7 +15,7 @@ import math
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable
 
@@ -28,7 +28,7 @@ from mfu_exporter.preflight.facts import PreflightSettings
 from mfu_exporter.quantities import format_duration
 from mfu_exporter.service import Service, build_service
 from mfu_exporter.sim import nvml as fake_nvml
-from mfu_exporter.sim.mlx5 import SimulatedNode
+from mfu_exporter.sim.mlx5 import PFC_PREVENTION_TIMEOUT, SimulatedNic, SimulatedNode
 from mfu_exporter.sim.nccl import InspectorDump, NcclDebugFile, NcclTestsOutput
 from mfu_exporter.sim.nvml import train_healthily  # here too: the demo's callers and tests use it from the node
 from mfu_exporter.sim.podresources import PodResourcesServer, SimPod
@@ -124,6 +124,14 @@ class Incident:
         }
 
 
+def storm(nic: SimulatedNic) -> None:
+    """A NIC in a PFC storm: paused by the switch 45% of the time and pausing it 60%, its receive path backed up.
+    Every ten seconds a stall holds the pause past mlx5's storm-prevention timeout (100 ms): the NIC counts a
+    warning and an error storm event and stops pausing for a moment, as a ConnectX does in a real storm."""
+    nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.45, 0.6, 40_000.0
+    nic.stall_seconds, nic.stalls_per_second = PFC_PREVENTION_TIMEOUT, 0.1
+
+
 def _pfc_storm(node: DemoNode) -> None:
     # The storm pauses two NICs, one nearest each job's GPUs: both jobs wait on their collectives.
     for gpu in node.nvml.gpus:
@@ -132,8 +140,7 @@ def _pfc_storm(node: DemoNode) -> None:
     for nic in node.fabric.nics:
         nic.utilization, nic.cnp_per_second = 0.14, 2_000.0
     for index in STORM_NICS:
-        nic = node.fabric.nics[index]
-        nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.45, 0.6, 40_000.0
+        storm(node.fabric.nics[index])
 
 
 def _checkpoint_stall(node: DemoNode) -> None:
@@ -334,49 +341,95 @@ class SimClock:
 @dataclass
 class Schedule:
     """Which incident is active at a simulated elapsed time: one forced after a warm-up, or a rotation of
-    ``incidents``, each after ``healthy`` seconds of healthy training (``--incident-gap``)."""
+    ``incidents``, each after ``healthy`` seconds of healthy training (``--incident-gap``).
+
+    ``lengths`` (``--for``) says how long an incident lasts, by name. Without one, a rotation's incident lasts its
+    row's ``seconds``, and a forced one lasts until the demo stops, except crash-restart, whose process comes back
+    after its minute (a crash that never restarts is ``--for`` a longer time). ``warmup`` (``--warm-up``) is the
+    healthy time before the first incident: 10 s before a forced one, ``healthy`` before a rotation's (the first
+    rotation starts later by the difference; the next ones follow it)."""
 
     forced: str | None = None
     healthy: float = HEALTHY_BETWEEN
+    lengths: dict[str, float] = field(default_factory=dict)
+    warmup: float | None = None
     incidents: ClassVar[tuple[str, ...]] = INCIDENTS
+
+    @classmethod
+    def from_flags(
+        cls,
+        forced: str | None,
+        healthy: float | None = None,
+        lengths: float | dict[str, float] | None = None,
+        warmup: float | None = None,
+    ) -> Schedule:
+        """The schedule ``--incident``, ``--incident-gap``, ``--for`` (one duration: the forced incident's, or
+        every incident's of the rotation; or lengths by name) and ``--warm-up`` ask for."""
+        if lengths is None:
+            by_name: dict[str, float] = {}
+        elif isinstance(lengths, dict):
+            by_name = dict(lengths)
+        else:
+            by_name = {name: lengths for name in ((forced,) if forced else cls.incidents)}
+        return cls(forced, healthy=healthy or HEALTHY_BETWEEN, lengths=by_name, warmup=warmup)
+
+    @property
+    def first_start(self) -> float:
+        """When the first incident begins, in elapsed seconds."""
+        if self.warmup is not None:
+            return self.warmup
+        return WARMUP if self.forced else self.healthy
+
+    def seconds(self, name: str) -> float:
+        """How long incident ``name`` lasts in this schedule (infinity: until the demo stops)."""
+        if name in self.lengths:
+            return self.lengths[name]
+        if name == self.forced and name != "crash-restart":
+            return math.inf
+        return INCIDENT_SECONDS[name]
 
     @property
     def rotation_seconds(self) -> float:
-        return sum(self.healthy + INCIDENT_SECONDS[name] for name in self.incidents)
+        return sum(self.healthy + self.seconds(name) for name in self.incidents)
 
     def incident(self, elapsed: float) -> str | None:
         return next((name for name, start, end in self.spans(elapsed, elapsed) if start <= elapsed < end), None)
 
     def spans(self, begin: float, end: float) -> list[tuple[str, float, float]]:
         """The incidents (name, start, end in elapsed seconds) that overlap ``[begin, end]``, in order."""
-        if self.forced == "crash-restart":  # a crash ends: the job restarts a minute later
-            spans = [(self.forced, WARMUP, WARMUP + INCIDENT_SECONDS[self.forced])]
-        elif self.forced:
-            spans = [(self.forced, WARMUP, math.inf)]
+        if self.forced:
+            spans = [(self.forced, self.first_start, self.first_start + self.seconds(self.forced))]
         else:
             spans = []
-            rotation = self.rotation_seconds
-            at = math.floor(max(begin, 0.0) / rotation) * rotation
+            rotation, lead = self.rotation_seconds, self.first_start - self.healthy
+            at = math.floor(max(begin - lead, 0.0) / rotation) * rotation + lead
             while at <= end:
                 for name in self.incidents:
                     at += self.healthy
-                    spans.append((name, at, at + INCIDENT_SECONDS[name]))
-                    at += INCIDENT_SECONDS[name]
+                    spans.append((name, at, at + self.seconds(name)))
+                    at += self.seconds(name)
         return [span for span in spans if span[2] > begin and span[1] <= end]
 
     def next_start(self, elapsed: float) -> float:
         """When the next incident after ``elapsed`` begins (infinity when none will)."""
-        horizon = elapsed + (self.rotation_seconds if not self.forced else WARMUP) + 1.0
+        horizon = elapsed + (self.rotation_seconds if not self.forced else 0.0) + self.first_start + 1.0
         return min((start for _, start, _ in self.spans(elapsed, horizon) if start > elapsed), default=math.inf)
 
     def describe(self, speed: float) -> str:
-        if self.forced == "crash-restart":
-            return f"the job crashes after {WARMUP:g} s of healthy training and restarts a minute later"
         if self.forced:
-            return (
-                f"incident {self.forced} starts after {WARMUP:g} s of healthy training and lasts until the demo stops"
+            seconds = self.seconds(self.forced)
+            if self.forced == "crash-restart":
+                return (
+                    f"the job crashes after {self.first_start:g} s of healthy training and restarts "
+                    f"{format_duration(seconds)} later"
+                )
+            lasts = (
+                "until the demo stops"
+                if math.isinf(seconds)
+                else f"{format_duration(seconds)}, then training is healthy"
             )
-        lengths = ", ".join(f"{name} {format_duration(INCIDENT_SECONDS[name])}" for name in self.incidents)
+            return f"incident {self.forced} starts after {self.first_start:g} s of healthy training and lasts {lasts}"
+        lengths = ", ".join(f"{name} {format_duration(self.seconds(name))}" for name in self.incidents)
         return (
             f"incidents rotate ({lengths}), each after {format_duration(self.healthy)} healthy: the rotation "
             f"takes {format_duration(self.rotation_seconds / speed)} of wall time at --speed {speed:g}"
@@ -624,6 +677,8 @@ class DemoNode:
                 self._crash()
             elif self.incident == "crash-restart":
                 self._restart(now, stamp)
+            if self.incident == "checkpoint-stall" and self.checkpoints.writing:
+                self._stall_ends(stamp)
             if "nccl-socket-fallback" in (incident, self.incident):
                 # NCCL re-initialises into the fallback (no IB device found) and out of it once fixed. The demo's
                 # process and its reporter's run go on: the ledger shows one run, not a restart.
@@ -699,6 +754,8 @@ class DemoNode:
         (simulated Unix time, as the status API's ``time``; ``*_elapsed``: seconds since the schedule began), and
         the spans in which the simulation fell behind its clock (``late``: the job was silent there, truly)."""
         now = self.clock.time()
+        names = (self.schedule.forced,) if self.schedule.forced else self.schedule.incidents
+        lengths = {name: self.schedule.seconds(name) for name in names}
         return {
             "time": now,
             "speed": self.clock.speed,
@@ -711,6 +768,10 @@ class DemoNode:
                 "healthy_seconds": self.schedule.healthy,
                 "rotation_seconds": self.schedule.rotation_seconds,
                 "incidents": list(self.schedule.incidents),
+                # How long each incident lasts here (--for, else its row's seconds); null: until the demo stops.
+                "incident_seconds": {
+                    name: None if math.isinf(seconds) else seconds for name, seconds in lengths.items()
+                },
             },
             "incident_table": [incident.as_json() for incident in INCIDENT_TABLE],
             "incident": self.incident,
@@ -719,9 +780,10 @@ class DemoNode:
         }
 
     def _checkpoint(self, now: float) -> None:
-        # A stall is storage gone slow: the write under way, or one started now, takes fifteen minutes. A scheduled
-        # stall slows one write; a forced one keeps stalling until the demo stops.
-        if self.incident == "checkpoint-stall" and (self._stall_pending or self.schedule.forced):
+        # A stall is storage gone slow for as long as the stall lasts: the write under way, or one started now, takes
+        # fifteen minutes, and the job writes again while it lasts (a rotation's stall lasts as long as one write).
+        # When it ends the storage is fast again and the write under way completes (_stall_ends).
+        if self.incident == "checkpoint-stall" and (self._stall_pending or not self.checkpoints.writing):
             self._stall_pending = False
             if self.checkpoints.writing:
                 self.checkpoints.duration = STALLED_CHECKPOINT_SECONDS
@@ -739,6 +801,15 @@ class DemoNode:
         self.checkpoints.advance(self.clock.time())
         if not self.checkpoints.writing and self._checkpointed[1] is not None:
             self._checkpointed = (self._checkpointed[1], None)  # the write completed: a restart resumes from it
+        if self.incident == "checkpoint-stall" and not self.checkpoints.writing:
+            self._start_checkpoint(now, STALLED_CHECKPOINT_SECONDS)  # the next write, on the storage still slow
+
+    def _stall_ends(self, stamp: float) -> None:
+        """The storage is fast again: the write the stall held completes at once."""
+        self.checkpoints.duration = max(stamp - self.checkpoints.started, 0.0)
+        self.checkpoints.advance(stamp)
+        if self._checkpointed[1] is not None:
+            self._checkpointed = (self._checkpointed[1], None)
 
     def _start_checkpoint(self, now: float, duration: float) -> None:
         self.checkpoints.start(int(self.tokens // TOKENS_PER_STEP), self.clock.time(), duration)
@@ -788,6 +859,7 @@ class DemoNode:
             self.nvml.gpus[index].set_activity(tensor=DISCOVERED_TENSOR_ACTIVE, sm=80.0, occupancy=35.0, dram=40.0)
         for nic in self.fabric.nics:
             nic.utilization, nic.rx_pause_ratio, nic.tx_pause_ratio, nic.cnp_per_second = 0.35, 0.0, 0.0, 20.0
+            nic.stalls_per_second = 0.0
         self.data_wait_share = DATA_WAIT_SHARE
         self.storage.dataset_read_rate = DATASET_READ_RATE
         if incident is not None:
@@ -940,7 +1012,12 @@ def build_demo(
     """The demo's service, node and simulation; ``flags`` applies the command line over the config (flags win)."""
     clock = SimClock(args.speed)
     progress = getattr(args, "progress", "api")
-    schedule = Schedule(args.incident, healthy=getattr(args, "incident_gap", None) or HEALTHY_BETWEEN)
+    schedule = Schedule.from_flags(
+        args.incident,
+        getattr(args, "incident_gap", None),
+        getattr(args, "incident_for", None),
+        getattr(args, "warmup", None),
+    )
     node = DemoNode(root, clock, schedule, seed=args.seed, progress=progress)
     socket = str(root / "kubelet.sock")
     config = demo_config(args.config, node, kubelet_socket=socket)

@@ -450,6 +450,7 @@ FAMILY_LEVELS = {
     "mfu_checkpoint_write_failures": "minimal",
     "mfu_checkpoint_written_bytes": "standard",
     "mfu_checkpoint_in_progress": "minimal",
+    "mfu_checkpoint_in_progress_seconds": "minimal",
     "mfu_checkpoint_last_success_timestamp_seconds": "minimal",
     "mfu_checkpoint_last_duration_seconds": "minimal",
     "mfu_checkpoint_last_write_bandwidth_bytes_per_second": "standard",
@@ -462,6 +463,7 @@ class CheckpointSample:
 
     series: str  # sources.checkpoint.series: which families are exported (FAMILY_LEVELS)
     totals: dict[str, JobTotals]
+    at: float = 0.0  # the sample's time: a write in progress is this old (mfu_checkpoint_in_progress_seconds)
 
 
 class CheckpointSource:
@@ -524,9 +526,17 @@ class CheckpointSource:
         previous = self._previous
         # Checkpoints come minutes apart: most samples find what the last one did. The same snapshot again keeps its
         # encoding (render/encode caches it per snapshot), instead of encoding the job's histogram every second.
-        if not errors and previous is not None and previous[0] == totals and previous[1].status == status:
+        # A write in progress ages with each sample: its snapshot is new.
+        writing = any(t.in_progress_since is not None for t in totals.values())
+        if (
+            not errors
+            and not writing
+            and previous is not None
+            and previous[0] == totals
+            and previous[1].status == status
+        ):
             return previous[1]
-        snapshot = Snapshot(readings=CheckpointSample(self.series, totals), errors=errors, status=status)
+        snapshot = Snapshot(readings=CheckpointSample(self.series, totals, at=now), errors=errors, status=status)
         self._previous = None if errors else (totals, snapshot)
         return snapshot
 

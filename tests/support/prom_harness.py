@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -124,6 +125,8 @@ class Prometheus:
         scrape_jobs: dict[str, list[str]] | None = None,
         scrape_interval: str = "1s",
         evaluation_interval: str = "1s",
+        alertmanagers: Sequence[str] = (),
+        flags: Sequence[str] = (),
     ):
         self.binary = binary
         self.workdir = workdir
@@ -131,6 +134,8 @@ class Prometheus:
         self.scrape_jobs = scrape_jobs or {}
         self.scrape_interval = scrape_interval
         self.evaluation_interval = evaluation_interval
+        self.alertmanagers = list(alertmanagers)  # host:port of each Alertmanager the alerts go to
+        self.flags = list(flags)
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
         self.log = workdir / "prometheus.log"
@@ -140,7 +145,7 @@ class Prometheus:
         return f"http://127.0.0.1:{self.port}"
 
     def config(self) -> dict:
-        return {
+        config = {
             "global": {
                 "scrape_interval": self.scrape_interval,
                 "scrape_timeout": self.scrape_interval,
@@ -152,11 +157,15 @@ class Prometheus:
                 for name, targets in self.scrape_jobs.items()
             ],
         }
+        if self.alertmanagers:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": self.alertmanagers}]}]}
+        return config
 
     def start(self, timeout: float = 30.0) -> "Prometheus":
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         config.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        self.config_file = config
 
         def launch(port: int) -> tuple[subprocess.Popen, str, Path]:
             with self.log.open("w") as log:
@@ -167,6 +176,7 @@ class Prometheus:
                         f"--storage.tsdb.path={self.workdir / 'data'}",
                         f"--web.listen-address=127.0.0.1:{port}",
                         "--log.level=warn",
+                        *self.flags,
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -180,6 +190,19 @@ class Prometheus:
 
     def stop(self) -> None:
         stop_process(self.process)
+
+    def reload(self, rule_files: Sequence[Path]) -> None:
+        """Load ``rule_files`` instead (the config rewritten, then SIGHUP); returns once every group is loaded."""
+        self.rule_files = [Path(p).resolve() for p in rule_files]
+        self.config_file.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        assert self.process is not None
+        self.process.send_signal(signal.SIGHUP)
+        wanted = {group["name"] for path in self.rule_files for group in yaml.safe_load(path.read_text())["groups"]}
+        deadline = time.monotonic() + 30
+        while {group["name"] for group in self.api("rules")["groups"]} != wanted:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise ProcessFailed(f"prometheus did not load {len(wanted)} rule groups:\n{log_tail(self.log)}")
+            time.sleep(0.05)
 
     def api(self, path: str, **params: Any) -> Any:
         """``GET /api/v1/<path>``'s ``data``; an API error raises with Prometheus's message."""

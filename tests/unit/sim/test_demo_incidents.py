@@ -2,6 +2,8 @@
 incident touches only those jobs; the truth (``DemoNode.truth``, served at ``GET /api/v1/demo``) records when each
 began and ended on the demo clock."""
 
+import math
+
 import pytest
 from pynvml import NVML_GPM_METRIC_ANY_TENSOR_UTIL
 
@@ -98,6 +100,85 @@ def test_the_incident_gap_is_at_least_thirty_seconds(gap, capsys):
         main(["demo", "--incident-gap", gap])
     assert exited.value.code == 2
     assert "--incident-gap" in capsys.readouterr().err
+
+
+def test_the_storm_reaches_the_nics_storm_prevention_timeout(tmp_path):
+    """A real storm's counters: the storm's NICs stall past mlx5's 100 ms pfc-prevention timeout, so they count
+    error storm events (pause TX disabled) as well as warnings; the other NICs count neither."""
+    node = stepped(tmp_path, demo.Schedule("pfc-storm"), demo.WARMUP + 60)
+    node.sync_fabric()
+    for index, nic in enumerate(node.fabric.nics):
+        warning, error = (nic.stats[f"tx_pause_storm_{level}_events"] for level in ("warning", "error"))
+        if index in demo.STORM_NICS:
+            assert warning >= 5 and error >= 5, (index, warning, error)
+        else:
+            assert warning == error == 0, (index, warning, error)
+
+
+def test_a_forced_incident_lasts_until_the_demo_stops_or_for_its_length(tmp_path):
+    forever = stepped(tmp_path / "forever", demo.Schedule.from_flags("thermal"), demo.WARMUP + 3600, step=60.0)
+    assert forever.incident == "thermal" and forever.truth()["incidents"][0]["end"] is None
+    assert forever.truth()["schedule"]["incident_seconds"] == {"thermal": None}
+    node = stepped(tmp_path / "timed", demo.Schedule.from_flags("thermal", lengths=300.0), demo.WARMUP + 400)
+    assert node.incident is None
+    (row,) = node.truth()["incidents"]
+    assert row["start_elapsed"] == pytest.approx(demo.WARMUP) and row["end_elapsed"] == pytest.approx(demo.WARMUP + 300)
+    assert node.nvml.gpus[demo.HOT_GPU].clocks_event_reasons == 0  # healthy again
+    crash = demo.Schedule.from_flags("crash-restart")
+    assert crash.seconds("crash-restart") == demo.INCIDENT_SECONDS["crash-restart"]
+
+
+def test_for_sets_the_rotations_lengths_by_name(tmp_path):
+    schedule = demo.Schedule.from_flags(None, 30.0, {"thermal": 700.0, "gpu-lost": 150.0})
+    assert schedule.seconds("thermal") == 700.0 and schedule.seconds("gpu-lost") == 150.0
+    assert schedule.seconds("pfc-storm") == demo.INCIDENT_SECONDS["pfc-storm"]
+    node = stepped(tmp_path, schedule, schedule.rotation_seconds + 1, step=10.0)
+    rows = {row["name"]: row for row in node.truth()["incidents"]}
+    assert rows["thermal"]["end_elapsed"] - rows["thermal"]["start_elapsed"] == pytest.approx(700.0)
+    assert node.truth()["schedule"]["incident_seconds"]["gpu-lost"] == 150.0
+    every = demo.Schedule.from_flags(None, 30.0, 600.0)
+    assert {every.seconds(name) for name in demo.INCIDENTS} == {600.0}
+
+
+def test_a_checkpoint_stall_holds_its_write_while_it_lasts_and_it_completes_when_it_ends(tmp_path):
+    """Storage slow for 20 minutes: a write that stalls for the whole time (one of fifteen minutes, then the next),
+    and the write under way completes as the stall ends, so nothing is left writing after the incident."""
+    schedule = demo.Schedule.from_flags("checkpoint-stall", lengths=1200.0)
+    monotonic = [0.0]
+    clock = demo.SimClock(1.0, wall=lambda: WALL, monotonic=lambda: monotonic[0])
+    node = demo.DemoNode(tmp_path, clock, schedule)
+    while monotonic[0] <= demo.WARMUP + 1200 + 5:
+        node.tick()
+        if demo.WARMUP + 1 < monotonic[0] < demo.WARMUP + 1200:
+            assert node.checkpoints.writing, monotonic[0]
+        monotonic[0] += 5.0
+    assert node.incident is None and not node.checkpoints.writing
+    written = sorted(path.name for path in node.checkpoints.root.iterdir())
+    assert len(written) == 2 and all((node.checkpoints.root / name / ".metadata").exists() for name in written)
+
+
+@pytest.mark.parametrize("value", ["0s", "thermal=-1m", "nosuch=5m", "5 parsecs"])
+def test_for_takes_a_duration_or_lengths_by_name(value, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--for", value])
+    assert exited.value.code == 2
+    assert "--for" in capsys.readouterr().err
+
+
+def test_for_with_a_forced_incident_names_only_it(capsys):
+    assert main(["demo", "--incident", "thermal", "--for", "gpu-lost=5m"]) == 2
+    assert "--for" in capsys.readouterr().err
+
+
+def test_a_warm_up_delays_the_first_incident_and_the_rotation_follows_it():
+    schedule = demo.Schedule.from_flags(None, 30.0, warmup=100.0)
+    spans = schedule.spans(0.0, schedule.rotation_seconds + 100.0)
+    first = demo.INCIDENT_SECONDS[demo.INCIDENTS[0]]
+    assert spans[0] == (demo.INCIDENTS[0], 100.0, 100.0 + first)
+    assert spans[1][1] == pytest.approx(100.0 + first + 30.0)
+    assert spans[len(demo.INCIDENTS)][1] == pytest.approx(100.0 + schedule.rotation_seconds)  # the next rotation
+    assert schedule.incident(99.0) is None and schedule.next_start(0.0) == 100.0
+    assert demo.Schedule.from_flags("thermal", warmup=60.0).spans(0.0, 100.0) == [("thermal", 60.0, math.inf)]
 
 
 class GpuHealthIncidents(demo.Schedule):

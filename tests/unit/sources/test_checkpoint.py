@@ -110,15 +110,17 @@ def test_dcp_layout_is_timed_from_the_first_shard_to_metadata(mode, tmp_path, ma
     (step / "__0_0.distcp").write_bytes(b"a" * 1000)
     snapshot = source.sample()
     assert metric(snapshot, "mfu_checkpoint_in_progress") == 1
+    assert metric(snapshot, "mfu_checkpoint_in_progress_seconds") == 0
     assert snapshot.status["watches"][0]["writes"] == [{"checkpoint": "step-200", "started": NOW + 5}]
     clock.advance(20)
     (step / "__1_0.distcp").write_bytes(b"b" * 3000)
-    source.sample()
+    assert metric(source.sample(), "mfu_checkpoint_in_progress_seconds") == 20  # the write's age while it runs
     clock.advance(17)
     (step / ".metadata").write_bytes(b"m" * 96)
     snapshot = source.sample()
 
     assert metric(snapshot, "mfu_checkpoint_in_progress") == 0
+    assert metric(snapshot, "mfu_checkpoint_in_progress_seconds") == 0
     assert metric(snapshot, "mfu_checkpoint_writes_total") == 1
     assert metric(snapshot, "mfu_checkpoint_write_failures_total") == 0
     assert metric(snapshot, "mfu_checkpoint_last_duration_seconds") == 37
@@ -337,7 +339,7 @@ def test_thousands_of_files_cost_no_memory_per_file_and_no_series(mode, tmp_path
     (step / ".metadata").write_bytes(b"m")
     snapshot = source.sample()
     assert metric(snapshot, "mfu_checkpoint_written_bytes_total") == 2001
-    assert len(values(snapshot)) == 17 + 7  # the job's histogram (15 buckets, sum, count) and 7 more: none per file
+    assert len(values(snapshot)) == 17 + 8  # the job's histogram (15 buckets, sum, count) and 8 more: none per file
     assert {name for (_, labels) in values(snapshot) for name, _ in labels} == {"training_job", "le"}
 
 
