@@ -1,0 +1,1 @@
+"""Runs too long for make test: each has its own make target (the Makefile says which)."""
