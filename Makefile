@@ -40,7 +40,7 @@ test-busy: $(STAMP) system-deps lint
 # lasting until it pages, as make test runs it, and the demo's own rotation (2-minute incidents) paging for nothing
 # else, through Debian's Prometheus and Alertmanager at the demo's --speed 80: about 4 minutes, the times printed.
 test-paging: $(STAMP) system-deps
-	$(PY) -m pytest -q -s -n 0 tests/e2e/test_paging.py tests/long/test_paging_rotation.py
+	PAGING_DEFAULT_ROTATION=1 $(PY) -m pytest -q -s -n 0 tests/e2e/test_paging.py
 
 # Unit tests only: no root, no Debian tools, about a minute.
 test-unit: $(STAMP) lint
