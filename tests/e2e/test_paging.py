@@ -39,7 +39,6 @@ was due by, never a wall-clock timeout.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,10 +288,6 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
                 assert stack.clock.demo(done.ends_at) >= row.end - 2 * EVALUATION, (row.name, notification)
 
 
-@pytest.mark.skipif(
-    not os.environ.get("PAGING_DEFAULT_ROTATION"),
-    reason="make test-paging runs it (40 s more of the demo at speed; make test keeps the rotation above)",
-)
 def test_the_demos_own_rotation_pages_for_each_incident_that_outlasts_its_for_and_for_nothing_else(tmp_path):
     """The rotation as ``make demo`` runs it (2-minute incidents, the checkpoint stall's 15-minute write), at speed:
     an incident that lasts past its alert's condition and ``for:`` pages (the storm's error events, the stalled
