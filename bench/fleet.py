@@ -208,7 +208,7 @@ def capture_demo(out: Path, warmup: float, apart: float) -> list[str]:
             body = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text
             path = out / f"exposition-{index}.txt"
             path.write_text(body)
-            files.append(str(path))
+            files.append(str(path.resolve()))  # the target server runs in a directory of its own
         return files
     finally:
         demo.terminate()
@@ -683,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mfu-bench-fleet-") as tmp:
         exposition: tuple[str, ...] = ()
         if args.exposition:
-            sources = args.exposition
+            # Files as absolute paths: the target server runs in a directory of its own.
+            sources = [s if s in ("demo",) or "://" in s else str(Path(s).resolve()) for s in args.exposition]
             if sources == ["demo"]:
                 kept = args.json.with_suffix("") if args.json else Path(tmp) / "demo"
                 print(f"bench-fleet: capturing mfu-exporter demo into {kept} ...", file=sys.stderr, flush=True)
