@@ -68,7 +68,7 @@ DATA_WAIT_SHARE = 0.01
 # loader cannot keep up and each step waits 40% of wall time for its batch; the GPUs are busy between waits.
 INPUT_STALL_WAIT_SHARE = 0.4
 SLOW_MOUNT_READ_FACTOR = 0.5
-FABRIC_SOURCES = frozenset({"rdma", "ethtool"})  # the sources that read the simulated NICs' counters (ReadsNow)
+COUNTER_SOURCES = frozenset({"rdma", "ethtool", "gpu"})  # the sources that read the simulated counters (ReadsNow)
 STORM_NICS = (2, 5)  # NIC i is the nearest of GPU i: NIC 2 is the reporting job's, NIC 5 the discovered job's
 HOT_GPU = 1  # one of the reporting job's GPUs
 LOST_GPU = 3  # one of the reporting job's GPUs
@@ -636,9 +636,9 @@ class DemoNode:
         # The incidents as they happened, on the simulated clock: the truth of GET /api/v1/demo.
         self.timeline: list[dict[str, Any]] = []
         self.late: list[dict[str, float]] = []  # spans with no tick: the simulation fell behind its clock
-        # The NICs' counters advance when a source reads them (sync_fabric), under this lock.
-        self._fabric_lock = threading.Lock()
-        self._fabric_at = clock.monotonic()
+        # The NICs' and GPUs' counters advance when a source reads them (sync_counters), under this lock.
+        self._counters_lock = threading.Lock()
+        self._counters_at = clock.monotonic()
         self._apply(None)
 
     def context(self, config: dict) -> SourceContext:
@@ -685,12 +685,12 @@ class DemoNode:
                 self.nccl_log.run_starts(sockets=incident == "nccl-socket-fallback")
             self.incident = incident
             self._stall_pending = incident == "checkpoint-stall"
-            with self._fabric_lock:
-                self._advance_fabric()  # the traffic so far at the old rates, then the incident's
+            with self._counters_lock:
+                self._advance_counters()  # the counts so far at the old rates, then the incident's
                 self._apply(incident)
         if self._restoring is not None:
             if now < self._restoring[0]:
-                self.nvml.advance(dt)
+                self.sync_counters()
                 self.storage.tick(dt, 0.0, restoring=True)
                 return  # loading the checkpoint: no steps yet
             self._restored(stamp)
@@ -700,7 +700,7 @@ class DemoNode:
             factor *= 0.95  # staging a checkpoint costs a little even on good storage
         rate = healthy_tokens_per_second() * factor * (1 + self.random.uniform(-0.02, 0.02))
         self.tokens += rate * dt
-        self.nvml.advance(dt)
+        self.sync_counters()
         self.storage.tick(dt, rate / healthy_tokens_per_second(), restoring=False)  # the loader reads as it trains
         self.data_wait += self.data_wait_share * dt
         if self.progressing and self.reporter is not None:
@@ -722,17 +722,19 @@ class DemoNode:
         slow = 1 / RATE_FACTOR[self.incident]
         return {gpu: ALLREDUCE_US * min(slow, 10.0) * (1 + self.random.uniform(-0.03, 0.03)) for gpu in JOB_GPUS}
 
-    def sync_fabric(self) -> None:
-        """Advance the NICs' counters to the simulated now: a source about to read them calls this (``ReadsNow``)."""
-        with self._fabric_lock:
-            self._advance_fabric()
+    def sync_counters(self) -> None:
+        """Advance the NICs' and GPUs' counters to the simulated now: a source about to read them calls this
+        (``ReadsNow``), and so does each tick."""
+        with self._counters_lock:
+            self._advance_counters()
 
-    def _advance_fabric(self) -> None:
+    def _advance_counters(self) -> None:
         now = self.clock.monotonic()
         # Two sources reading at once (RDMA, ethtool) share one write: a few simulated milliseconds are no traffic.
-        if now - self._fabric_at >= 0.01:
-            self.fabric.tick(now - self._fabric_at)
-            self._fabric_at = now
+        if now - self._counters_at >= 0.01:
+            self.fabric.tick(now - self._counters_at)
+            self.nvml.advance(now - self._counters_at)
+            self._counters_at = now
 
     @property
     def progressing(self) -> bool:
@@ -952,8 +954,9 @@ def demo_config(config_path: str | None, node: DemoNode, kubelet_socket: str | N
 
 
 class ReadsNow:
-    """A source that reads the simulated NICs (RDMA's sysfs counters, the ethtool texts): before each sample they
-    advance to the simulated now, as real counters run on between a simulation's ticks. Stepped with the simulation
+    """A source that reads the simulated counters (RDMA's sysfs counters, the ethtool texts, NVML's energy and
+    throttle times): before each sample they advance to the simulated now, as real counters run on between a
+    simulation's ticks. Stepped with the simulation
     instead, a source sampling about as often would see one tick's counts, or none, or two (a pause ratio of 0 or
     twice the truth). Everything else is the real source's."""
 
@@ -963,7 +966,7 @@ class ReadsNow:
         self.name, self.interval, self.timeout = source.name, source.interval, source.timeout
 
     def sample(self) -> Snapshot:
-        self.node.sync_fabric()
+        self.node.sync_counters()
         return self.source.sample()
 
     def close(self) -> None:
@@ -1029,7 +1032,7 @@ def build_demo(
         node.training_log.path.touch()  # the logs source follows it from the start
     ctx = node.context(config)
     sources = [
-        ReadsNow(source, node) if source.name in FABRIC_SOURCES else source for source in build_sources(config, ctx)
+        ReadsNow(source, node) if source.name in COUNTER_SOURCES else source for source in build_sources(config, ctx)
     ]
     require_sources(config, sources, args.config)
     service = build_service(

@@ -106,7 +106,7 @@ def test_the_storm_reaches_the_nics_storm_prevention_timeout(tmp_path):
     """A real storm's counters: the storm's NICs stall past mlx5's 100 ms pfc-prevention timeout, so they count
     error storm events (pause TX disabled) as well as warnings; the other NICs count neither."""
     node = stepped(tmp_path, demo.Schedule("pfc-storm"), demo.WARMUP + 60)
-    node.sync_fabric()
+    node.sync_counters()
     for index, nic in enumerate(node.fabric.nics):
         warning, error = (nic.stats[f"tx_pause_storm_{level}_events"] for level in ("warning", "error"))
         if index in demo.STORM_NICS:
