@@ -155,14 +155,14 @@ def test_gpu_lost_marks_gpu_3_down_and_progress_stops():
 
 
 def health(base, index):
-    """GPU ``index``'s health in /api/v1/status."""
+    """GPU ``index``'s health in /api/v1/status ({} until the GPU source's first sample)."""
     (source,) = [s for s in get_json(base + "api/v1/status")["sources"] if s["source"] == "gpu"]
-    return next(gpu["health"] for gpu in source["status"]["gpus"] if gpu["index"] == index)
+    return next((gpu["health"] for gpu in source["status"].get("gpus", []) if gpu["index"] == index), {})
 
 
 def test_uncorrectable_ecc_needs_gpu_0_reset_and_stalls_the_job():
     with running_demo("--incident", "uncorrectable-ecc", speed=20) as base:
-        wait_until(lambda: health(base, demo.ECC_GPU)["state"] == "reset_required", 30, "GPU 0 to need a reset")
+        wait_until(lambda: health(base, demo.ECC_GPU).get("state") == "reset_required", 30, "GPU 0 to need a reset")
         row = next(r for r in get_json(base + "api/v1/demo")["incident_table"] if r["name"] == "uncorrectable-ecc")
         assert row["gpu_health"] == {"gpu": demo.ECC_GPU, "xids": [95, 154], "state": "reset_required"}
         gpu0 = health(base, demo.ECC_GPU)
@@ -227,8 +227,8 @@ def test_log_only_demo_gets_mfu_from_the_training_log_alone():
     """--progress logs: no reporter; the job prints torchtitan's lines (one per ~18 s step), the logs source reads MFU
     from them: from the second line on, within a point of the log's own figure, and no cause while healthy."""
     with running_demo("--progress", "logs", speed=20) as base:
-        wait_until(lambda: mfu(base) is not None, 60, "MFU from the log")
-        job = log_job(base)
+        # The step and the MFU from one answer: a line read between two reads would pair a later step with it.
+        job = wait_until(lambda: (found := log_job(base)).get("mfu") is not None and found, 60, "MFU from the log")
         # The first line opens the rate (torchtitan's tps is over the interval before it): MFU by the second.
         assert job["step"] <= 3, job["step"]
         assert abs(job["mfu"] - job["framework_mfu"]) <= 0.01, (job["mfu"], job["framework_mfu"])
