@@ -80,6 +80,9 @@ PEER_HOST = "demo-node-1"  # the other node of the demo's pre-job NCCL verificat
 NCCL_TEST_BUSBW_GBPS = 362.0  # the verification's bus bandwidth toward 1 GiB: 0.9 x 8 ports x 400 Gb/s
 RANK_PIDS = {gpu: 4100 + gpu for gpu in JOB_GPUS}  # the job's processes, one per GPU (NVML's compute processes)
 INSPECTOR_EVERY = 2.0  # seconds between NCCL Inspector's dumps (NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS)
+# All-reduces each rank completes between two dumps: a data-parallel job reduces its gradients in buckets, several
+# a second, so a dump holds a few of each rank's collectives, not one.
+ALLREDUCES_PER_DUMP = 4
 ALLREDUCE_US = 2400.0  # a healthy rank's 256 MiB all-reduce
 # A tick this many simulated seconds after the last is late: the job sent nothing meanwhile, as a real job's process
 # descheduled on a loaded machine would not. The truth lists such spans (``late``), the most recent ``LATE_KEPT``.
@@ -713,7 +716,8 @@ class DemoNode:
             self.training_log.progress(stamp, self.tokens)
         if now >= self._next_dump and self.progressing:
             self._next_dump = now + INSPECTOR_EVERY
-            self.inspector.dump(stamp, self._allreduce_times())
+            for _ in range(ALLREDUCES_PER_DUMP):
+                self.inspector.dump(stamp, self._allreduce_times())
 
     def _allreduce_times(self) -> dict[int, float]:
         """Each rank's all-reduce time: the straggler's is the shortest, since its peers wait in it for it."""

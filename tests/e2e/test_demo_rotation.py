@@ -28,9 +28,10 @@ SETTLE = 30.0  # after an incident ends: the window, its hold and a poll, before
 # crash-restart) waited for whole, and more, before it went by the job's recent progress.
 ONSET = 7.5
 # The straggler's own signal takes longer: NCCL Inspector names the slow rank by the median of each rank's last 16
-# collectives (mfu_exporter/nccl/inspector.py), which moves after ~8 of the demo's 2 s dumps. Its seconds meanwhile wait
-# for it (a gap no cause explains is unknown only after a window), so they still go to straggler.
-ONSET_OF = {"straggler": 20.0}
+# collectives (mfu_exporter/nccl/inspector.py), which moves after 9 of them: the third of the demo's 2 s dumps of four
+# all-reduces each, ~6 s. Its seconds meanwhile wait for it (a gap no cause explains is unknown only after a window),
+# so they still go to straggler; the bound is that window.
+ONSET_OF = {"straggler": WINDOW}
 STALL_WAIT = 3.0  # demo seconds of silence before a job that reports every second is called stalled
 
 
