@@ -337,10 +337,15 @@ def measure(
         t0 = time.monotonic()
         # Per group, each iteration's duration by the time it started (polled every 5 s, a third of an interval).
         iterations: dict[str, dict[float, float]] = defaultdict(dict)
+        # Per engine and rule, each evaluation's duration by its time: which rule makes a slow group slow.
+        evaluations: dict[str, dict[str, dict[str, float]]] = {"prometheus": defaultdict(dict), "vmalert": defaultdict(dict)}
         while time.monotonic() - t0 < seconds:
             time.sleep(min(5.0, seconds))
             if prometheus:
                 prometheus_iterations(scrape_metrics(servers[evaluator].url), iterations)
+            for engine, name in (("prometheus", evaluator), ("vmalert", "vmalert")):
+                if name in servers:
+                    rule_evaluations(servers[name].url, evaluations[engine])
         elapsed = time.monotonic() - t0
         cpu1 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         machine1 = cpu_times()
@@ -455,6 +460,11 @@ def measure(
             "loadavg": {"before": load0, "after": loadavg()},
             "rule_group_seconds": {"prometheus": dict(prom_groups), "vmalert": vmalert_groups},
             "rule_group_interval_seconds": intervals,
+            "rule_seconds": {
+                engine: {rule: sum(seen.values()) / len(seen) for rule, seen in sorted(found.items())}
+                for engine, found in evaluations.items()
+                if found
+            },
             # Each group's mean over its own interval, and each engine's slowest group by that share.
             "rule_group_share": share,
             "slowest_group": {
@@ -488,6 +498,20 @@ def prometheus_iterations(metrics: dict[str, float], into: dict[str, dict[float,
             full = label(key, "rule_group") or ""
             if started.get(full, 0) > 0:  # 0 until the group's first evaluation ends
                 into[full.split(";")[-1]][started[full]] = value
+
+
+def rule_evaluations(url: str, into: dict[str, dict[str, float]]) -> None:
+    """Add each rule's last evaluation (its duration, keyed by when it ran) to ``into``, keyed ``group/rule``: the
+    rules API of Prometheus and of vmalert both give ``evaluationTime`` and ``lastEvaluation`` per rule."""
+    try:
+        groups = requests.get(f"{url}/api/v1/rules", timeout=30).json()["data"]["groups"]
+    except (requests.RequestException, ValueError, KeyError):
+        return
+    for group in groups:
+        for rule in group.get("rules", []):
+            when, took = rule.get("lastEvaluation"), rule.get("evaluationTime")
+            if when and took is not None and not str(when).startswith("0001-"):
+                into[f"{_group(group['name'])}/{rule['name']}"][when] = float(took)
 
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 0) -> str:
