@@ -57,7 +57,7 @@ GAP = 30.0  # demo seconds of healthy training before each incident (--incident-
 # Before the first: Prometheus begins scraping a new target within 5 wall seconds, then loads the rules (time() reads
 # the demo's clock, known once it runs): 8 wall seconds.
 WARM_UP = 8 * SPEED
-EVALUATION = 15.0  # the shipped evaluation interval (deploy/fleet/prometheus-shard.yaml), demo seconds
+EVALUATION = 15.0  # the shipped evaluation interval (deploy/fleet/prometheus-shard.yaml), demo seconds; a group may set its own
 GROUP_WAIT = 30.0  # alerts/alertmanager.example.yaml's group_wait: a new group's first notification waits it
 GROUP_INTERVAL = 300.0  # its group_interval: a resolved alert is told at the group's next flush
 WINDOW = 300.0  # the rules' longest range window: a cleared fault holds a rate up to it
@@ -95,10 +95,11 @@ RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "runbook.md"
 JOB_ALERTS = {rule["alert"] for group in yaml.safe_load(RULE_FILES[1].read_text())["groups"] for rule in group["rules"]}
 
 
-def shipped_for(alert: str, severity: str) -> float:
-    """The ``for:`` of the shipped rule ``alert`` at ``severity``, in seconds (0 without one)."""
+def shipped(alert: str, severity: str) -> tuple[float, float]:
+    """The ``for:`` of the shipped rule ``alert`` at ``severity`` (0 without one) and its group's evaluation
+    interval, in seconds."""
     found = {
-        seconds(rule.get("for", "0s"))
+        (seconds(rule.get("for", "0s")), seconds(group.get("interval", f"{EVALUATION:g}s")))
         for path in RULE_FILES
         for group in yaml.safe_load(path.read_text())["groups"]
         for rule in group["rules"]
@@ -110,7 +111,8 @@ def shipped_for(alert: str, severity: str) -> float:
 
 def due(page: Page) -> float:
     """Demo seconds after its incident's start by which ``page`` arrives at the latest."""
-    return page.onset + shipped_for(page.alert, page.severity) + 2 * EVALUATION + GROUP_WAIT + LAG
+    wait, evaluation = shipped(page.alert, page.severity)
+    return page.onset + wait + 2 * evaluation + GROUP_WAIT + LAG
 
 
 def lengths() -> dict[str, float]:
@@ -240,7 +242,12 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
         except AssertionError as exc:
             failed, scrapes = stack.scrapes()
             late = stack.relay.late
-            raise AssertionError(f"{exc}: {left} ({failed} of {scrapes} scrapes failed, {late} late)") from None
+            fired = sorted((round(onset_of(stack, n)), n.name, n.status) for n in stack.webhook.all())
+            began = [(row.name, round(row.start), round(row.end)) for row in rows()]
+            raise AssertionError(
+                f"{exc}: {left} ({failed} of {scrapes} scrapes failed, {late} late); incidents {began}; "
+                f"notifications (onset, alert, status) {fired}"
+            ) from None
         failed, scrapes = stack.scrapes()
         print(f"\n{failed} of {scrapes} scrapes failed; {stack.relay.late} answered from the demo's previous one")
         notifications = stack.webhook.all()
@@ -264,12 +271,12 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
             assert fired, f"{row.name}: {page.alert} ({page.severity}) never paged"
             page_at = stack.clock.demo(fired[0].arrived)
             active = onset_of(stack, fired[0])
-            hold = shipped_for(page.alert, page.severity)
+            hold, evaluation = shipped(page.alert, page.severity)
             to_page, onset, delay = page_at - row.start, active - row.start, page_at - active
             print(f"  {row.name:22} {page.alert:24} {page.severity:8} {to_page:7.0f} {onset:6.0f} {delay:6.0f}")
             assert page_at <= row.end, f"{row.name}: {page.alert} paged after the incident ended"
-            assert active - row.start <= page.onset + 2 * EVALUATION + LAG, (row.name, page, active - row.start)
-            assert page_at - active <= hold + 2 * EVALUATION + GROUP_WAIT + LAG, (row.name, page, page_at - active)
+            assert active - row.start <= page.onset + 2 * evaluation + LAG, (row.name, page, active - row.start)
+            assert page_at - active <= hold + 2 * evaluation + GROUP_WAIT + LAG, (row.name, page, page_at - active)
             # An alert about a node or its hardware names the jobs its node blames the fault for now (a query in its
             # description), so a notification rendered between two blames may name none: one of them does.
             every = [n for n in notifications if n.key in {f.key for f in fired} and n.status == "firing"]
@@ -316,7 +323,8 @@ def check_the_default_rotation(stack: PagingStack, begun: float) -> None:
     for row in incidents[: len(names)]:
         length = row.end - row.start
         for page in PAGES[row.name]:
-            if page.onset + shipped_for(page.alert, page.severity) + 2 * EVALUATION > length:
+            wait, evaluation = shipped(page.alert, page.severity)
+            if page.onset + wait + 2 * evaluation > length:
                 continue  # the incident ends before its alert can fire: no page owed
             assert any(
                 (n.name, n.labels.get("severity")) == (page.alert, page.severity)
