@@ -338,7 +338,10 @@ def measure(
         # Per group, each iteration's duration by the time it started (polled every 5 s, a third of an interval).
         iterations: dict[str, dict[float, float]] = defaultdict(dict)
         # Per engine and rule, each evaluation's duration by its time: which rule makes a slow group slow.
-        evaluations: dict[str, dict[str, dict[str, float]]] = {"prometheus": defaultdict(dict), "vmalert": defaultdict(dict)}
+        evaluations: dict[str, dict[str, dict[str, float]]] = {
+            "prometheus": defaultdict(dict),
+            "vmalert": defaultdict(dict),
+        }
         while time.monotonic() - t0 < seconds:
             time.sleep(min(5.0, seconds))
             if prometheus:

@@ -57,7 +57,8 @@ GAP = 30.0  # demo seconds of healthy training before each incident (--incident-
 # Before the first: Prometheus begins scraping a new target within 5 wall seconds, then loads the rules (time() reads
 # the demo's clock, known once it runs): 8 wall seconds.
 WARM_UP = 8 * SPEED
-EVALUATION = 15.0  # the shipped evaluation interval (deploy/fleet/prometheus-shard.yaml), demo seconds; a group may set its own
+# The shipped evaluation interval (deploy/fleet/prometheus-shard.yaml), demo seconds; a group may set its own.
+EVALUATION = 15.0
 GROUP_WAIT = 30.0  # alerts/alertmanager.example.yaml's group_wait: a new group's first notification waits it
 GROUP_INTERVAL = 300.0  # its group_interval: a resolved alert is told at the group's next flush
 WINDOW = 300.0  # the rules' longest range window: a cleared fault holds a rate up to it
