@@ -155,6 +155,19 @@ def onset_of(stack: PagingStack, notification: Notification) -> float:
     return stack.clock.demo(stack.pending.get(notification.key) or notification.starts_at)
 
 
+def pages_for(stack: PagingStack, notification: Notification, row: Row) -> bool:
+    """Whether ``notification`` is a page for the incident ``row``: its condition began within the incident, or
+    began before it and the page arrived within it. The second is a stop that one incident began and the next
+    continues: the rotation's stops (gpu-lost, uncorrectable-ecc, crash-restart) come 30 s apart, and where the
+    job's tokens do not move in Prometheus's view in between (the two scrapes of those 30 s answered from the
+    demo's previous exposition on a loaded machine), the 5-minute rate of tokens stays at zero and one alert
+    covers both incidents."""
+    onset = onset_of(stack, notification)
+    if row.start - EVALUATION <= onset <= row.end:
+        return True
+    return onset < row.start <= stack.clock.demo(notification.arrived) <= row.end
+
+
 def resolved(stack: PagingStack, notification: Notification) -> Notification | None:
     return next(
         (
@@ -222,7 +235,7 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
                         n
                         for n in first.values()
                         if (n.name, n.labels.get("severity")) == (page.alert, page.severity)
-                        and row.start - EVALUATION <= onset_of(stack, n) <= row.end
+                        and pages_for(stack, n, row)
                     ]
                     missing += [f"{row.name}: {page.alert} ({page.severity}) not paged"] if not fired else []
                     missing += [
@@ -264,8 +277,7 @@ def test_every_incident_pages_on_time_with_its_runbook_job_and_node_and_nothing_
                 (
                     n
                     for n in first.values()
-                    if (n.name, n.labels.get("severity")) == (page.alert, page.severity)
-                    and row.start - EVALUATION <= onset_of(stack, n) <= row.end
+                    if (n.name, n.labels.get("severity")) == (page.alert, page.severity) and pages_for(stack, n, row)
                 ),
                 key=lambda n: n.arrived,
             )
@@ -328,8 +340,7 @@ def check_the_default_rotation(stack: PagingStack, begun: float) -> None:
             if page.onset + wait + 2 * evaluation > length:
                 continue  # the incident ends before its alert can fire: no page owed
             assert any(
-                (n.name, n.labels.get("severity")) == (page.alert, page.severity)
-                and row.start - EVALUATION <= onset_of(stack, n) <= row.end
+                (n.name, n.labels.get("severity")) == (page.alert, page.severity) and pages_for(stack, n, row)
                 for n in first.values()
             ), f"{row.name} lasted {length:.0f} s, past {page.alert}'s condition and for:, and did not page"
             paged.append((row.name, page.alert, page.severity))
