@@ -150,18 +150,17 @@ def first_firing(notifications: list[Notification]) -> dict[tuple, Notification]
 
 
 def onset_of(stack: PagingStack, notification: Notification) -> float:
-    """When Prometheus first saw the alert's condition hold, in demo time (its activeAt; else the notification's
-    startsAt, for an alert fired and gone between two polls)."""
-    return stack.clock.demo(stack.pending.get(notification.key) or notification.starts_at)
+    """When Prometheus first saw the alert's condition hold in the episode that fired, in demo time (its activeAt;
+    else the notification's startsAt, for an alert fired and gone between two polls)."""
+    return stack.clock.demo(stack.pending.get(notification.key, notification.starts_at) or notification.starts_at)
 
 
 def pages_for(stack: PagingStack, notification: Notification, row: Row) -> bool:
     """Whether ``notification`` is a page for the incident ``row``: its condition began within the incident, or
     began before it and the page arrived within it. The second is a stop that one incident began and the next
-    continues: the rotation's stops (gpu-lost, uncorrectable-ecc, crash-restart) come 30 s apart, and where the
-    job's tokens do not move in Prometheus's view in between (the two scrapes of those 30 s answered from the
-    demo's previous exposition on a loaded machine), the 5-minute rate of tokens stays at zero and one alert
-    covers both incidents."""
+    continues: the rotation's stops (gpu-lost, uncorrectable-ecc, crash-restart) come 30 s apart, and where no
+    scrape in between sees the job's tokens move (two scrapes at most, fewer on a loaded machine), the 5-minute
+    rate of tokens stays at zero and one alert covers both incidents."""
     onset = onset_of(stack, notification)
     if row.start - EVALUATION <= onset <= row.end:
         return True
@@ -183,7 +182,7 @@ def scrapes_failed(stack: PagingStack, notification: Notification) -> bool:
     """Whether Prometheus recorded failed scrapes of the demo from the alert's onset on: on a loaded machine the demo
     can be slower to answer than a scrape timeout divided by the speed (187 ms at speed 80), which no real node's
     10 s timeout would notice; MfuExporterDown then says so truly, about the test's clock rather than the demo."""
-    active = stack.pending.get(notification.key) or notification.starts_at
+    active = stack.pending.get(notification.key, notification.starts_at) or notification.starts_at
     failed = stack.prometheus.api(
         "query_range", query=f'up{{job="{SCRAPE_JOB}"}} == 0', start=active - 1, end=active + 30, step="100ms"
     )["result"]

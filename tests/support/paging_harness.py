@@ -223,14 +223,23 @@ class Alertmanager:
 
 @dataclass
 class Pending:
-    """When Prometheus first saw each alert's condition hold (its ``activeAt``), by the alert's labels."""
+    """When Prometheus saw each alert's condition begin to hold (its ``activeAt``), by the alert's labels: one time
+    per episode, since an alert whose condition clears and holds again is a new episode with a new ``activeAt``."""
 
-    active_at: dict[tuple[tuple[str, str], ...], float] = field(default_factory=dict)
+    active_at: dict[tuple[tuple[str, str], ...], list[float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def get(self, key: tuple[tuple[str, str], ...]) -> float | None:
+    def add(self, key: tuple[tuple[str, str], ...], active_at: float) -> None:
         with self.lock:
-            return self.active_at.get(key)
+            seen = self.active_at.setdefault(key, [])
+            if active_at not in seen:
+                seen.append(active_at)
+
+    def get(self, key: tuple[tuple[str, str], ...], starts_at: float) -> float | None:
+        """The ``activeAt`` of the episode an alert that fired at ``starts_at`` (Prometheus's ``FiredAt``) belongs to:
+        the latest one not after it (within the two APIs' rounding)."""
+        with self.lock:
+            return max((t for t in self.active_at.get(key, ()) if t <= starts_at + 0.01), default=None)
 
 
 @dataclass
@@ -278,10 +287,8 @@ def _watch_pending(prometheus: Prometheus, pending: Pending, stop: threading.Eve
             alerts = prometheus.alerts()
         except (requests.RequestException, AssertionError, ValueError):
             continue
-        with pending.lock:
-            for alert in alerts:
-                key = tuple(sorted(alert["labels"].items()))
-                pending.active_at.setdefault(key, unix(alert["activeAt"]))
+        for alert in alerts:
+            pending.add(tuple(sorted(alert["labels"].items())), unix(alert["activeAt"]))
 
 
 @contextlib.contextmanager
