@@ -29,7 +29,7 @@ class Fragment:
     families built at publication). ``ahead``: a fragment worth encoding ahead of a scrape, off the event loop (a
     source's snapshot: milliseconds for the GPU source's); the rest are small enough to encode on the loop."""
 
-    __slots__ = ("_build", "_families", "_encoded", "_segments", "_lock", "ahead")
+    __slots__ = ("_build", "_families", "_encoded", "_segments", "_lock", "ahead", "__weakref__")
 
     def __init__(self, build: Callable[[], Iterable[Metric]], ahead: bool = False):
         self._build: Callable[[], Iterable[Metric]] | None = build
