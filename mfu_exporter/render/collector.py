@@ -24,7 +24,7 @@ from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.render.fragment import Fragment, Page
 from mfu_exporter.render.jobs import job_families
 from mfu_exporter.render.ledger import ledger_families
-from mfu_exporter.render.snapshots import snapshot_families
+from mfu_exporter.render.snapshots import renderers, snapshot_families
 from mfu_exporter.scheduler import Scheduler
 
 
@@ -54,6 +54,7 @@ class ExporterCollector(Collector):
         self._scheduler = scheduler
         self._own = _own_fragment(scheduler)
         self._sources: dict[str, Fragment] = {}  # source name -> its latest snapshot's fragment
+        self._renderers = renderers()  # this service's: what they keep between samples is its own
         self._job_fragment = _job_fragment(jobs.views())
         self._parts: list[_Part] = []
         self.page = self._page()
@@ -79,7 +80,8 @@ class ExporterCollector(Collector):
         if snapshot is None:
             self._sources.pop(source, None)
         else:
-            self._sources[source] = Fragment(functools.partial(snapshot_families, snapshot), ahead=True)
+            build = functools.partial(snapshot_families, snapshot, self._renderers)
+            self._sources[source] = Fragment(build, ahead=True)
         self._own = _own_fragment(self._scheduler)
         self.page = self._page()
 

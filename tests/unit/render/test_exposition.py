@@ -22,7 +22,6 @@ from mfu_exporter.render.collector import ExporterCollector
 from mfu_exporter.render.encode import Encoder
 from mfu_exporter.render.exposition import Exposition
 from mfu_exporter.render.fragment import Fragment, Page
-from mfu_exporter.render.snapshots import register
 from mfu_exporter.scheduler import Scheduler
 from mfu_exporter.sources.base import Snapshot
 from tests.support.wait import wait_for
@@ -72,15 +71,11 @@ class Events:
     value: int
     source: "CountingSource"
 
-
-def events_families(readings: Events):
-    readings.source.renders += 1
-    family = CounterMetricFamily("mfu_test_events", "Events.", labels=["interface"])
-    family.add_metric(["ens1np0"], readings.value)
-    yield family
-
-
-register(Events, events_families)
+    def families(self):
+        self.source.renders += 1
+        family = CounterMetricFamily("mfu_test_events", "Events.", labels=["interface"])
+        family.add_metric(["ens1np0"], self.value)
+        yield family
 
 
 class CountingSource:
