@@ -451,10 +451,12 @@ def build_service(
     attribution = Attributor(typed.attribution, window=typed.mfu.window)
     registry = CollectorRegistry(auto_describe=False)
     collector = ExporterCollector(scheduler, jobs)
-    # The attribution changes only when it evaluates, the restores only at the tick: collected again only then.
+    # The attribution changes only when it evaluates (each tick), the restores only at the tick: collected again only
+    # then. The attribution's standings are read at the tick and their families built when first scraped.
     collector.add(
-        lambda: attribution_families(attribution.standings(), attribution.unobserved_seconds),
+        lambda: (attribution.standings(), attribution.unobserved_seconds),
         key=lambda: attribution.evaluations,
+        render=lambda read: attribution_families(*read),
     )
     registry.register(collector)
     exposition = Exposition(lambda: collector.page)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -30,23 +30,27 @@ from mfu_exporter.scheduler import Scheduler
 
 @dataclass
 class _Part:
-    """A part added by the service: its families, collected again at a tick when ``key()`` moved (at every tick
-    when ``key`` is None), and its latest fragment with the key it was collected at."""
+    """A part added by the service: collected again at a tick when ``key()`` moved (at every tick when ``key`` is
+    None), and its latest fragment with the key it was collected at."""
 
-    collect: Callable[[], Iterable[Metric]]
+    collect: Callable[[], Any]
+    render: Callable[[Any], Iterable[Metric]] | None
     key: Callable[[], object] | None
-    seen: object
-    fragment: Fragment
+    seen: object = None
+    fragment: Fragment | None = None
 
-    @classmethod
-    def collected(cls, collect: Callable[[], Iterable[Metric]], key: Callable[[], object] | None) -> _Part:
-        seen = None if key is None else key()  # read first: a change meanwhile moves it past these families
-        return cls(collect, key, seen, Fragment.of(collect()))
+    def refresh(self) -> Fragment:
+        seen = None if self.key is None else self.key()  # read first: a change meanwhile moves it past what is read
+        if self.fragment is None or self.key is None or seen != self.seen:
+            self.seen, self.fragment = seen, self._published()
+        return self.fragment
 
-    def refresh(self) -> None:
-        seen = None if self.key is None else self.key()
-        if self.key is None or seen != self.seen:
-            self.seen, self.fragment = seen, Fragment.of(self.collect())
+    def _published(self) -> Fragment:
+        render = self.render
+        if render is None:
+            return Fragment.of(self.collect())
+        read = self.collect()
+        return Fragment(lambda: render(read))
 
 
 class ExporterCollector(Collector):
@@ -59,10 +63,19 @@ class ExporterCollector(Collector):
         self._parts: list[_Part] = []
         self.page = self._page()
 
-    def add(self, collect: Callable[[], Iterable[Metric]], key: Callable[[], object] | None = None) -> None:
+    def add(
+        self,
+        collect: Callable[[], Any],
+        key: Callable[[], object] | None = None,
+        render: Callable[[Any], Iterable[Metric]] | None = None,
+    ) -> None:
         """Families published after the others: collected now, and again at each tick when ``key()`` has changed
-        (at every tick without ``key``). ``collect`` builds new families each time, from what it reads then."""
-        self._parts.append(_Part.collected(collect, key))
+        (at every tick without ``key``). ``collect`` builds new families each time, from what it reads then; with
+        ``render``, it reads what does not change once read, and ``render`` builds its families from that when the
+        fragment is first encoded (a part the tick changes but a scrape reads far less often)."""
+        part = _Part(collect, render, key)
+        part.refresh()
+        self._parts.append(part)
         self.page = self._page()
 
     def describe(self) -> list:
@@ -101,7 +114,7 @@ class ExporterCollector(Collector):
                 self._own,
                 *(sources[name] for name in self._scheduler.states if name in sources),
                 self._job_fragment,
-                *(part.fragment for part in self._parts),
+                *(part.refresh() if part.fragment is None else part.fragment for part in self._parts),
             ]
         )
 

@@ -337,6 +337,31 @@ async def test_a_part_is_collected_again_at_a_tick_only_when_its_key_moved(monke
         await node.scheduler.stop()
 
 
+async def test_a_part_with_a_renderer_is_read_at_the_tick_and_rendered_when_first_scraped():
+    node = await published_node([], Clock())
+    reads, renders = [], []
+
+    def read():
+        reads.append(len(reads) + 1)
+        return len(reads)
+
+    def render(value):
+        renders.append(value)
+        return [GaugeMetricFamily("mfu_test_read", "A read.", value=float(value))]
+
+    node.collector.add(read, render=render)
+    try:
+        for _ in range(3):
+            node.tick()
+        assert reads == [1, 2, 3, 4] and renders == []  # read when added and at each tick; nothing scraped yet
+        for accept in (OPENMETRICS_ACCEPT, ""):
+            body, _ = await node.exposition.render(accept, None)
+            assert b"mfu_test_read 4.0" in body
+        assert renders == [4]  # the latest read, rendered once for both formats
+    finally:
+        await node.scheduler.stop()
+
+
 async def test_a_part_that_fails_at_a_tick_keeps_its_last_families_and_the_rest_is_published():
     node = await published_node([], Clock())
     fail = []
