@@ -7,8 +7,8 @@ functions, and a part measured in a loop runs with warm caches, two to three tim
 the daemon. Here each part is timed with ``time.thread_time`` around its call in the benchmarked daemon itself, from
 SIGUSR1 (``bench.cpu_window`` sends it as its first window starts) to exit, when the parts' CPU per second of wall
 time and calls per second go to ``--parts-out`` as JSON. What no part holds (aiohttp, the event loop, the worker
-threads' hand-offs) is the daemon's CPU minus their sum. Parts nest: a render's call parts are inside
-``render`` and a snapshot's encoding inside ``encode_ahead`` (or ``render``, for a snapshot not encoded ahead).
+threads' hand-offs) is the daemon's CPU minus their sum. Parts nest: a fragment's families and deflate segment are
+inside ``render`` or ``encode_ahead`` (a snapshot encoded ahead), and the tick's publication inside the tick.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable
 
 from bench import fixture, node
-from mfu_exporter.render import encode
+from mfu_exporter.render import collector, exposition, fragment
 from mfu_exporter.service import Service
 
 cost: collections.Counter = collections.Counter()
@@ -50,21 +50,23 @@ def timed(label: Callable[..., str] | str, call: Callable) -> Callable:
     return wrapper
 
 
-def part_name(cache: encode.MetricsCache, part: Callable, *_: Any) -> str:
-    """A call part of the render by what it collects: ``kept_while`` parts by the call they keep."""
-    name = getattr(part, "__qualname__", type(part).__name__)
-    if "kept_while" in name:
-        kept = [cell.cell_contents for cell in part.__closure__ or () if callable(cell.cell_contents)]
-        name = "kept " + "+".join(getattr(call, "__qualname__", type(call).__name__) for call in kept)
-    return f"render part: {name}"
-
-
 def install() -> None:
-    encode.MetricsCache._encode = timed("render", encode.MetricsCache._encode)
-    encode.MetricsCache._call_part = timed(part_name, encode.MetricsCache._call_part)
-    encode.MetricsCache._gzip = timed("render part: gzip", encode.MetricsCache._gzip)
-    encode.MetricsCache._encode_snapshots = timed("encode_ahead", encode.MetricsCache._encode_snapshots)
-    encode.MetricsCache.sampled = timed("encode_ahead: scheduling", encode.MetricsCache.sampled)
+    fragment.Page._make = timed("render", fragment.Page._make)  # type: ignore[method-assign]
+    fragment.Fragment._built = timed(  # type: ignore[method-assign]
+        lambda part: "render part: families built (a snapshot's)" if part.ahead else "render part: families built",
+        fragment.Fragment._built,
+    )
+    fragment.deflate_segment = timed("render part: gzip (a fragment's deflate segment)", fragment.deflate_segment)
+    fragment.gzip_member = timed("render part: gzip (the member joined)", fragment.gzip_member)
+    exposition.Exposition._encode_fragments = timed(  # type: ignore[method-assign]
+        "encode_ahead", exposition.Exposition._encode_fragments
+    )
+    exposition.Exposition.sampled = timed(  # type: ignore[method-assign]
+        "encode_ahead: scheduling", exposition.Exposition.sampled
+    )
+    collector.ExporterCollector.sampled = timed(  # type: ignore[method-assign]
+        "publish: a sample's fragments", collector.ExporterCollector.sampled
+    )
     Service.ingest_progress = timed("ingest_progress", Service.ingest_progress)  # type: ignore[method-assign]
     Service.evaluate_once = timed("evaluate_once (the 1 s tick)", Service.evaluate_once)  # type: ignore[method-assign]
     sources = fixture.node_sources

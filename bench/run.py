@@ -54,7 +54,7 @@ from mfu_exporter.config import HARDWARE_INTERVAL
 from mfu_exporter.model.checkpoints import parse_checkpoint_event
 from mfu_exporter.model.progress import parse_progress
 from mfu_exporter.node.ethtool import EthtoolTextReader
-from mfu_exporter.render.encode import encode
+from mfu_exporter.render.encode import Encoder, encode
 from mfu_exporter.render.snapshots import snapshot_families
 from mfu_exporter.service import build_service
 from mfu_exporter.sim.mlx5 import SimulatedNode
@@ -364,15 +364,16 @@ async def measure_rendering(plan: Plan, root: Path, figures: Figures) -> dict[st
             service.jobs.report(
                 parse_progress(fixture.progress_report(index, job, step * fixture.TOKENS_PER_REPORT, step), time.time())
             )
-    service.attribution.evaluate(time.time(), service.jobs.views(), service.node_signals())  # as evaluate_jobs does
+    service.evaluate_once()  # the 1 s tick: the jobs attributed, and their families published
     source_of = {}
     for name, state in scheduler.states.items():
         for family in snapshot_families(state.snapshot) if state.snapshot else ():
             source_of[family.name + "_info" if family.type == "info" else family.name] = name
     for label, accept in (("text", ""), ("openmetrics", loadgen.PROMETHEUS_ACCEPT)):
         encoder, content_type = choose_encoder(accept)
+        kept = Encoder()  # one encoder across the renders, as the daemon's: its kept lines are warm
         renders = {
-            "cpu_ms": lambda: encode(service.registry, encoder, content_type),  # what a scrape waits for
+            "cpu_ms": lambda: encode(service.registry, encoder, content_type, kept),  # what a scrape waits for
             "library_cpu_ms": lambda: encoder(service.registry),
         }  # prometheus_client's own, for comparison
         for _ in range(plan.repetitions):

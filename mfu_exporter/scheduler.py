@@ -111,7 +111,6 @@ class Scheduler:
         self._monotonic = monotonic
         self._workers: dict[str, _Worker] = {}
         self._tasks: list[asyncio.Task] = []
-        self.generation = 0
         self.first_cycle_done: asyncio.Event | None = None  # created in start(), inside the running loop
         self._listeners: list[Callable[[str, float], None]] = []
 
@@ -197,7 +196,6 @@ class Scheduler:
     def _finish(self, state: SourceState, started: float) -> None:
         state.last_duration = self._monotonic() - started
         state.cycles += 1
-        self.generation += 1
         if self.first_cycle_done is not None:
             self.first_cycle_done.set()
         # A sample slower than the interval delays the next one's end by as much: the next cycle starts at once.

@@ -6,9 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-import operator
 import os
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Iterable, TypeVar
@@ -32,7 +30,7 @@ from mfu_exporter.node.pci import nearest_devices
 from mfu_exporter.render.attribution import attribution_families
 from mfu_exporter.render.collectives import collective_families
 from mfu_exporter.render.collector import ExporterCollector
-from mfu_exporter.render.encode import MetricsCache
+from mfu_exporter.render.exposition import Exposition
 from mfu_exporter.render.process import DaemonProcessCollector
 from mfu_exporter.render.restore import restore_families
 from mfu_exporter.scheduler import Scheduler
@@ -65,25 +63,24 @@ class Service:
     scheduler: Scheduler
     jobs: JobTracker
     registry: CollectorRegistry
-    cache: MetricsCache
+    collector: ExporterCollector  # the registry's one collector: publishes /metrics' fragments
+    exposition: Exposition  # /metrics bodies from the collector's latest page
     clock: Callable[[], float] = time.time
     history: MfuHistory = field(default_factory=MfuHistory)
     checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
     attribution: Attributor = field(default_factory=Attributor)
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
-    collector: ExporterCollector | None = None  # the registry's one collector, for parts added later
     settings: Config = field(default_factory=Config)  # ``config`` typed (mfu_exporter.config.typed_config)
     restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
     speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
-    ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it, so their families are kept
+    ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it
     saved_at: float = float("-inf")  # when the job counters were last written to state.dir
     save_failures: int = 0
     saved_jobs: dict = field(default_factory=dict)  # the last save's jobs: their counted and their own totals
     _ticking: asyncio.Task | None = field(default=None, init=False, repr=False)
     _process_metrics: bool = field(default=False, init=False, repr=False)
-    # The readings collective_families joins, and its families from them (kept while the readings are the latest).
+    # The sources whose readings collective_families joins.
     _JOINED = (("logs", LogsSample), ("nccl", NcclSample), ("rdma", RdmaSample))
-    _joined: tuple[tuple, list[Metric]] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> None:
         """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop.
@@ -120,8 +117,9 @@ class Service:
         return self.scheduler.ready
 
     async def metrics(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
-        """The /metrics body in the format and encoding asked for, with its headers (cached per generation)."""
-        return await self.cache.render(accept, accept_encoding)
+        """The /metrics body in the format and encoding asked for, with its headers: the latest page published
+        (the sources' snapshots as sampled, the jobs as of the last tick), made once per page and format."""
+        return await self.exposition.render(accept, accept_encoding)
 
     def ingest_progress(self, body: Any) -> dict[str, Any]:
         """A progress report (the decoded JSON body) validated and merged into its job: validation and a state
@@ -176,14 +174,14 @@ class Service:
             )
         return {"job": name, **view.ledger.as_json(), "data_wait": data_wait_beside_kinds(view)}
 
-    def export_process_metrics(self) -> None:
+    def export_process_metrics(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         """Add client_python's ProcessCollector families to /metrics (``DaemonProcessCollector``): the daemon's own
         CPU seconds, resident and virtual memory, open and maximum file descriptors and start time, under their
         standard ``process_`` names. The daemon calls this (``web.app.serve``); build_service does not, so the golden
         rendering of the fixture node stays the same from run to run. It reads this process's own /proc/self, never
-        ``--path.procfs`` (the host's), once a second at most (docs/benchmarks.md)."""
-        if self.collector is not None and not self._process_metrics:
-            self.collector.add(once_a_second(DaemonProcessCollector().collect))
+        ``--path.procfs`` (the host's), at the tick, once a second of ``monotonic`` at most (docs/benchmarks.md)."""
+        if not self._process_metrics:
+            self.collector.add(DaemonProcessCollector().collect, key=lambda: int(monotonic()))
             self._process_metrics = True
 
     def checkpoint_overlap(self, job: str) -> dict[str, Any] | None:
@@ -235,14 +233,14 @@ class Service:
     def collective_families(self) -> Iterable[Metric]:
         """What joins two sources (render/collectives.py): whether a job's NCCL fell back to sockets (the logs source's
         transport, the RDMA source's ports) and the slow rank its log or NCCL Inspector names."""
-        logs, nccl, rdma = (self.readings(name, kind) for name, kind in self._JOINED)
-        kept = self._joined
-        if kept is not None and all(map(operator.is_, kept[0], (logs, nccl, rdma))):
-            return kept[1]  # the same readings: the same families, whose encoding the cache keeps
+        rdma = self.readings("rdma", RdmaSample)
         rdma_active = any(port.port.active for port in rdma.ports.values()) if rdma else False
-        families = list(collective_families(*self._collectives(), rdma_active))
-        self._joined = ((logs, nccl, rdma), families)
-        return families
+        return collective_families(*self._collectives(), rdma_active)
+
+    def joined_samples(self) -> tuple[int, ...]:
+        """The sample cycles of the sources ``collective_families`` joins: its families change only with them."""
+        states = self.scheduler.states
+        return tuple(states[name].cycles if name in states else 0 for name, _ in self._JOINED)
 
     def apply_discovery(self) -> None:
         """Hand the job model what discovery found last. While the source is down its last good answer stands, so
@@ -264,8 +262,9 @@ class Service:
         }
 
     async def evaluate_jobs(self) -> None:
-        """Once a second, the job model's tick (expiry, its log lines), then each job's MFU gap attributed and the
-        status page history kept (cancelled at shutdown). The only writer besides ingest: reads change nothing."""
+        """Once a second, the job model's tick (expiry, its log lines), then each job's MFU gap attributed, the
+        status page history kept and the jobs published to /metrics (cancelled at shutdown). The only writer besides
+        ingest: reads change nothing."""
         while True:
             try:
                 self.evaluate_once()
@@ -329,10 +328,15 @@ class Service:
         """One tick of ``evaluate_jobs``."""
         self.apply_discovery()
         now, views = self.clock(), self.jobs.tick()
-        self.attribution.evaluate(now, views, self.node_signals())
-        self.history.record(now, views)
-        self.observe_restores(now, views)
-        self.ticks += 1  # after the restores moved: their families are collected again
+        try:
+            self.attribution.evaluate(now, views, self.node_signals())
+            self.history.record(now, views)
+            self.observe_restores(now, views)
+        finally:
+            # The jobs' views are published even when a figure of this pass fails; the attribution and the restores
+            # are collected again once they moved. /metrics shows the jobs as of this tick.
+            self.ticks += 1
+            self.collector.tick(views)
         if self.settings.state.dir:
             self.save_counters(due=not 0 <= now - self.saved_at < self.settings.state.save_interval)
 
@@ -354,29 +358,6 @@ class Service:
             if view.ledger is not None:
                 self.restores.observe_job(view.name, view.ledger.loads, tuple(mounts.get(view.name, ())), now)
         self.restores.forget(set(self.restores.totals()) - {view.name for view in views})
-
-
-def kept_while(key: Callable[[], object], collect: Callable[[], Iterable[Metric]]) -> Callable[[], list[Metric]]:
-    """``collect``'s families, collected again only when ``key()`` has changed; the same list in between, whose
-    encoding the metrics cache keeps. ``key`` is read before collecting: a change meanwhile moves it past them."""
-    kept: list = [object(), []]  # (the key then, the families)
-    lock = threading.Lock()
-
-    def part() -> list[Metric]:
-        now = key()
-        with lock:
-            if kept[0] != now:
-                kept[:] = [now, list(collect())]
-            return kept[1]
-
-    return part
-
-
-def once_a_second(
-    collect: Callable[[], Iterable[Metric]], monotonic: Callable[[], float] = time.monotonic
-) -> Callable[[], list[Metric]]:
-    """``collect``'s families, read again at most once a second of ``monotonic``; the same list in between."""
-    return kept_while(lambda: int(monotonic()), collect)
 
 
 def job_collectives(
@@ -469,21 +450,18 @@ def build_service(
     )
     attribution = Attributor(typed.attribution, window=typed.mfu.window)
     registry = CollectorRegistry(auto_describe=False)
-    # The attribution changes only when it evaluates, the restores only at the tick: their families are kept between.
-    collector = ExporterCollector(
-        scheduler,
-        jobs,
-        extra=[
-            kept_while(
-                lambda: attribution.evaluations,
-                lambda: attribution_families(attribution.standings(), attribution.unobserved_seconds),
-            )
-        ],
-        clock=clock,
+    collector = ExporterCollector(scheduler, jobs)
+    # The attribution changes only when it evaluates (each tick), the restores only at the tick: collected again only
+    # then. The attribution's standings are read at the tick and their families built when first scraped.
+    collector.add(
+        lambda: (attribution.standings(), attribution.unobserved_seconds),
+        key=lambda: attribution.evaluations,
+        render=lambda read: attribution_families(*read),
     )
     registry.register(collector)
-    cache = MetricsCache(registry, lambda: scheduler.generation + jobs.generation, parts=collector.parts)
-    scheduler.on_sample(cache.sampled)
+    exposition = Exposition(lambda: collector.page)
+    scheduler.on_sample(collector.sampled)  # publishes the new snapshot, which the exposition then encodes ahead
+    scheduler.on_sample(exposition.sampled)
     checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
     if checkpoints is not None:
         checkpoints.listeners.append(jobs.checkpoint_event)  # every feed's saves reach the jobs' time ledgers
@@ -493,23 +471,23 @@ def build_service(
         elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
             source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(scheduler))
     restores = RestoreMeter()
-    collector.add(kept_while(lambda: service.ticks, lambda: restore_families(restores.totals())))
     service = Service(
         config,
         scheduler,
         jobs,
         registry,
-        cache,
+        collector,
+        exposition,
         clock,
         checkpoints=checkpoints,
         attribution=attribution,
         paths=paths or Paths(),
-        collector=collector,
         settings=typed,
         restores=restores,
         speed=speed,
     )
-    collector.add(service.collective_families)
+    collector.add(lambda: restore_families(restores.totals()), key=lambda: service.ticks)
+    collector.add(service.collective_families, key=service.joined_samples)
     return service
 
 

@@ -211,7 +211,7 @@ class JobTracker:
         return answer
 
     def _changed(self, job: Job) -> None:
-        """A change to the job: its kept view is stale, and the model's generation moves (the body cache's key)."""
+        """A change to the job: its kept view is stale, and the model's generation (its count of changes) moves."""
         job.version += 1
         self.generation += 1
 

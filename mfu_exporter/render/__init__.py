@@ -1,1 +1,1 @@
-"""Snapshots and the job model to metric families, and families to cached exposition bodies."""
+"""Snapshots and the job model to metric families, published as immutable fragments, and fragments to /metrics."""

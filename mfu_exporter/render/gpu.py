@@ -7,14 +7,13 @@ only its identity, ``mfu_gpu_up`` 0, its health and its Xid counts.
 
 from __future__ import annotations
 
-import functools
 import operator
-from typing import Iterable
+from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from mfu_exporter.config import AttributionConfig
+from mfu_exporter.config import SERIES_LEVELS, AttributionConfig
 from mfu_exporter.model.evidence import POWER_REASONS, THERMAL_REASONS, throttled
 from mfu_exporter.model.flops import gpu_model
 from mfu_exporter.model.readings import GpuReading
@@ -131,7 +130,7 @@ THROTTLE_SHARE = AttributionConfig().throttle_ratio
 
 
 class _Labels:
-    """The label tuples of one GPU's series, built once per GPU (its index and model), not per render."""
+    """The label tuples of one GPU's series: 3 to 8 µs to build, so a service's ``GpuRenderer`` keeps them per GPU."""
 
     def __init__(self, index: int, name: str):
         label = str(index)
@@ -142,11 +141,6 @@ class _Labels:
         self.ecc = ((label, "corrected"), (label, "uncorrected"))
         model = gpu_model(name)
         self.peak = tuple(((label, dtype), tflops * 1e12) for dtype, tflops in model.tflops.items()) if model else ()
-
-
-@functools.lru_cache(maxsize=1024)
-def _labels(index: int, name: str) -> _Labels:
-    return _Labels(index, name)
 
 
 _FIGURE = {key: operator.attrgetter(key) for _, _, key, _ in (*GAUGES, *COUNTERS)}
@@ -163,14 +157,33 @@ class _Tables:
         self.on = frozenset(name for name, level in FAMILY_LEVELS.items() if exports(series, level))
 
 
-@functools.lru_cache(maxsize=None)
-def _tables(series: str) -> _Tables:
-    return _Tables(series)
+_TABLES = {series: _Tables(series) for series in SERIES_LEVELS}  # built at import, never changed
 
 
-def gpu_families(sample: GpuSample) -> Iterable[Metric]:
-    """Metric families of one GPU sample."""
-    tables = _tables(sample.series)
+class GpuRenderer:
+    """``gpu_families`` with each GPU's label tuples kept from one sample to the next, by its index and model: one
+    per service (``render.snapshots.renderers``), bounded."""
+
+    MAX_GPUS = 1024  # GPUs whose labels are kept; a node has at most a few dozen, MIG instances included
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[int, str], _Labels] = {}
+
+    def families(self, sample: GpuSample) -> Iterable[Metric]:
+        return gpu_families(sample, self._labels_of)
+
+    def _labels_of(self, index: int, name: str) -> _Labels:
+        labels = self._labels.get((index, name))
+        if labels is None:
+            if len(self._labels) >= self.MAX_GPUS:
+                self._labels.clear()  # GPUs come and go rarely; starting over costs one render
+            labels = self._labels[(index, name)] = _Labels(index, name)
+        return labels
+
+
+def gpu_families(sample: GpuSample, labels_of: Callable[[int, str], _Labels] = _Labels) -> Iterable[Metric]:
+    """Metric families of one GPU sample; ``labels_of`` gives a GPU's label tuples (built afresh by default)."""
+    tables = _TABLES[sample.series]
     on = tables.on
     gpu_label = ["gpu"]
     info = InfoMetricFamily("mfu_gpu", "Identity of each GPU NVML has shown this exporter.", labels=gpu_label)
@@ -207,7 +220,7 @@ def gpu_families(sample: GpuSample) -> Iterable[Metric]:
     with_ecc, with_peak = "mfu_gpu_ecc_errors" in on, "mfu_gpu_peak_flops" in on
     with_throttle_time = "mfu_gpu_throttle_seconds" in on
     for reading in sample.gpus.values():
-        labels = _labels(reading.index, reading.name)
+        labels = labels_of(reading.index, reading.name)
         info.add_metric(labels.gpu, {"uuid": reading.uuid, "name": reading.name, "pci_bus_id": reading.pci_bus_id})
         up.add_metric(labels.gpu, 1.0 if reading.up else 0.0)
         for state, state_labels in labels.health:

@@ -14,7 +14,7 @@ from prometheus_client.utils import floatToGoString
 from mfu_exporter.model.job_view import JobView
 from mfu_exporter.model.ledger import KINDS, STEP_BUCKETS
 
-BOUNDS = [floatToGoString(b) for b in STEP_BUCKETS] + ["+Inf"]
+BOUNDS = (*(floatToGoString(b) for b in STEP_BUCKETS), "+Inf")
 
 
 def ledger_families(views: Iterable[JobView]) -> Iterable[Metric]:

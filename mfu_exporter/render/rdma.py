@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from mfu_exporter.config import SERIES_LEVELS
 from mfu_exporter.render.common import node_gauge
 from mfu_exporter.sources.base import exports
 from mfu_exporter.sources.rdma import (
@@ -19,15 +19,16 @@ from mfu_exporter.sources.rdma import (
     RdmaSample,
 )
 
-
-@functools.lru_cache(maxsize=None)
-def _families_on(series: str) -> frozenset[str]:
-    return frozenset(name for name, level in FAMILY_LEVELS.items() if exports(series, level))
+# The families each series level exports, built at import and never changed.
+_FAMILIES_ON = {
+    series: frozenset(name for name, level in FAMILY_LEVELS.items() if exports(series, level))
+    for series in SERIES_LEVELS
+}
 
 
 def rdma_families(sample: RdmaSample) -> Iterator[Metric]:
     """Metric families of one RDMA sample: per port at the source's series level, the node summaries at every level."""
-    on = _families_on(sample.series)
+    on = _FAMILIES_ON[sample.series]
     hw_allowed = sample.hw_counters
     labels = ["device", "port"]
     info = GaugeMetricFamily(

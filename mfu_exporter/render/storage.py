@@ -38,7 +38,7 @@ FAMILY_LEVELS = {
     "mfu_gds_batch_errors": "full",
     "mfu_gds_gpu_registered_bytes": "full",
 }
-MOUNT_LABELS = ["mountpoint", "fstype", "device"]
+MOUNT_LABELS = ("mountpoint", "fstype", "device")
 
 
 def storage_families(reading: StorageReading) -> Iterable[Metric]:

@@ -5,7 +5,7 @@ The pattern of Prometheus' own load tools (avalanche, prombench's fake targets),
 
 - **Captured at startup, never stored.** The server first runs a small simulated fleet (``Fleet``, real sources over
   fake NVML and mlx5 trees, the real job model, collector and encoder) on a stepped clock, and renders the
-  exposition of five nodes through their own ``MetricsCache``: a ``healthy`` node; in a job with a pfc-storm, the
+  exposition of five nodes through their own ``Service.metrics``: a ``healthy`` node; in a job with a pfc-storm, the
   ``incident`` node and a ``waiting`` node of that job; in a job whose GPU is lost, the ``lost`` node and a
   ``stopped`` node of that job. A change of the exporter's families or series is served at once, with no file to
   regenerate.
@@ -162,10 +162,10 @@ async def _capture_fleet(root: Path, incident: str, nodes: dict[str, int], warmu
                 node.service.evaluate_once()
             if step == warmup_steps:
                 for state, node in watched.items():
-                    first[state] = (await node.service.cache.render(None, None))[0].decode()
+                    first[state] = (await node.service.metrics(None, None))[0].decode()
         return {
             state: Rendering(
-                first[state], (await node.service.cache.render(None, None))[0].decode(), node.job.name, clock.time()
+                first[state], (await node.service.metrics(None, None))[0].decode(), node.job.name, clock.time()
             )
             for state, node in watched.items()
         }

@@ -330,10 +330,11 @@ class LogsSource:
             if stream.no_progress is not None:
                 self._unread(job, batch.path, stream.no_progress)
         updates = [item for item in out if isinstance(item, Update)]
-        following = dict(zip(map(id, updates), updates[1:]))
+        seen = 0  # updates met so far: the next one is updates[seen]
         for item in out:
             if isinstance(item, Update):
-                after = following.get(id(item))
+                seen += 1
+                after = updates[seen] if seen < len(updates) else None
                 # Lines read together (a backlog, a burst) closer than the job model's resolution would only
                 # replace each other in its window: feed the last of them, and any before a total that drops.
                 if (

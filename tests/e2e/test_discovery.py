@@ -79,10 +79,13 @@ class Node:
             for source in self.sources:
                 state = self.service.scheduler.states[source.name]
                 state.snapshot, state.up = source.sample(), True  # what a successful cycle keeps
+                self.service.collector.sampled(source.name)  # and publishes, as the scheduler's listener does
             self.tokens += self.llama_speed * demo.healthy_tokens_per_second()
             self.service.jobs.report(parse_progress({"job": "llama", "tokens_total": self.tokens}, self.now))
             self.service.apply_discovery()
-            self.service.attribution.evaluate(self.now, self.service.jobs.views(), self.service.node_signals())
+            views = self.service.jobs.views()
+            self.service.attribution.evaluate(self.now, views, self.service.node_signals())
+            self.service.collector.tick(views)  # /metrics shows the jobs as the tick publishes them
 
     def jobs(self):
         # What GET /api/v1/jobs answers, through JSON as a client sees it.

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.prom_harness import Exporter, no_sources_config
 from tests.support.tools import require_tool
+from tests.support.wait import wait_until
 
 # Finite numbers a client could send that sit at the edges of what the fields mean: zero, the smallest doubles,
 # fractions, 2^53 and past it, the largest double, negatives; strings in the quantity forms the API takes.
@@ -212,20 +213,32 @@ def test_edge_values_never_reach_metrics(exporter):
                 # A step from a time another mutation made a string or null has no base: that report keeps its time.
                 if isinstance(before, (int, float)) and not isinstance(before, bool):
                     reports[index]["time"] = before + value
+        reported = False
         for body in reports[:2] + events + reports[2:]:
             path = "/api/v1/checkpoints" if "checkpoint" in body else "/api/v1/progress"
             answer = requests.post(url + path, json=body, timeout=10)
             assert answer.status_code < 500, (body, answer.text)
             if answer.status_code >= 400:
                 assert "field" in answer.json() or answer.status_code == 409, answer.text
-        check_metrics(url, promtool, previous)
+            reported |= path == "/api/v1/progress" and answer.status_code == 200
+        check_metrics(url, promtool, previous, job if reported else None)
 
     run()
     assert_fresh_job_is_exact(url)
 
 
-def check_metrics(url: str, promtool: str, previous: dict) -> None:
+def served_job(url: str, job: str) -> tuple[str, dict[tuple[str, tuple], tuple[str, float]]] | None:
+    """The scrape once it shows ``job`` (the exporter's tick publishes a report to /metrics), else None."""
     text, samples = scrape(url)
+    return (text, samples) if any(("training_job", job) in labels for _, labels in samples) else None
+
+
+def check_metrics(url: str, promtool: str, previous: dict, job: str | None = None) -> None:
+    """Check a scrape; one that shows ``job``, when given (a job with an accepted report)."""
+    if job is None:
+        text, samples = scrape(url)
+    else:
+        text, samples = wait_until(lambda: served_job(url, job), 20, f"job {job} on /metrics")
     for (name, labels), (kind, value) in samples.items():
         assert math.isfinite(value), f"{name}{dict(labels)} = {value}"
         if name.startswith(("mfu_job_", "mfu_checkpoint_", "mfu_model_")):
@@ -255,10 +268,14 @@ def assert_fresh_job_is_exact(url: str) -> None:
         assert answer.status_code == 200, answer.text
     jobs = {j["job"]: j for j in requests.get(url + "/api/v1/jobs", timeout=10).json()["jobs"]}
     assert jobs[job]["mfu"] == pytest.approx(PROBE_MFU, rel=1e-12)
-    _, samples = scrape(url)
-    ((_, exported),) = [
-        v
-        for (name, labels), v in samples.items()
-        if name == "mfu_model_flops_utilization_ratio" and dict(labels)["training_job"] == job
-    ]
+
+    def exported_mfu():  # /metrics shows the reports from the exporter's next tick on
+        _, samples = scrape(url)
+        return [
+            v
+            for (name, labels), v in samples.items()
+            if name == "mfu_model_flops_utilization_ratio" and dict(labels)["training_job"] == job
+        ]
+
+    ((_, exported),) = wait_until(exported_mfu, 20, f"the MFU of job {job} on /metrics")
     assert exported == pytest.approx(PROBE_MFU, rel=1e-12)

@@ -188,6 +188,7 @@ async def test_the_known_truth_run_through_the_client():
     clock = SimTime()
     async with Daemon(no_sources("checkpoint"), clock) as daemon:
         await client_run(daemon, clock)
+        daemon.tick()  # /metrics shows the job model as of a tick: this one, at the run's end
         ledger = await daemon.ledger()
         assert_truth(ledger, samples((await daemon.get("/metrics")).decode()))
         first, second = ledger["runs"]
@@ -336,6 +337,7 @@ async def test_the_known_truth_run_through_discovery_a_pod_restart(tmp_path: Pat
                 await until(found, "discovery to find the new pod", 30)
 
             await client_run(daemon, clock, announce=False, on_crash=pod_gone, on_restart=pod_back)
+            daemon.tick()  # /metrics shows the job model as of a tick: this one, at the run's end
             ledger = await daemon.ledger()
             assert_truth(ledger, samples((await daemon.get("/metrics")).decode()))
             first, second = ledger["runs"]

@@ -46,8 +46,15 @@ def test_input_stall_is_attributed_input_with_the_wait_and_the_mount_on_the_node
         assert job["data_wait"]["source"] == "client" and job["bottleneck"]["cause"] == "input"
         assert job["data_wait"]["ratio"] == pytest.approx(demo.INPUT_STALL_WAIT_SHARE, abs=0.05)
         assert job["hardware"]["gpu_utilization"] > 0.5  # busy between waits: over the idle line
-        values = metric_samples(base)
         key = (("training_job", demo.JOB),)
+
+        def served_share() -> dict | None:
+            # /metrics shows the job as of the demo's last tick, which may precede the read above.
+            values = metric_samples(base)
+            share = values.get(("mfu_job_data_wait_ratio", key))
+            return values if share is not None and abs(share - demo.INPUT_STALL_WAIT_SHARE) <= 0.05 else None
+
+        values = wait_until(served_share, DEADLINE, "the stall's share on /metrics")
         assert values[("mfu_job_data_wait_ratio", key)] == pytest.approx(demo.INPUT_STALL_WAIT_SHARE, abs=0.05)
         assert values[("mfu_job_bottleneck", (("cause", "input"), *key))] == 1
         # Data wait up, mount reads flat: the mount reads at half the loader's healthy pace x the job's pace.

@@ -141,11 +141,16 @@ def test_kill_9_and_restart_loses_no_job(exporter):
         # first tick and every 10 s: the new one resumes them, adding what the job's running total grew meanwhile;
         # without a state.dir they begin at 0 again.
         counted = 2e6 if exporter.resumes else 0.0
-        assert exporter.metric("mfu_job_tokens_total") == counted
+
+        def served(value):
+            # /metrics shows a report from the exporter's next tick on.
+            return lambda: exporter.metric("mfu_job_tokens_total") == value
+
+        wait_until(served(counted), timeout=20, what=f"mfu_job_tokens_total {counted:g} on /metrics")
 
         report(4e6)  # one report interval later, MFU is back
         assert exporter.job()["mfu"] == pytest.approx(expected_mfu)
-        assert exporter.metric("mfu_job_tokens_total") == counted + 1e6
+        wait_until(served(counted + 1e6), timeout=20, what=f"mfu_job_tokens_total {counted + 1e6:g} on /metrics")
         assert exporter.metric("mfu_job_model_flops_total") == pytest.approx(FLOPS_PER_TOKEN * (counted + 1e6))
     finally:
         reporter.close(timeout=1)

@@ -3,7 +3,7 @@
 What is rendered: eight H100s on the fake NVML, eight ConnectX-7 RoCE ports and their ``ethtool -S`` texts, every
 source the service registers (each sampled exactly once), the fixture's four jobs with two progress reports each,
 one checkpoint write per job, and one tick of the job evaluation (attribution). The body is the one a scrape gets
-(``Service.cache.render``, text format).
+(``Service.metrics``, text format).
 
 What makes it the same on every run and machine:
 - One clock, fixed at ``NOW``, for the service, the job model, the reports' and checkpoints' own times.
@@ -126,7 +126,7 @@ def normalise(text: str, timeouts: dict[str, float]) -> str:
 async def render_full_node(root: Path) -> tuple[str, Service]:
     """The normalised text body of a scrape of the full node, and the service it came from."""
     service = await full_node(root)
-    body, headers = await service.cache.render(None, None)
+    body, headers = await service.metrics(None, None)
     assert headers["Content-Type"].startswith("text/plain"), headers
     timeouts = {source.name: source.timeout for source in service.scheduler.sources}
     return normalise(body.decode(), timeouts), service
@@ -170,5 +170,5 @@ async def one_job_node(root: Path, cycles: int = 3) -> Service:
 async def render_one_job_node(root: Path) -> tuple[str, Service]:
     """The text body of a scrape of ``one_job_node``."""
     service = await one_job_node(root)
-    body, _ = await service.cache.render(None, None)
+    body, _ = await service.metrics(None, None)
     return body.decode(), service

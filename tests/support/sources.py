@@ -9,25 +9,20 @@ from typing import Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from mfu_exporter.render.snapshots import register
 from mfu_exporter.sources.base import Snapshot, SourceUnavailable
 
 
 @dataclass(frozen=True)
 class FakeValue:
-    """The scripted source's readings: its name and one value."""
+    """The scripted source's readings: its name and one value. A readings type of a test renders itself."""
 
     name: str
     value: float
 
-
-def fake_value_families(readings: FakeValue) -> Iterable[Metric]:
-    family = GaugeMetricFamily(f"mfu_{readings.name}_value", "A value from the scripted test source.")
-    family.add_metric([], readings.value)
-    yield family
-
-
-register(FakeValue, fake_value_families)
+    def families(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(f"mfu_{self.name}_value", "A value from the scripted test source.")
+        family.add_metric([], self.value)
+        yield family
 
 
 class Clock:

@@ -77,3 +77,13 @@ async def wait_for(
             raise _timed_out(what, timeout, last)
         await asyncio.sleep(delay)
     raise AssertionError("unreachable")
+
+
+TICK_TIMEOUT = 30.0  # a 1 s tick on a busy machine
+
+
+async def next_tick(service, timeout: float = TICK_TIMEOUT) -> None:
+    """Wait for the service's next 1 s tick to have run: it publishes the job model's state to /metrics, so a report
+    made before this call shows in a scrape after it."""
+    ticks = service.ticks
+    await wait_for(lambda: service.ticks > ticks, timeout, "the service's next tick")

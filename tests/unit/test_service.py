@@ -1,35 +1,89 @@
-"""mfu_exporter.service: the wiring's own helpers (the service's API is driven through the server in tests/unit/web)."""
+"""mfu_exporter.service: what the 1 s tick publishes to /metrics (the service's API is driven through the server in
+tests/unit/web)."""
 
-from prometheus_client.core import GaugeMetricFamily
+import time
 
-from mfu_exporter.service import kept_while, once_a_second
+from mfu_exporter import service as service_module
+from mfu_exporter.config import validate
+from mfu_exporter.render import process
+from mfu_exporter.service import build_service
+from tests.support.expo import samples
+from tests.support.sources import ScriptedSource
+from tests.support.wait import wait_for
+
+KEY = (("training_job", "llama"),)
 
 
-def test_the_process_read_is_made_once_a_second_and_its_families_kept_between():
+def report(service, tokens):
+    service.ingest_progress({"job": "llama", "tokens_total": tokens, "time": time.time()})
+
+
+async def served(service):
+    return samples((await service.metrics(None, None))[0].decode())
+
+
+async def test_a_report_changes_the_job_model_and_shows_in_metrics_from_the_next_tick():
+    service = build_service(validate({}), [])
+    report(service, 100)
+    assert ("mfu_job_tokens_total", KEY) not in await served(service)
+    assert service.job("llama")["tokens_total"] == 100  # the model has it: the API reads the model
+    service.evaluate_once()
+    report(service, 250)
+    assert (await served(service))[("mfu_job_tokens_total", KEY)] == 0  # its first count, as of the tick
+    service.evaluate_once()
+    assert (await served(service))[("mfu_job_tokens_total", KEY)] == 150
+
+
+async def test_a_failing_pass_of_the_tick_still_publishes_the_jobs(monkeypatch):
+    service = build_service(validate({}), [])
+    report(service, 100)
+
+    def failing(*_):
+        raise RuntimeError("a bug in one figure")
+
+    monkeypatch.setattr(service.attribution, "evaluate", failing)
+    try:
+        service.evaluate_once()
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the pass's error reaches evaluate_jobs, which logs it")
+    assert (await served(service))[("mfu_job_tokens_total", KEY)] == 0
+
+
+async def test_the_process_read_is_made_once_a_second_at_the_tick(monkeypatch):
     reads, now = [], [100.2]
+    collect = process.DaemonProcessCollector.collect
 
-    def collect():
+    def counting(self):
         reads.append(now[0])
-        yield GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", value=len(reads))
+        return collect(self)
 
-    part = once_a_second(collect, monotonic=lambda: now[0])
-    first = part()
+    monkeypatch.setattr(process.DaemonProcessCollector, "collect", counting)
+    service = build_service(validate({}), [])
+    service.export_process_metrics(monotonic=lambda: now[0])
+    assert reads == [100.2] and ("process_max_fds", ()) in await served(service)
     now[0] = 100.9
-    assert part() is first and reads == [100.2]  # the same second: the same list, whose encoding the cache keeps
+    service.evaluate_once()
+    assert reads == [100.2]  # the same second: the same fragment, whose encoding is kept
     now[0] = 101.0
-    second = part()
-    assert second is not first and reads == [100.2, 101.0]
-    assert [sample.value for family in second for sample in family.samples] == [2.0]
+    service.evaluate_once()
+    assert reads == [100.2, 101.0]
 
 
-def test_families_are_collected_again_only_when_their_key_moves():
-    key, collected = [0], []
-
-    def collect():
-        collected.append(key[0])
-        return [GaugeMetricFamily("mfu_test", "Test.", value=key[0])]
-
-    part = kept_while(lambda: key[0], collect)
-    assert part() is part() and collected == [0]
-    key[0] = 1
-    assert [s.value for f in part() for s in f.samples] == [1.0] and collected == [0, 1]
+async def test_the_collectives_are_collected_again_only_after_a_joined_source_sampled(monkeypatch):
+    calls = []
+    join = service_module.collective_families
+    monkeypatch.setattr(service_module, "collective_families", lambda *args: calls.append(1) or join(*args))
+    service = build_service(validate({}), [ScriptedSource("rdma", interval=3600)])
+    assert len(calls) == 1  # collected when added
+    service.evaluate_once()
+    assert len(calls) == 1  # no source sampled since
+    await service.scheduler.start()
+    try:
+        await wait_for(lambda: service.scheduler.states["rdma"].cycles, 30, "the rdma source's first sample")
+    finally:
+        await service.scheduler.stop()
+    service.evaluate_once()
+    service.evaluate_once()
+    assert len(calls) == 2  # once after the sample, at the tick that followed it

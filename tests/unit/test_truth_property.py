@@ -172,6 +172,7 @@ class Exporter:
     # a run's silence counts from then at the earliest.
     watching_since: float = 0.0
     job_ticked: bool = False  # a tick saw the job (its ledger's silence counts from its first tick at the earliest)
+    published: Any = None  # the job's view at the last tick: what /metrics shows until the next one
 
 
 @dataclass
@@ -385,6 +386,7 @@ class World:
             exporter.watching_since, exporter.job_ticked = now, True  # the job's ledger's first tick
         exporter.last_tick = now
         exporter.service.evaluate_once()
+        exporter.published = next((v for v in exporter.service.jobs.views() if v.name == JOB), None)
         self.scrape(fresh=True)
 
     def scrape(self, render: bool = False, fresh: bool = False) -> None:
@@ -430,9 +432,9 @@ class World:
                     json.dumps(service.job_json(view), allow_nan=False)
                 except ValueError as error:
                     self.broken.append(f"job JSON: {error}: {service.job_json(view)!r}")
-        self.bounds(exporter, gpus, ran, lived, render, views[0] if views else None)
+        self.bounds(exporter, gpus, ran, lived, render)
 
-    def bounds(self, exporter: Exporter, gpus: int, ran: float, lived: float, render: bool, view: Any) -> None:
+    def bounds(self, exporter: Exporter, gpus: int, ran: float, lived: float, render: bool) -> None:
         """The lost GPU-seconds, then what increase() reads over the whole sequence against the truth."""
         check = self.check
         for standing in exporter.service.attribution.standings():
@@ -449,7 +451,7 @@ class World:
             if counted > gpus * ran * (1 + 1e-9) + 1e-6:
                 self.broken.append(f"increase({prefix}) reads {counted!r} GPU-seconds in {ran!r} s of {gpus} GPUs")
         if render:
-            self.render(view)
+            self.render(exporter.published)
 
     def check(self, name: str, value: float, fresh_most: float, created: object = None) -> None:
         """One counter's scraped value; ``created``: when its series began (None: with this exporter)."""
@@ -480,7 +482,8 @@ class World:
             )
 
     def render(self, view: Any) -> None:
-        """The /metrics text: every sample finite, and the token counter the view's."""
+        """The /metrics text: every sample finite, and the token counter the view's as of the last tick (``view``),
+        which published it."""
         assert self.exporter is not None
         text = generate_latest(self.exporter.service.registry).decode()
         tokens = None

@@ -17,6 +17,7 @@ from mfu_exporter.model.progress import parse_progress
 from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.render.attribution import attribution_families
 from mfu_exporter.render.jobs import job_families
+from tests.support.wait import next_tick
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
@@ -313,7 +314,9 @@ async def test_the_api_frees_the_cap_on_finish_and_shows_why_an_mfu_was_withheld
     status = await (await client.get("/api/v1/status")).json()
     (job,) = status["jobs"]
     assert job["mfu"] is None and job["implausible_mfu"] > 1 and "peak_tflops (0.5 TFLOP/s per GPU)" in job["reason"]
+    await next_tick(client.service)  # a report changes the job model; the tick publishes it to /metrics
     body = await (await client.get("/metrics")).text()
+    assert 'mfu_job_tokens_total{training_job="a"}' in body  # the job is published, without an MFU
     assert 'mfu_model_flops_utilization_ratio{training_job="a"}' not in body
     assert 'mfu_job_peak_flops{training_job="a"}' not in body
     refused = await client.post("/api/v1/progress", json={"job": "b", "tokens_total": 0})
@@ -323,6 +326,7 @@ async def test_the_api_frees_the_cap_on_finish_and_shows_why_an_mfu_was_withheld
     done = await client.post("/api/v1/progress", json={"job": "a", "tokens_total": 2_000_000, "state": "finished"})
     assert done.status == 200 and (await done.json())["state"] == "finished"
     assert (await client.post("/api/v1/progress", json={"job": "b", "tokens_total": 0})).status == 200
+    await next_tick(client.service)
     body = await (await client.get("/metrics")).text()
     assert 'mfu_job_state{state="finished",training_job="a"} 1.0' in body
     assert 'mfu_job_tokens_total{training_job="a"} 2e+06' in body

@@ -1,22 +1,14 @@
 """mfu_exporter.render.encode: ``encode`` writes exactly the bytes prometheus_client's encoders write, for every format a
-scraper can ask for, on a real node's families and on arbitrary ones (which it partly hands to the library); the
-cache serves those bytes, encoding a source's snapshot once per format, ahead of the scrape when it can."""
+scraper can ask for, on a real node's families and on arbitrary ones (which it partly hands to the library), with
+what its ``Encoder`` keeps between encodings bounded."""
 
 import asyncio
-import gc
-import gzip
 import math
-import subprocess
-import threading
 import time
-import weakref
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
@@ -24,22 +16,15 @@ from prometheus_client.samples import Exemplar
 
 from mfu_exporter.config import validate
 from mfu_exporter.model.checkpoints import parse_checkpoint_event
-from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
 from mfu_exporter.node.ethtool import EthtoolTextReader
-from mfu_exporter.render import encode as exposition
-from mfu_exporter.render.collector import ExporterCollector
-from mfu_exporter.render.encode import MetricsCache, encode
-from mfu_exporter.render.snapshots import register
-from mfu_exporter.scheduler import Scheduler
+from mfu_exporter.render.encode import Encoder, encode
 from mfu_exporter.service import build_service
 from mfu_exporter.sim import nvml as fake_nvml
 from mfu_exporter.sim.mlx5 import SimulatedNode
-from mfu_exporter.sources.base import Snapshot
 from mfu_exporter.sources.ethtool import EthtoolSource
 from mfu_exporter.sources.gpu import GpuSource
 from mfu_exporter.sources.rdma import RdmaSource
-from tests.support.wait import wait_for
 
 ACCEPT_HEADERS = [
     "",  # curl: text 0.0.4
@@ -69,10 +54,11 @@ class Families:
         return self.families
 
 
-def assert_same_bytes(registry):
+def assert_same_bytes(registry, kept=None):
+    """``encode`` writes the library's bytes in every format, with ``kept`` (an ``Encoder``) or a fresh encoder."""
     for accept in ACCEPT_HEADERS:
         encoder, content_type = choose_encoder(accept)
-        assert encode(registry, encoder, content_type) == encoder(registry), accept
+        assert encode(registry, encoder, content_type, kept) == encoder(registry), accept
 
 
 def node_service(tmp_path):
@@ -103,6 +89,7 @@ def node_service(tmp_path):
                 time.time(),
             )
         )
+    service.evaluate_once()  # the tick publishes the jobs
     return service
 
 
@@ -145,49 +132,61 @@ def test_labels_values_and_help_that_need_escaping():
     assert_same_bytes(Families([gauge, counter]))
 
 
-def test_label_texts_kept_are_bounded(monkeypatch):
-    monkeypatch.setattr(exposition, "MAX_LABEL_TEXTS", 3)
-    counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
+def test_label_texts_and_plain_names_kept_are_bounded():
+    kept = Encoder()
+    kept.MAX_LABEL_TEXTS = kept.MAX_PLAIN_NAMES = 3
+    counter = CounterMetricFamily("mfu_test", "A counter.", labels=[f"label{index}" for index in range(5)])
     for index in range(10):
-        counter.add_metric([f"ens{index}np0"], index)
-    assert_same_bytes(Families([counter]))
-    assert len(exposition._label_texts) <= 3
+        counter.add_metric([f"ens{index}np{label}" for label in range(5)], index)
+    assert_same_bytes(Families([counter]), kept)
+    assert len(kept._label_texts) <= 3 and len(kept._plain_names) <= 3
 
 
-def test_a_series_whose_value_changes_is_written_with_each_value(monkeypatch):
+def test_each_encoder_keeps_its_own_lines():
+    """Two services' encoders share nothing: each writes the library's bytes of its own families."""
+    first, second = Encoder(), Encoder()
+    for kept, value in ((first, 1.0), (second, 2.0), (first, 1.0)):
+        gauge = GaugeMetricFamily("mfu_test", "A gauge.", labels=["interface"])
+        gauge.add_metric(["ens1np0"], value)
+        assert_same_bytes(Families([gauge]), kept)
+    assert first._kept_lines["mfu_test"][1] == ['mfu_test{interface="ens1np0"} 1.0\n']
+    assert second._kept_lines["mfu_test"][1] == ['mfu_test{interface="ens1np0"} 2.0\n']
+
+
+def test_a_series_whose_value_changes_is_written_with_each_value():
     # Lines are kept by family with their samples: each new value, and a zero's sign, must still be written afresh.
-    monkeypatch.setattr(exposition, "_kept_lines", {})
+    kept = Encoder()
     values = [0.0, -0.0, 0, -0.0, 0.0, 1, 1.0, True, 1.0, 2, math.nan, math.nan, 2**63, float(2**63), 1e6, 1e6 + 1]
     for value in values:
         counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
         counter.add_metric(["ens1np0"], value)
         gauge = GaugeMetricFamily("mfu_test_plain", "No labels.")
         gauge.add_metric([], value)
-        assert_same_bytes(Families([counter, gauge]))
-    assert set(exposition._kept_lines) == {"mfu_test", "mfu_test_plain"}  # so the comparisons above read them
+        assert_same_bytes(Families([counter, gauge]), kept)
+    assert set(kept._kept_lines) == {"mfu_test", "mfu_test_plain"}  # so the comparisons above read them
 
 
-def test_families_whose_lines_are_kept_are_bounded(monkeypatch):
-    monkeypatch.setattr(exposition, "MAX_KEPT_FAMILIES", 3)
-    monkeypatch.setattr(exposition, "_kept_lines", {})
+def test_families_whose_lines_are_kept_are_bounded():
+    kept = Encoder()
+    kept.MAX_KEPT_FAMILIES = 3
     for index in range(10):
         counter = CounterMetricFamily(f"mfu_test_{index}", "A counter.", labels=["interface"])
         counter.add_metric(["ens1np0"], index)
-        assert_same_bytes(Families([counter]))
-    assert len(exposition._kept_lines) <= 3
+        assert_same_bytes(Families([counter]), kept)
+    assert len(kept._kept_lines) <= 3
 
 
-def test_a_family_that_grows_changes_or_shrinks_is_written_as_it_is_now(monkeypatch):
-    monkeypatch.setattr(exposition, "_kept_lines", {})
+def test_a_family_that_grows_changes_or_shrinks_is_written_as_it_is_now():
+    kept = Encoder()
     counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
     for step, value in enumerate((1, 2, 2, 3)):
         counter.add_metric([f"ens{step}np0"], value)
-        assert_same_bytes(Families([counter]))  # the same family object, one sample more each time
+        assert_same_bytes(Families([counter]), kept)  # the same family object, one sample more each time
     for labels in (["ens0np0", "ens1np0"], ["ens1np0", "ens0np0"], ["ens0np0"], []):
         gauge = GaugeMetricFamily("mfu_test", "A gauge now.", labels=["interface"])
         for label in labels:
             gauge.add_metric([label], 1.0)
-        assert_same_bytes(Families([gauge]))
+        assert_same_bytes(Families([gauge]), kept)
 
 
 def test_units_and_created_samples():
@@ -241,6 +240,9 @@ def families(draw):
     return metric
 
 
+KEPT = Encoder()  # one encoder across the examples: each one's lines meet those the examples before left
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(families(), max_size=4), st.sampled_from(ACCEPT_HEADERS))
 def test_arbitrary_families_are_encoded_as_the_library_encodes_them(metrics, accept):
@@ -250,315 +252,6 @@ def test_arbitrary_families_are_encoded_as_the_library_encodes_them(metrics, acc
         expected = encoder(registry)
     except Exception as exc:  # noqa: BLE001 - what the library refuses must be refused alike
         with pytest.raises(type(exc)):
-            encode(registry, encoder, content_type)
+            encode(registry, encoder, content_type, KEPT)
         return
-    assert encode(registry, encoder, content_type) == expected
-
-
-async def test_the_cache_serves_the_library_bytes():
-    registry = CollectorRegistry(auto_describe=False)
-    counter = CounterMetricFamily("mfu_test", "A counter.", labels=["interface"])
-    counter.add_metric(["ens1np0"], 7)
-    registry.register(Families([counter]))
-    cache = MetricsCache(registry, lambda: 0)
-    for accept in ACCEPT_HEADERS:
-        body, headers = await cache.render(accept, None)
-        encoder, content_type = choose_encoder(accept)
-        assert (body, headers["Content-Type"]) == (encoder(registry), content_type)
-
-
-OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0"
-
-
-@dataclass(frozen=True)
-class Events:
-    """A counting source's readings: its count, and the source that counts how often they are rendered."""
-
-    value: int
-    source: "CountingSource"
-
-
-def events_families(readings: Events):
-    readings.source.renders += 1
-    family = CounterMetricFamily("mfu_test_events", "Events.", labels=["interface"])
-    family.add_metric(["ens1np0"], readings.value)
-    yield family
-
-
-register(Events, events_families)
-
-
-class CountingSource:
-    """A source whose snapshots count how often their families are rendered."""
-
-    name, interval, timeout = "counting", 3600.0, 5.0  # sampled once at start; the tests sample it again by hand
-
-    def __init__(self):
-        self.value = 0
-        self.renders = 0
-
-    def sample(self):
-        self.value += 1
-        return Snapshot(readings=Events(self.value, self))
-
-    def close(self):
-        pass
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
-async def cached_node(source, clock):
-    """A scheduler, jobs and the cache wired as build_service wires them, with a fake monotonic clock and a
-    one-thread executor, so awaiting a no-op on it waits for everything queued before."""
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
-    scheduler = Scheduler([source])
-    jobs = JobTracker()
-    collector = ExporterCollector(scheduler, jobs)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    cache = MetricsCache(
-        registry, lambda: scheduler.generation + jobs.generation, monotonic=clock, parts=collector.parts
-    )
-    scheduler.on_sample(cache.sampled)
-    await scheduler.start()
-    await scheduler.first_cycle_done.wait()
-    return scheduler, jobs, registry, cache
-
-
-def report(jobs, step):
-    jobs.report(parse_progress({"job": "llama", "tokens_total": step * 1000, "step": step}, time.time()))
-
-
-async def test_a_snapshot_is_encoded_once_per_format_however_often_the_state_changes():
-    source, clock = CountingSource(), Clock()
-    scheduler, jobs, registry, cache = await cached_node(source, clock)
-    try:
-        for step in range(1, 6):
-            report(jobs, step)  # a new state: a new body, with the same snapshot in it
-            for accept in (OPENMETRICS_ACCEPT, ""):
-                for accept_encoding in (None, "gzip"):
-                    await cache.render(accept, accept_encoding)
-        assert source.renders == 2
-        for accept in ACCEPT_HEADERS:
-            encoder, content_type = choose_encoder(accept)
-            assert await cache.render(accept, None) == (encoder(registry), {"Content-Type": content_type})
-    finally:
-        await scheduler.stop()
-
-
-async def sample_and_settle(scheduler, cache, source):
-    await scheduler.sample_once(source)
-    await cache.settled()
-
-
-async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_scraper():
-    source, clock = CountingSource(), Clock()
-    scheduler, jobs, registry, cache = await cached_node(source, clock)
-    try:
-        await cache.render(OPENMETRICS_ACCEPT, None)
-        clock.now += 15
-        await cache.render(OPENMETRICS_ACCEPT, None)  # every 15 s: a Prometheus
-        await cache.render("", None)  # text, once: a curl
-        assert source.renders == 2
-        clock.now += 10
-        await sample_and_settle(scheduler, cache, source)
-        assert source.renders == 3  # encoded once more, as OpenMetrics only
-        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
-        assert source.renders == 3 and b'mfu_test_events_total{interface="ens1np0"} 2.0' in body
-        clock.now += 2 * 10 + MetricsCache.WARM_MARGIN + 1  # the scraper missed two of its intervals
-        await sample_and_settle(scheduler, cache, source)
-        assert source.renders == 3
-        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
-        assert source.renders == 4 and b'mfu_test_events_total{interface="ens1np0"} 3.0' in body
-    finally:
-        await scheduler.stop()
-
-
-async def test_a_snapshot_replaced_before_the_next_scrape_is_not_encoded_ahead():
-    """A 1 s source and a Prometheus scraping every 15 s: only the snapshots of the second or two before the scrape is
-    due are encoded ahead, and the scrape finds the latest one done."""
-    source, clock = CountingSource(), Clock()
-    scheduler, jobs, registry, cache = await cached_node(source, clock)
-    # What on_sample reports as the source's next sample; the loop's own next cycle stays an hour away.
-    scheduler.states[source.name].interval = 1.0
-    try:
-        await cache.render(OPENMETRICS_ACCEPT, None)
-        clock.now += 15
-        await cache.render(OPENMETRICS_ACCEPT, None)  # every 15 s: the next one is due 15 s from now
-        assert source.renders == 1
-        for _ in range(12):
-            clock.now += 1
-            await sample_and_settle(scheduler, cache, source)
-        assert source.renders == 1  # each replaced by the next second's before the scrape
-        for expected in (2, 3):  # 2 s and 1 s before the scrape: the next sample might come after it
-            clock.now += 1
-            await sample_and_settle(scheduler, cache, source)
-            assert source.renders == expected
-        clock.now += 1
-        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
-        assert source.renders == 3 and b'mfu_test_events_total{interface="ens1np0"} 15.0' in body
-    finally:
-        await scheduler.stop()
-
-
-async def test_a_burst_of_scrapes_does_not_keep_encoding_ahead():
-    source, clock = CountingSource(), Clock()
-    scheduler, jobs, registry, cache = await cached_node(source, clock)
-    try:
-        for _ in range(100):
-            clock.now += 0.001
-            await cache.render(OPENMETRICS_ACCEPT, None)
-        clock.now += MetricsCache.WARM_MARGIN + 1
-        await sample_and_settle(scheduler, cache, source)
-        assert source.renders == 1
-    finally:
-        await scheduler.stop()
-
-
-async def test_a_round_of_samples_is_encoded_ahead_in_one_pass(monkeypatch):
-    sources, clock = [CountingSource(), CountingSource()], Clock()
-    sources[1].name = "counting-too"
-    passes = []
-    encode_snapshots = MetricsCache._encode_snapshots
-    monkeypatch.setattr(MetricsCache, "_encode_snapshots", lambda *args: passes.append(encode_snapshots(*args)))
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
-    scheduler = Scheduler(sources)
-    collector = ExporterCollector(scheduler, JobTracker())
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    cache = MetricsCache(registry, lambda: scheduler.generation, monotonic=clock, parts=collector.parts)
-    scheduler.on_sample(cache.sampled)
-    await scheduler.start()
-    # first_cycle_done is set by the first source to finish: wait for both sources' first samples themselves.
-    await wait_for(lambda: all(state.cycles for state in scheduler.states.values()), 30, "both first samples")
-    try:
-        for _ in range(2):
-            await cache.render(OPENMETRICS_ACCEPT, None)
-            clock.now += 15
-        assert [source.renders for source in sources] == [1, 1]
-        # The same round: the executor's one thread is held until both samples are in, so however slow the
-        # machine, the second ends before the encoding ahead of the first starts.
-        held = threading.Event()
-        holding = asyncio.get_running_loop().run_in_executor(None, held.wait)
-        for source in sources:
-            await scheduler.sample_once(source)
-        held.set()
-        await holding
-        await cache.settled()
-        assert len(passes) == 1 and [source.renders for source in sources] == [2, 2]
-        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
-        assert [source.renders for source in sources] == [2, 2] and body.count(b"} 2.0") == 2
-    finally:
-        await scheduler.stop()
-
-
-async def test_encodings_of_replaced_snapshots_are_let_go():
-    source, clock = CountingSource(), Clock()
-    scheduler, jobs, registry, cache = await cached_node(source, clock)
-    try:
-        for _ in range(2):
-            await cache.render(OPENMETRICS_ACCEPT, None)
-            clock.now += 15
-        first = weakref.ref(scheduler.states[source.name].snapshot)
-        for _ in range(3):  # sampled and encoded ahead, not scraped
-            await sample_and_settle(scheduler, cache, source)
-        assert source.renders == 4
-        gc.collect()
-        assert first() is None
-    finally:
-        await scheduler.stop()
-
-
-async def test_a_part_that_returns_the_same_families_is_encoded_once_per_format(monkeypatch):
-    """The jobs' families while no job changed, the process' read once a second: the same list again is served from
-    its kept encoding; a part building new families each time is encoded each time. The bytes are the library's."""
-    encoded = []
-    original = exposition.encode_families
-
-    def counting(families, encoder, openmetrics):
-        encoded.append(families)
-        return original(families, encoder, openmetrics)
-
-    monkeypatch.setattr(exposition, "encode_families", counting)
-    kept = [GaugeMetricFamily("mfu_test_kept", "Kept.", value=1.0)]
-
-    def fresh():
-        return [GaugeMetricFamily("mfu_test_fresh", "Fresh.", value=2.0)]
-
-    generation = [0]
-    registry = CollectorRegistry(auto_describe=False)
-    parts = [lambda: kept, fresh]
-
-    class Both:
-        def collect(self):
-            for part in parts:
-                yield from part()
-
-    registry.register(Both())
-    cache = MetricsCache(registry, lambda: generation[0], parts=lambda: parts)
-    for _ in range(3):
-        generation[0] += 1
-        for accept in (OPENMETRICS_ACCEPT, ""):
-            encoder, content_type = choose_encoder(accept)
-            assert await cache.render(accept, None) == (encoder(registry), {"Content-Type": content_type})
-    assert sum(families is kept for families in encoded) == 2  # once per format
-    assert sum(families is not kept for families in encoded) == 6  # every render
-
-
-class CountingExecutor(ThreadPoolExecutor):
-    def __init__(self):
-        super().__init__(max_workers=1)
-        self.submitted = 0
-
-    def submit(self, *args, **kwargs):
-        self.submitted += 1
-        return super().submit(*args, **kwargs)
-
-
-async def test_a_render_that_needs_no_snapshot_encoded_runs_on_the_loop():
-    """Once every snapshot's encoding in the format is kept, a new state's render encodes the call parts only, on the
-    loop (less than a thread's round trip); a format whose snapshots are not encoded yet still goes to a thread."""
-    source, clock = CountingSource(), Clock()
-    scheduler, jobs, registry, cache = await cached_node(source, clock)
-    executor = CountingExecutor()
-    asyncio.get_running_loop().set_default_executor(executor)
-    try:
-        report(jobs, 0)  # the job's first count: its counters begin at 0 here
-        await cache.render(OPENMETRICS_ACCEPT, "gzip")  # the snapshot encoded, in a thread
-        assert executor.submitted == 1
-        report(jobs, 1)
-        body, _ = await cache.render(OPENMETRICS_ACCEPT, None)
-        assert executor.submitted == 1 and b'mfu_job_tokens_total{training_job="llama"} 1000.0' in body
-        encoder, _ = choose_encoder(OPENMETRICS_ACCEPT)
-        assert body == encoder(registry)
-        await cache.render("", None)  # the text format: its snapshot not encoded yet
-        assert executor.submitted == 2
-    finally:
-        await scheduler.stop()
-
-
-async def test_a_gzip_body_joins_kept_segments_into_one_valid_member():
-    """Each text's deflate segment is kept while the text is (a snapshot's encoding): a new state's gzip body reuses
-    them and compresses the rest; it is one gzip member that Python and the gzip tool read as the plain body."""
-    source, clock = CountingSource(), Clock()
-    scheduler, jobs, registry, cache = await cached_node(source, clock)
-    report(jobs, 0)  # the job's first count: its counters begin at 0 here
-    try:
-        for first, accept in ((1, OPENMETRICS_ACCEPT), (4, "")):
-            for step in range(first, first + 3):
-                report(jobs, step)
-                packed, headers = await cache.render(accept, "gzip")
-                plain, _ = await cache.render(accept, None)
-                assert headers["Content-Encoding"] == "gzip" and gzip.decompress(packed) == plain
-                assert f'mfu_job_tokens_total{{training_job="llama"}} {step * 1000}.0'.encode() in plain
-                tool = subprocess.run(["gzip", "-dc"], input=packed, capture_output=True, check=True)
-                assert tool.stdout == plain and len(packed) < len(plain) / 3
-        assert source.renders == 2  # the snapshot encoded once per format, its segment kept across the states
-    finally:
-        await scheduler.stop()
+    assert encode(registry, encoder, content_type, KEPT) == expected

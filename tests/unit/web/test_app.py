@@ -12,6 +12,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from mfu_exporter import VERSION_HEADER, __version__
 from mfu_exporter.client import ProgressReporter
 from mfu_exporter.config import validate
+from mfu_exporter.render.fragment import Page
 from mfu_exporter.service import build_service
 from mfu_exporter.sources.base import SourceUnavailable
 from mfu_exporter.web.app import create_app, serve
@@ -19,7 +20,7 @@ from mfu_exporter.web.security import HTTP_LIMITS
 from tests.support.expo import samples
 from tests.support.sources import ScriptedSource
 from tests.support.tools import require_tool
-from tests.support.wait import wait_for
+from tests.support.wait import next_tick, wait_for
 
 LLAMA = {"params": "70.6B", "layers": 80, "heads": 64, "head_dim": 128, "seq_len": 8192}
 JOB = {"jobs": {"llama3-70b": {**LLAMA, "gpus": 8, "peak_tflops": 989.4}}}
@@ -33,6 +34,7 @@ async def test_progress_reports_become_mfu_metrics(make_client):
             "/api/v1/progress", json={"job": "llama3-70b", "tokens_total": tokens, "step": 7, "time": now - 10 + offset}
         )
         assert response.status == 200
+    await next_tick(client.service)  # a report changes the job model; the tick publishes it to /metrics
     body = await (await client.get("/metrics")).text()
     values = samples(body)
     key = (("training_job", "llama3-70b"),)
@@ -61,6 +63,7 @@ async def test_data_wait_reports_become_gpu_seconds_and_a_share_of_wall_time(mak
             json={"job": "llama3-70b", "tokens_total": tokens, "time": now - 20 + offset, "data_wait_seconds": wait},
         )
         assert response.status == 200
+    await next_tick(client.service)
     values = samples(await (await client.get("/metrics")).text())
     key = (("training_job", "llama3-70b"),)
     assert values[("mfu_job_data_wait_seconds_total", key)] == pytest.approx(10.0 * 8)
@@ -216,16 +219,16 @@ async def test_health_and_readiness(make_client, scripted_source):
     assert (await client.get("/readyz")).status == 200
 
 
-async def test_concurrent_scrapes_render_once_per_state(make_client, monkeypatch):
+async def test_concurrent_scrapes_render_once_per_page(make_client, monkeypatch):
     client = await make_client(JOB)
-    cache = client.service.cache
     renders = []
-    original = cache._encode
-    monkeypatch.setattr(cache, "_encode", lambda *a: renders.append(1) or original(*a))
+    original = Page._make
+    monkeypatch.setattr(Page, "_make", lambda page, *a: renders.append(page) or original(page, *a))
     bodies = await asyncio.gather(
         *[(await client.get("/metrics")).read() for _ in range(1)], *[client.get("/metrics") for _ in range(16)]
     )
-    assert len(renders) <= 2  # one render serves every scraper of the same state (a second if the clock ticked)
+    # One body serves every scraper of the same page: another only for a page published meanwhile (a tick).
+    assert len(renders) == len(set(renders)) and len(renders) <= 3
     assert all(r.status == 200 for r in bodies[1:])
 
 
@@ -233,7 +236,9 @@ async def test_exposition_passes_promtool_check_metrics(make_client):
     promtool = require_tool("promtool", "prometheus")
     client = await make_client(JOB)
     await client.post("/api/v1/progress", json={"job": "llama3-70b", "tokens_total": 5, "target_tokens": "1T"})
+    await next_tick(client.service)
     body = await (await client.get("/metrics")).read()
+    assert b'training_job="llama3-70b"' in body
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
@@ -257,12 +262,12 @@ async def test_the_service_starts_with_the_app_and_stops_with_it(aiohttp_client,
 async def test_process_metrics_are_the_daemons_only_and_served_once():
     """build_service renders no process_* (the golden rendering stays deterministic); the daemon adds them once."""
     service = build_service(validate({}), [])
-    body, _ = await service.cache.render(None, None)
+    body, _ = await service.metrics(None, None)
     assert b"process_" not in body
     service.export_process_metrics()
     service.export_process_metrics()  # serve() on the same service again adds nothing twice
-    service.jobs.generation += 1  # a new body, not the one cached above
-    body, _ = await service.cache.render(None, None)
+    service.evaluate_once()
+    body, _ = await service.metrics(None, None)
     lines = body.decode().splitlines()
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes"):
         assert sum(line.startswith(name + " ") for line in lines) == 1, name
@@ -378,6 +383,7 @@ async def test_the_ledger_endpoint_answers_kinds_goodput_and_runs(make_client):
     assert ledger["data_wait"] is None  # the job gave no data-wait figure
     missing = await client.get("/api/v1/jobs/nope/ledger")
     assert missing.status == 404 and (await missing.json())["field"] == "job"
+    await next_tick(client.service)
     values = samples(await (await client.get("/metrics")).text())
     key = (("training_job", "llama3-70b"),)
     assert values[("mfu_job_gpu_seconds_total", (("kind", "startup"), ("training_job", "llama3-70b")))] > 0
