@@ -61,6 +61,8 @@ from mfu_exporter.sim.mlx5 import SimulatedNode
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SCRAPERS = 16
+# Seconds after a report before a fresh scrape: the service publishes the jobs to /metrics at its 1 s tick.
+TICK_WAIT = 1.05
 REPORTERS = 32
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT = 30.0
@@ -83,7 +85,7 @@ class Plan:
     render_times: int
     single_scrapes: int  # back to back, one scraper
     concurrent_scrapes: int  # back to back, per scraper
-    fresh_scrapes: int  # one scraper, a state change before each
+    fresh_scrapes: int  # one scraper, a state change and a tick before each
     fresh_rounds: int  # 16 scrapers at once, a state change before each round
     cpu_seconds: int
     cpu_window: int  # seconds per CPU sub-window
@@ -100,8 +102,8 @@ FULL = Plan(
     render_times=20,
     single_scrapes=500,
     concurrent_scrapes=50,
-    fresh_scrapes=100,
-    fresh_rounds=25,
+    fresh_scrapes=20,
+    fresh_rounds=5,
     cpu_seconds=60,
     cpu_window=10,
     hung_repetitions=3,
@@ -116,8 +118,8 @@ QUICK = Plan(
     render_times=2,
     single_scrapes=20,
     concurrent_scrapes=2,
-    fresh_scrapes=5,
-    fresh_rounds=2,
+    fresh_scrapes=2,
+    fresh_rounds=1,
     cpu_seconds=2,
     cpu_window=1,
     hung_repetitions=1,
@@ -520,7 +522,9 @@ async def measure_scrapes(
     next_report = reporters.maker(0, fixture.JOBS[0])
 
     async def change_state() -> None:
-        await post.timed(next_report())  # a job's new total: the next scrape must render afresh
+        # A job's new total, published to /metrics by the service's next tick: the scrape after it renders afresh.
+        await post.timed(next_report())
+        await asyncio.sleep(TICK_WAIT)
 
     async def nothing() -> None:
         pass  # node_exporter collects on every scrape anyway
@@ -620,7 +624,7 @@ async def source_state(process: Process, name: str) -> dict[str, Any]:
 async def measure_hung(plan: Plan, exporter: Process, switch: Path, reporters: Reporters, figures: Figures) -> int:
     """Scrapes while the GPU source's sample hangs: from the moment it blocks, for ``plan.hung_seconds`` (past its
     5 s timeout in a full run: first while the daemon still waits for it, then once it is down), one scraper back
-    to back, each scrape after a progress report so each renders afresh, the Prometheus way. Then the hang ends and
+    to back, each scrape after a progress report (the tick publishes the jobs each second). Then the hang ends and
     the source must come back. Returns the scrapes made."""
     blocked = Path(str(switch) + ".blocked")
     request = loadgen.get_request(exporter.address, "/metrics", loadgen.SCRAPE_MODES["openmetrics_gzip"])
