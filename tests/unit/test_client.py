@@ -137,7 +137,9 @@ def test_update_never_blocks_or_raises_when_the_exporter_is_gone():
             raise RuntimeError("boom")
 
     reporter = ProgressReporter("http://127.0.0.1:9", "job", session=Broken(), max_backoff=0.01)
-    updates = threading.Thread(target=lambda: [reporter.update(tokens_total=total) for total in range(10_000)])
+    reporter.update(tokens_total=0)
+    wait_until(lambda: Broken.calls == 1, 60, "the first send, hanging")
+    updates = threading.Thread(target=lambda: [reporter.update(tokens_total=total) for total in range(1, 10_000)])
     updates.start()
     # The training step never waits on the network: all 10k updates return while the first send still hangs.
     wait_until(lambda: not updates.is_alive(), 60, "10,000 updates while the send hangs")
