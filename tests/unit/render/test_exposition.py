@@ -175,6 +175,13 @@ async def test_a_report_shows_in_metrics_from_the_next_tick():
         await node.scheduler.stop()
 
 
+async def scraped_every_15_s(node, clock):
+    """Two OpenMetrics scrapes 15 s apart, as a Prometheus makes them: the exposition learns a periodic scraper."""
+    await node.exposition.render(OPENMETRICS_ACCEPT, None)
+    clock.now += 15
+    await node.exposition.render(OPENMETRICS_ACCEPT, None)
+
+
 async def sample_and_settle(node, source):
     await node.scheduler.sample_once(source)
     await node.exposition.settled()
@@ -184,9 +191,7 @@ async def test_a_new_snapshot_is_encoded_before_the_next_scrape_of_a_periodic_sc
     source, clock = CountingSource(), Clock()
     node = await published_node([source], clock)
     try:
-        await node.exposition.render(OPENMETRICS_ACCEPT, None)
-        clock.now += 15
-        await node.exposition.render(OPENMETRICS_ACCEPT, None)  # every 15 s: a Prometheus
+        await scraped_every_15_s(node, clock)
         await node.exposition.render("", None)  # text, once: a curl
         assert source.renders == 1
         clock.now += 10
@@ -214,9 +219,7 @@ async def test_a_snapshot_replaced_before_the_next_scrape_is_not_encoded_ahead()
     # What on_sample reports as the source's next sample; the loop's own next cycle stays an hour away.
     node.scheduler.states[source.name].interval = 1.0
     try:
-        await node.exposition.render(OPENMETRICS_ACCEPT, None)
-        clock.now += 15
-        await node.exposition.render(OPENMETRICS_ACCEPT, None)  # every 15 s: the next one is due 15 s from now
+        await scraped_every_15_s(node, clock)  # the next scrape is due 15 s from now
         assert source.renders == 1
         for _ in range(12):
             clock.now += 1
