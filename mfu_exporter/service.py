@@ -266,12 +266,14 @@ class Service:
         status page history kept and the jobs published to /metrics (cancelled at shutdown). The only writer besides
         ingest: reads change nothing."""
         while True:
+            period = max(1.0 / self.speed, 0.05)
             try:
                 self.evaluate_once()
             except Exception:
                 # Jobs expire here only: one bad pass (a bug in a figure) must not end expiry for good.
                 log.exception("the 1 s job evaluation failed; trying again in a second")
-            await asyncio.sleep(max(1.0 / self.speed, 0.05))
+            self.exposition.ticked(next_in=period)
+            await asyncio.sleep(period)
 
     def state_path(self) -> str | None:
         directory = self.settings.state.dir

@@ -27,10 +27,10 @@ class Exposition:
     """Serves ``page()``'s bodies (``ExporterCollector.page``), encoded by ``encoder``.
 
     ``sampled`` (a ``Scheduler.on_sample`` listener) encodes each new snapshot that a scraper's next scrape will find
-    the latest right away, off the loop, in every format a scraper comes back for, so that scrape finds it done and
-    encodes only the small parts (the jobs', the exporter's own series). A format counts as scraped periodically
-    until twice its last interval between scrapes has passed (at most ``WARM_FOR``): a Prometheus keeps its format
-    warm, a one-off curl or a burst of scrapes does not."""
+    the latest right away, off the loop, in every format a scraper comes back for; ``ticked`` does the same for what
+    the 1 s tick published, and the page's body is joined then too. That scrape then finds its body made. A format
+    counts as scraped periodically until twice its last interval between scrapes has passed (at most
+    ``WARM_FOR``): a Prometheus keeps its format warm, a one-off curl or a burst of scrapes does not."""
 
     WARM_FOR = 300.0  # longer than any scrape interval in use
     WARM_MARGIN = 1.0  # seconds of a scraper's jitter
@@ -51,7 +51,8 @@ class Exposition:
         # content type -> (its library encoder, when last scraped, seconds since the scrape before (None after the
         # first), whether that scrape asked for gzip)
         self._scraped: dict[str, tuple[Library, float, float | None, bool]] = {}
-        self._ahead_due: set[str] = set()  # content types whose encoding ahead is scheduled and not yet started
+        # (content type, which fragments: the snapshots or the rest) whose encoding ahead is scheduled, not started
+        self._ahead_due: set[tuple[str, bool]] = set()
         self._ahead_tasks: set[asyncio.Task] = set()
 
     async def render(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
@@ -92,6 +93,17 @@ class Exposition:
         format's next scrape is due (with ``WARM_MARGIN`` to spare) is not encoded ahead for it: the one that
         replaces it will be. A Prometheus scraping every 15 s then finds the 1 s sources' snapshots of the last
         second or two encoded, not fifteen rounds of encodings it never reads."""
+        self._schedule(True, next_in)
+
+    def ticked(self, next_in: float) -> None:
+        """Encode what the tick published (the jobs, the parts it moved) ahead of the next scrape, as ``sampled``
+        does a snapshot: only when the next tick, ``next_in`` seconds away, comes after that scrape is due. Each
+        job's view moves at every tick, so a scrape would otherwise encode every job's series on the loop."""
+        self._schedule(False, next_in)
+
+    def _schedule(self, ahead: bool, next_in: float | None) -> None:
+        """Schedule encoding the page's fragments whose ``ahead`` is ``ahead``, in each format scraped periodically
+        whose next scrape they will still be the latest for."""
         now = self._monotonic()
         for content_type, (library, scraped_at, interval, use_gzip) in list(self._scraped.items()):
             if now - scraped_at > self.WARM_FOR:
@@ -101,33 +113,40 @@ class Exposition:
                 and now - scraped_at <= 2 * interval + self.WARM_MARGIN
                 and (next_in is None or now + next_in + self.WARM_MARGIN >= scraped_at + interval)
                 and plain_openmetrics(content_type) is not None
-                and content_type not in self._ahead_due
+                and (content_type, ahead) not in self._ahead_due
             ):
-                self._ahead_due.add(content_type)
-                task = asyncio.get_running_loop().create_task(self._encode_ahead(library, content_type, use_gzip))
+                self._ahead_due.add((content_type, ahead))
+                task = asyncio.get_running_loop().create_task(
+                    self._encode_ahead(library, content_type, use_gzip, ahead)
+                )
                 self._ahead_tasks.add(task)
                 task.add_done_callback(self._ahead_tasks.discard)
 
-    async def _encode_ahead(self, library: Library, content_type: str, use_gzip: bool) -> None:
+    async def _encode_ahead(self, library: Library, content_type: str, use_gzip: bool, ahead: bool) -> None:
         await asyncio.sleep(self.AHEAD_DELAY)
-        await asyncio.get_running_loop().run_in_executor(None, self._encode_fragments, library, content_type, use_gzip)
+        await asyncio.get_running_loop().run_in_executor(
+            None, self._encode_fragments, library, content_type, use_gzip, ahead
+        )
 
     async def settled(self) -> None:
         """Wait for the encoding ahead scheduled so far to be done."""
         while self._ahead_tasks:
             await asyncio.gather(*self._ahead_tasks)
 
-    def _encode_fragments(self, library: Library, content_type: str, use_gzip: bool) -> None:
-        """Encode the latest page's fragments worth encoding ahead that are not encoded yet (with their deflate
-        segments when the format's last scrape asked for gzip): all of the round's, as a snapshot published after
-        this call's start schedules the next call."""
-        self._ahead_due.discard(content_type)
+    def _encode_fragments(self, library: Library, content_type: str, use_gzip: bool, ahead: bool) -> None:
+        """Encode the latest page's fragments whose ``ahead`` is ``ahead`` that are not encoded yet (with their
+        deflate segments when the format's last scrape asked for gzip): all of the round's, as a fragment published
+        after this call's start schedules the next call."""
+        self._ahead_due.discard((content_type, ahead))
         try:
-            for fragment in self._page().fragments:
-                if fragment.ahead:
+            page = self._page()
+            for fragment in page.fragments:
+                if fragment.ahead == ahead:
                     if use_gzip:
                         fragment.piece(content_type, library, self.encoder)
                     else:
                         fragment.data(content_type, library, self.encoder)
+            if all(fragment.encoded(content_type) for fragment in page.fragments):
+                page.body(library, content_type, use_gzip, self.encoder)  # joining costs little once all are made
         except Exception:
             log.exception("encoding a new snapshot ahead of the next scrape failed")

@@ -236,6 +236,38 @@ async def test_a_snapshot_replaced_before_the_next_scrape_is_not_encoded_ahead()
         await node.scheduler.stop()
 
 
+async def test_a_tick_just_before_a_periodic_scrape_has_that_scrape_s_body_made():
+    """The jobs' views move at every tick: the tick before a periodic scraper's next scrape encodes them and joins the
+    page off the loop, so the scrape finds its body made. A tick long before the scrape encodes nothing."""
+    source, clock = CountingSource(), Clock()
+    node = await published_node([source], clock)
+    _, content_type = choose_encoder(OPENMETRICS_ACCEPT)
+    try:
+        node.report(0)
+        node.tick()
+        await scraped_every_15_s(node, clock)  # the next scrape is due 15 s from now
+        clock.now += 1
+        node.report(1)
+        node.tick()
+        node.exposition.ticked(next_in=1.0)
+        await node.exposition.settled()
+        page = node.collector.page
+        assert not page.fragments[2].encoded(content_type) and page.kept(content_type, False) is None
+        clock.now += 12.5  # the next tick may come after the scrape
+        node.report(2)
+        node.tick()
+        node.exposition.ticked(next_in=1.0)
+        await node.exposition.settled()
+        page = node.collector.page
+        body = page.kept(content_type, False)
+        assert body is not None and b'mfu_job_tokens_total{training_job="llama"} 2000.0' in body
+        clock.now += 1
+        assert await node.exposition.render(OPENMETRICS_ACCEPT, None) == (body, {"Content-Type": content_type})
+        assert body == choose_encoder(OPENMETRICS_ACCEPT)[0](node.registry)
+    finally:
+        await node.scheduler.stop()
+
+
 async def test_a_burst_of_scrapes_does_not_keep_encoding_ahead():
     source, clock = CountingSource(), Clock()
     node = await published_node([source], clock)
