@@ -94,7 +94,7 @@ class ExporterCollector(Collector):
             self._sources.pop(source, None)
         else:
             build = functools.partial(snapshot_families, snapshot, self._renderers)
-            self._sources[source] = Fragment(build, ahead=True)
+            self._sources[source] = Fragment(build, ahead=True, sampled=True)
         self._own = _own_fragment(self._scheduler)
         self.page = self._page()
 
@@ -125,7 +125,7 @@ def _own_fragment(scheduler: Scheduler) -> Fragment:
         (state.name, state.up, state.last_duration, state.last_success, sorted(state.errors.items()))
         for state in scheduler.states.values()
     ]
-    return Fragment(lambda: _own_families(rows))
+    return Fragment(lambda: _own_families(rows), sampled=True)
 
 
 def _own_families(rows: list[tuple[str, bool, float | None, float | None, list[tuple[str, int]]]]) -> list[Metric]:

@@ -51,7 +51,7 @@ class Exposition:
         # content type -> (its library encoder, when last scraped, seconds since the scrape before (None after the
         # first), whether that scrape asked for gzip)
         self._scraped: dict[str, tuple[Library, float, float | None, bool]] = {}
-        # (content type, which fragments: the snapshots or the rest) whose encoding ahead is scheduled, not started
+        # (content type, whether the sampled fragments or the tick's) whose encoding ahead is scheduled, not started
         self._ahead_due: set[tuple[str, bool]] = set()
         self._ahead_tasks: set[asyncio.Task] = set()
 
@@ -87,7 +87,8 @@ class Exposition:
         return body, headers
 
     def sampled(self, source: str | None = None, next_in: float | None = None) -> None:
-        """Encode the sources' new snapshots ahead of the next scrape, in the formats scraped periodically.
+        """Encode a source's new snapshot, and the exporter's own series its sample moved, ahead of the next scrape,
+        in the formats scraped periodically.
 
         ``next_in`` is the seconds until the source samples again. A snapshot the source will replace before a
         format's next scrape is due (with ``WARM_MARGIN`` to spare) is not encoded ahead for it: the one that
@@ -101,9 +102,9 @@ class Exposition:
         job's view moves at every tick, so a scrape would otherwise encode every job's series on the loop."""
         self._schedule(False, next_in)
 
-    def _schedule(self, ahead: bool, next_in: float | None) -> None:
-        """Schedule encoding the page's fragments whose ``ahead`` is ``ahead``, in each format scraped periodically
-        whose next scrape they will still be the latest for."""
+    def _schedule(self, sampled: bool, next_in: float | None) -> None:
+        """Schedule encoding the page's fragments published by a sample (``sampled``) or else by the tick, in each
+        format scraped periodically whose next scrape they will still be the latest for."""
         now = self._monotonic()
         for content_type, (library, scraped_at, interval, use_gzip) in list(self._scraped.items()):
             if now - scraped_at > self.WARM_FOR:
@@ -113,19 +114,19 @@ class Exposition:
                 and now - scraped_at <= 2 * interval + self.WARM_MARGIN
                 and (next_in is None or now + next_in + self.WARM_MARGIN >= scraped_at + interval)
                 and plain_openmetrics(content_type) is not None
-                and (content_type, ahead) not in self._ahead_due
+                and (content_type, sampled) not in self._ahead_due
             ):
-                self._ahead_due.add((content_type, ahead))
+                self._ahead_due.add((content_type, sampled))
                 task = asyncio.get_running_loop().create_task(
-                    self._encode_ahead(library, content_type, use_gzip, ahead)
+                    self._encode_ahead(library, content_type, use_gzip, sampled)
                 )
                 self._ahead_tasks.add(task)
                 task.add_done_callback(self._ahead_tasks.discard)
 
-    async def _encode_ahead(self, library: Library, content_type: str, use_gzip: bool, ahead: bool) -> None:
+    async def _encode_ahead(self, library: Library, content_type: str, use_gzip: bool, sampled: bool) -> None:
         await asyncio.sleep(self.AHEAD_DELAY)
         await asyncio.get_running_loop().run_in_executor(
-            None, self._encode_fragments, library, content_type, use_gzip, ahead
+            None, self._encode_fragments, library, content_type, use_gzip, sampled
         )
 
     async def settled(self) -> None:
@@ -133,15 +134,15 @@ class Exposition:
         while self._ahead_tasks:
             await asyncio.gather(*self._ahead_tasks)
 
-    def _encode_fragments(self, library: Library, content_type: str, use_gzip: bool, ahead: bool) -> None:
-        """Encode the latest page's fragments whose ``ahead`` is ``ahead`` that are not encoded yet (with their
+    def _encode_fragments(self, library: Library, content_type: str, use_gzip: bool, sampled: bool) -> None:
+        """Encode the latest page's fragments whose ``sampled`` is ``sampled`` that are not encoded yet (with their
         deflate segments when the format's last scrape asked for gzip): all of the round's, as a fragment published
-        after this call's start schedules the next call."""
-        self._ahead_due.discard((content_type, ahead))
+        after this call's start schedules the next call. Then join the body if nothing is left to encode."""
+        self._ahead_due.discard((content_type, sampled))
         try:
             page = self._page()
             for fragment in page.fragments:
-                if fragment.ahead == ahead:
+                if fragment.sampled == sampled:
                     if use_gzip:
                         fragment.piece(content_type, library, self.encoder)
                     else:
@@ -149,4 +150,4 @@ class Exposition:
             if all(fragment.encoded(content_type) for fragment in page.fragments):
                 page.body(library, content_type, use_gzip, self.encoder)  # joining costs little once all are made
         except Exception:
-            log.exception("encoding a new snapshot ahead of the next scrape failed")
+            log.exception("encoding ahead of the next scrape failed")

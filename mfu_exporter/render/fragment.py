@@ -26,12 +26,14 @@ class Fragment:
     """A part's families, built once by ``build`` when first needed, and their encoding per format, made once.
 
     ``build`` must read only what does not change after publication (a snapshot's readings, the tick's job views,
-    families built at publication). ``ahead``: a fragment worth encoding ahead of a scrape, off the event loop (a
-    source's snapshot: milliseconds for the GPU source's); the rest are small enough to encode on the loop."""
+    families built at publication). ``ahead``: a fragment a scrape must not encode on the event loop (a source's
+    snapshot: milliseconds for the GPU source's); the rest are small enough to. ``sampled``: published by a source's
+    sample (its snapshot, the exporter's own series), not by the tick: ``Exposition`` encodes each group ahead of a
+    periodic scrape when it is published."""
 
-    __slots__ = ("_build", "_families", "_encoded", "_segments", "_lock", "ahead", "__weakref__")
+    __slots__ = ("_build", "_families", "_encoded", "_segments", "_lock", "ahead", "sampled", "__weakref__")
 
-    def __init__(self, build: Callable[[], Iterable[Metric]], ahead: bool = False):
+    def __init__(self, build: Callable[[], Iterable[Metric]], ahead: bool = False, sampled: bool = False):
         self._build: Callable[[], Iterable[Metric]] | None = build
         self._families: list[Metric] | None = None
         self._encoded: dict[str, bytes] = {}  # content type -> the families' encoding, UTF-8
@@ -39,6 +41,7 @@ class Fragment:
         # Held while building or encoding: two scrapes (or a scrape and the encoding ahead) do the work once.
         self._lock = threading.Lock()
         self.ahead = ahead
+        self.sampled = sampled
 
     @classmethod
     def of(cls, families: Iterable[Metric]) -> Fragment:

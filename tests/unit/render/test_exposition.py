@@ -238,7 +238,8 @@ async def test_a_snapshot_replaced_before_the_next_scrape_is_not_encoded_ahead()
 
 async def test_a_tick_just_before_a_periodic_scrape_has_that_scrape_s_body_made():
     """The jobs' views move at every tick: the tick before a periodic scraper's next scrape encodes them and joins the
-    page off the loop, so the scrape finds its body made. A tick long before the scrape encodes nothing."""
+    page off the loop, as a sample does its snapshot and the exporter's own series, so the scrape finds its body made.
+    A tick long before the scrape encodes nothing."""
     source, clock = CountingSource(), Clock()
     node = await published_node([source], clock)
     _, content_type = choose_encoder(OPENMETRICS_ACCEPT)
@@ -261,6 +262,11 @@ async def test_a_tick_just_before_a_periodic_scrape_has_that_scrape_s_body_made(
         page = node.collector.page
         body = page.kept(content_type, False)
         assert body is not None and b'mfu_job_tokens_total{training_job="llama"} 2000.0' in body
+        # A sample between the tick and the scrape: its snapshot and the exporter's own series, encoded ahead too.
+        node.scheduler.states[source.name].interval = 1.0
+        await sample_and_settle(node, source)
+        body = node.collector.page.kept(content_type, False)
+        assert body is not None and b'mfu_test_events_total{interface="ens1np0"} 2.0' in body
         clock.now += 1
         assert await node.exposition.render(OPENMETRICS_ACCEPT, None) == (body, {"Content-Type": content_type})
         assert body == choose_encoder(OPENMETRICS_ACCEPT)[0](node.registry)
