@@ -615,7 +615,8 @@ class DemoNode:
         self.data_wait_share = DATA_WAIT_SHARE  # of wall time, while it trains; an input incident raises it
         self.new_reporter: Callable[[], ProgressReporter] | None = None  # a new process's reporter (a new run)
         self._checkpointed = (0.0, None)  # (tokens, tokens of the write under way): a restart resumes at the first
-        self._restoring: tuple[float, Any] | None = None  # (when the load ends, the reporter's open load)
+        # (when the load began and ends, the reporter's open load)
+        self._restoring: tuple[float, float, Any] | None = None
         self.training_log = TrainingLog(root / "train.log") if progress == "logs" else None
         # The job's NCCL_DEBUG_FILE and NCCL Inspector's dumps, from its processes on GPUs 0-3.
         for gpu, pid in RANK_PIDS.items():
@@ -692,9 +693,11 @@ class DemoNode:
                 self._advance_counters()  # the counts so far at the old rates, then the incident's
                 self._apply(incident)
         if self._restoring is not None:
-            if now < self._restoring[0]:
+            began, ends, _ = self._restoring
+            # The disk reads only while the load lasts: a late tick's span reaches before its start or past its end.
+            self.storage.tick(max(min(now, ends) - max(now - dt, began), 0.0), 0.0, restoring=True)
+            if now < ends:
                 self.sync_counters()
-                self.storage.tick(dt, 0.0, restoring=True)
                 return  # loading the checkpoint: no steps yet
             self._restored(stamp)
         self._checkpoint(now)
@@ -845,12 +848,12 @@ class DemoNode:
             load.__enter__()  # the load spans ticks: ended in _restored
         if self.training_log is not None:
             self.training_log.restart(stamp, step)
-        self._restoring = (now + RESTORE_SECONDS, load)
+        self._restoring = (now, now + RESTORE_SECONDS, load)
         self._next_checkpoint = now + RESTORE_SECONDS + CHECKPOINT_EVERY
 
     def _restored(self, stamp: float) -> None:
         assert self._restoring is not None
-        _, load = self._restoring
+        _, _, load = self._restoring
         self._restoring = None
         if load is not None:
             load.__exit__(None, None, None)
