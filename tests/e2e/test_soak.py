@@ -298,6 +298,12 @@ async def test_soak_under_faults(tmp_path, monkeypatch):
                 if value(found, "mfu_rdma_port_data_received_bytes_total", device=nic.device)
                 != int(nic.counters["port_rcv_data"]) * 4
             ]
+            # A job's last report shows from the tick after it arrived.
+            problems += [
+                f"{job} shows {value(found, 'mfu_job_tokens_total', training_job=job)} tokens, not {last_total[job]}"
+                for job in JOBS
+                if value(found, "mfu_job_tokens_total", training_job=job) != last_total[job]
+            ]
             return found, problems
 
         deadline = time.monotonic() + 30
@@ -312,7 +318,6 @@ async def test_soak_under_faults(tmp_path, monkeypatch):
         assert healthz.status_code == 200
         for job in JOBS:
             assert reporters[job].sent > 0
-            assert value(found, "mfu_job_tokens_total", training_job=job) == last_total[job], job
         for source in ("gpu", "rdma", "ethtool"):  # the faults did reach every source
             assert sum(matching(found, "mfu_exporter_source_errors_total", source=source)) > 0, source
         growth = rss_bytes() - rss_after_warmup
