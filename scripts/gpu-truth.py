@@ -767,13 +767,23 @@ def run_gemm(
             under_load["fields_2"] = probes.fields(field_ids | PERF_POLICY_FIELDS | CLOCK_EVENT_FIELDS)
             under_load["violation_2"] = probes.violation()
             under_load["gpm"] = probes.gpm_intervals((0.02, 0.05, 0.2))
-        # Before close (which ends the job and its MFU): wait until the daemon has the last total.
+        # Before close (which ends the job and its MFU): wait until the daemon holds a total reported since the
+        # deadline, working on meanwhile. A job silent past its stall_after (3 s at this cadence) has an MFU of 0,
+        # which a starved daemon's late view would otherwise show.
+        since = products
+        reported = {point[1] for point in points}
         view = None
-        for _ in range(50):
+        give_up = time.monotonic() + 30
+        while time.monotonic() < give_up:
             view = daemon.job(GEMM_JOB)
-            if view and view["tokens_total"] == products and view["mfu"] is not None:
+            if view and view["mfu"] is not None and view["tokens_total"] in reported and view["tokens_total"] >= since:
                 break
-            time.sleep(0.1)
+            busy += workload.run_batch()
+            products += workload.batch
+            reporter.update(tokens_total=products, step=products)
+            last_report = time.time()
+            points.append((last_report, products, busy))
+            reported.add(products)
     finally:
         reporter.close()
     # The daemon's MFU is over its window (mfu.window) back from the newest report: measure the same reports.
