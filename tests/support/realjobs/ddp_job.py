@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 
 START = time.time()
@@ -217,8 +218,15 @@ def main() -> None:
     if RANK == 0 and titan_style:
         titan("Training completed")
     truth("exit", time.time(), step=step)
+    # Gloo's teardown now and then never returns (github.com/pytorch/pytorch/issues/75097), which would hold the job
+    # open past the test's wait: a rank whose work is done and recorded leaves after a minute of it.
+    sys.stdout.flush()
+    leave = threading.Timer(60.0, os._exit, args=(0,))
+    leave.daemon = True
+    leave.start()
     dist.barrier()  # no rank leaves while another still needs the store
     dist.destroy_process_group()
+    leave.cancel()
 
 
 if __name__ == "__main__":
