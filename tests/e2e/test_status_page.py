@@ -92,9 +92,10 @@ def test_page_shows_a_gpus_health_and_the_action_it_asks_for(tmp_path):
 
         def gpu0():
             (source,) = [s for s in get_json(base + "api/v1/status")["sources"] if s["source"] == "gpu"]
-            return next(g for g in source["status"]["gpus"] if g["index"] == 0)["health"]
+            gpus = source["status"].get("gpus", [])  # none before the source's first sample
+            return next((g["health"] for g in gpus if g["index"] == 0), {})
 
-        wait_until(lambda: gpu0()["state"] == "reset_required", 30, "GPU 0 to need a reset")
+        wait_until(lambda: gpu0().get("state") == "reset_required", 30, "GPU 0 to need a reset")
         dom = browse(tmp_path, base, lambda: None)
         row = re.search(r"<tr><td[^>]*>0</td>.*?</tr>", dom).group(0)
         assert re.search(r'<span class="chip down" title="[^"]*nvidia-smi -r[^"]*">reset_required</span>', row)
