@@ -121,7 +121,9 @@ def test_each_vmagent_shard_scrapes_half_of_the_nodes(stack):
         seen.append({t["labels"]["instance"] for t in targets})
     assert not seen[0] & seen[1], "a node scraped by both shards"
     assert seen[0] | seen[1] == set(stack.targets)
-    assert all(NODES / 4 <= len(s) <= 3 * NODES / 4 for s in seen), [len(s) for s in seen]
+    # vmagent splits by a hash of each target's labels, and the nodes' ports differ from run to run: a fair split of
+    # 32 leaves a member under a quarter about once in 500 runs, under an eighth about once in 400,000.
+    assert all(NODES / 8 <= len(s) <= 7 * NODES / 8 for s in seen), [len(s) for s in seen]
 
 
 @pytest.mark.parametrize("path", PATHS)
