@@ -96,10 +96,35 @@ class Job:
             raise AssertionError(f"{self.argv[:4]} still running after {timeout:g}s; log tail:\n{self.text()[-3000:]}")
 
     def stop(self) -> None:
+        """End the job and every process of it. torchrun starts each rank in a session of its own, so killing
+        torchrun's session leaves the ranks training on, loading the rest of the suite: torchrun is asked to end
+        them (SIGTERM), and any process still naming the job's folder is killed."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: torchrun and every rank
-            self.process.wait(timeout=30)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        for pid in processes_naming(str(self.log.parent)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.handle.close()
+
+
+def processes_naming(text: str) -> list[int]:
+    """The PIDs of this machine's processes whose command line holds ``text`` (a job's own folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if text in entry.joinpath("cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def hf_trainer(out: Path, steps: int, logging_steps: int, slow_loader: float = 0.0) -> Job:
