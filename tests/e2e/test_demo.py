@@ -74,10 +74,12 @@ def test_healthy_node_has_every_family_and_steady_mfu(full_node_families):
 
 def test_a_second_job_found_by_discovery_with_its_hardware_figure():
     with running_demo(speed=20) as base:
+        # The GPUs a pod holds are known by UUID: their indices wait on the GPU source's first sample.
         wait_until(
-            lambda: {j["job"] for j in get_json(base + "api/v1/jobs")["jobs"]} == {"llama3-70b", "bert-pretrain"},
+            lambda: {j["job"]: j["gpu_indices"] is not None for j in get_json(base + "api/v1/jobs")["jobs"]}
+            == {"llama3-70b": True, "bert-pretrain": True},
             30,
-            "the discovered job",
+            "the discovered job, with its GPUs",
         )
         jobs = {j["job"]: j for j in get_json(base + "api/v1/jobs")["jobs"]}
         assert jobs["bert-pretrain"]["found_by"] == ["kubernetes"]
