@@ -76,8 +76,10 @@ def test_a_second_job_found_by_discovery_with_its_hardware_figure():
     with running_demo(speed=20) as base:
         # The GPUs a pod holds are known by UUID: their indices wait on the GPU source's first sample.
         wait_until(
-            lambda: {j["job"]: j["gpu_indices"] is not None for j in get_json(base + "api/v1/jobs")["jobs"]}
-            == {"llama3-70b": True, "bert-pretrain": True},
+            lambda: (
+                {j["job"]: j["gpu_indices"] is not None for j in get_json(base + "api/v1/jobs")["jobs"]}
+                == {"llama3-70b": True, "bert-pretrain": True}
+            ),
             30,
             "the discovered job, with its GPUs",
         )
