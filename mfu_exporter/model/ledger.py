@@ -5,7 +5,7 @@ From the job's first run here until it ends, every second × the job's GPUs here
 - ``productive``: training steps past the highest position the job ever reached (a step, else a token total);
 - ``wasted``: steps redone after a restart, from where the run resumed up to that highest position;
 - ``startup``: from a run's start (a start event, start-up lines, discovery finding its pod) to its first step,
-  checkpoint load excluded;
+  checkpoint load excluded; where the log says when the training loop begins ("Training starts at step N"), to then;
 - ``checkpoint_save``: a checkpoint save under way (the job, its log or the watcher says so);
 - ``checkpoint_load``: a checkpoint being restored (the job or its log says so);
 - ``down``: no run of the job is alive here, between a crash and the restart;
@@ -181,6 +181,9 @@ class Ledger:
     # A run's first step when the step time is still unknown: (its time, the steps it reports) until the next
     # step gives the step time and says how much of the wait before it was start-up.
     first: tuple[float, float, str, float | None] | None = None  # (time, steps, kind before, resumed from)
+    # When the run said its training loop began (a start-up line: "Training starts at step N"): the steps up to its
+    # first report took all the time since, however slow they were.
+    loop_from: float | None = None
     intervals: RecentValues = field(default_factory=lambda: RecentValues(STEADY_INTERVALS))  # between reports
     step_durations: RecentValues = field(default_factory=lambda: RecentValues(STEADY_INTERVALS))  # per step
     step_buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
@@ -217,7 +220,7 @@ class Ledger:
         self.run = Run(self.run_count, at + offset, source, run_id)
         self.runs.append(self.run)
         self.phase, self.position, self.position_at, self.first = "startup", None, None, None
-        self.advanced_at = None
+        self.advanced_at, self.loop_from = None, None
         self.last_seen, self.heartbeat, self.saves_open = at, None, 0
 
     def progress(self, at: float, offset: float, position: float, source: str, steps: bool = True) -> None:
@@ -298,6 +301,8 @@ class Ledger:
         if self.run is not None and self.position is None:
             self.run.resume = resume
             self.last_seen = max(self.last_seen or at, at)
+            if self.phase == "startup":
+                self.loop_from = self._at(at)
 
     def save(self, phase: str, at: float, offset: float, duration: float | None = None) -> None:
         """A checkpoint save ``started``, ``finished`` or ``failed``; a finish with its duration needs no start."""
@@ -456,6 +461,8 @@ class Ledger:
         if self.phase == "down":
             return "down"
         if self.phase == "startup":
+            if self.loop_from is not None and at > self.loop_from:
+                return self._training_kind(self.run.resume if self.run is not None else None)
             return "startup"
         if self.phase == "load":
             return "checkpoint_load"
@@ -496,6 +503,8 @@ class Ledger:
                 onset = self._since(until) + self.stall_after()
                 if self.settled < onset < until:
                     self._count(self._training_kind(self.position), self.settled, onset, offset)
+        if kind is None and self.phase == "startup" and self.loop_from is not None and self.settled < self.loop_from:
+            self._count("startup", self.settled, min(self.loop_from, until), offset)
         self._count(kind or self._presumed(until), self.settled, until, offset)
 
     def _count(self, kind: str, start: float, end: float, offset: float = 0.0) -> None:
@@ -537,7 +546,8 @@ class Ledger:
 
     def _first_step(self, at: float, position: float, offset: float) -> None:
         """The run's first step: the steps it reports took their ideal time at its end, the rest was start-up (or
-        the load, when no end of the load was seen); with no step time known yet, the next step decides."""
+        the load, when no end of the load was seen); with no step time known yet, the next step decides. Where the
+        run said when its loop began, the steps took all the time since."""
         run = self.run
         assert run is not None
         before = "checkpoint_load" if self.phase == "load" else "startup"
@@ -547,6 +557,14 @@ class Ledger:
         steps = position - resume if resume is not None and position > resume else 1.0
         ideal = self.ideal_step()
         self.phase = "training"
+        if self.loop_from is not None:
+            training = max(at - max(self.loop_from, self._settled()), 0.0)
+            self.loop_from = None
+            self._commit_until(at - training, offset, before)
+            run.first_step_time = at - training + offset
+            self._commit_steps(at, resume, position, offset)
+            self.position, self.position_at = position, at
+            return
         if ideal is None:
             self.first = (at, steps, before, resume)
             self.position, self.position_at = position, at

@@ -278,7 +278,12 @@ def test_the_rendered_daemonset_reads_the_socket_and_the_root_log_as_its_securit
             else:
                 # What the overlay says it loses: discovery is down with "permission denied", so no pod's job is
                 # found and no pod log is followed; the rest of the exporter serves on.
-                discovery = wait_until(lambda: (s := sources()["discovery"])["reason"] and s, 30, "discovery down")
+                # Its first sample ends its "not sampled yet"; that sample finds the socket closed to it.
+                discovery = wait_until(
+                    lambda: (s := sources()["discovery"])["last_sample_duration_seconds"] is not None and s,
+                    30,
+                    "discovery's first sample",
+                )
                 assert not discovery["up"] and "permission denied" in json.dumps(discovery).lower(), discovery
                 assert get_json(base + "api/v1/jobs")["jobs"] == []
                 assert sources()["gpu"]["up"]

@@ -50,6 +50,35 @@ def test_a_first_step_reported_every_ten_steps_is_not_start_up():
     assert ledger.seconds["productive"] == pytest.approx(100.0)
 
 
+def test_a_restart_that_says_when_its_loop_begins_is_start_up_until_then_however_slow_its_first_steps():
+    """torchtitan prints "Training starts at step N" as its loop begins, and then a step line every ten steps: the
+    steps redone up to the first line took all the time since, even at three times the run's ideal step time."""
+    ledger = Ledger(gpus=1)
+    ledger.start_run(0.0, 0.0, "log")
+    for n in range(1, 11):
+        ledger.progress(10.0 + 10.0 * n, 0.0, 10 * n, "log")  # 1 s per step, from t=10 to step 100 at t=110
+    ledger.start_run(120.0, 0.0, "log")  # a new process: the old one died after step 100
+    ledger.load("finished", 130.0, 0.0, duration=5.0, resume=90)
+    ledger.resume_at(132.0, 0.0, 90, "log")
+    ledger.progress(162.0, 0.0, 100, "log")  # ten steps redone at 3 s each
+    assert ledger.seconds["startup"] == pytest.approx(10.0 + 5.0 + 2.0)
+    assert ledger.seconds["checkpoint_load"] == pytest.approx(5.0)
+    assert ledger.seconds["wasted"] == pytest.approx(30.0)
+    assert ledger.runs[1].first_step_time == pytest.approx(132.0)
+
+
+def test_a_loop_begun_longer_ago_than_the_holdback_is_counted_as_training_before_its_first_step():
+    ledger = Ledger(gpus=1, holdback=30.0)
+    ledger.start_run(0.0, 0.0, "log")
+    ledger.resume_at(20.0, 0.0, 0, "log")
+    ledger.tick(200.0, 0.0)  # a job that logs every few minutes: its first line is still to come
+    assert ledger.seconds["startup"] == pytest.approx(20.0)
+    assert ledger.seconds["productive"] == pytest.approx(150.0)
+    ledger.progress(240.0, 0.0, 100, "log")
+    assert ledger.seconds["startup"] == pytest.approx(20.0)
+    assert ledger.seconds["productive"] == pytest.approx(220.0)
+
+
 def test_a_hang_is_stalled_and_a_crash_found_by_the_restart_is_down():
     ledger = Ledger(gpus=1)
     ledger.start_run(0.0, 0.0, "log")
