@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 
 from mfu_exporter.config import typed_config, validate
+from mfu_exporter.model.feed import apply_feed
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.readings import GpuInfo
+from mfu_exporter.sources.base import ModelReads
 from mfu_exporter.sources.logs import LogsSource
 from tests.unit.logs import framework_lines as fl
 from tests.unit.logs import real_pastes
@@ -83,13 +85,15 @@ def measure(lines: list[str]) -> dict:
         inventory = [GpuInfo(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3") for i in range(8)]
         jobs = JobTracker(configured=config["jobs"], gpu_inventory=lambda: inventory, clock=lambda: T0 + len(lines))
         source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False)
-        source.attach(jobs, None)
+        source.bind(ModelReads(gpu_count=jobs.gpu_count, job_names=jobs.names))
         source._wanted = source._expand()  # what sample() does, without starting the follower's thread
         source.follower.read_budget = 1 << 40
         source.follower.head_bytes = source.follower.tail_bytes = 1 << 40  # the whole file, as a live log
         source.follower.patterns = [str(path)]
+        source.max_feed = len(lines)  # every line's item kept: the file is read in one pass
         started = time.process_time()
         source.follower.poll()
+        apply_feed(source.take_feed(), jobs, None)  # the lines' feed, as the service's tick applies them
         cpu = time.process_time() - started
         source.follower.stop()
         followed = source._followed[str(path)]

@@ -113,6 +113,7 @@ class Scheduler:
         self._tasks: list[asyncio.Task] = []
         self.first_cycle_done: asyncio.Event | None = None  # created in start(), inside the running loop
         self._listeners: list[Callable[[str, float], None]] = []
+        self._feed: list[tuple[str, tuple]] = []  # (source, its snapshot's feed), not yet taken
 
     def on_sample(self, listener: Callable[[str, float], None]) -> None:
         """Call ``listener(source_name, next_in)`` on the event loop after each sample cycle: ``next_in`` is the
@@ -164,9 +165,11 @@ class Scheduler:
             self._finish(state, started)
             # Wait for the hung call: never start a second call on a source that has not returned.
             try:
-                await future
+                late = await future
             except Exception:  # noqa: BLE001 - the timeout is already recorded
                 pass
+            else:
+                self._keep_feed(source.name, late)  # what it read is true however late the sample ended
             return delay
         except SourceUnavailable as exc:
             self._fail(state, exc.reason, exc.detail)
@@ -182,8 +185,23 @@ class Scheduler:
             state.detail = ""
             state.last_success = self._clock()
             state.errors.update(snapshot.errors)
+            self._keep_feed(source.name, snapshot)
         self._finish(state, started)
         return delay
+
+    def _keep_feed(self, name: str, snapshot: Snapshot) -> None:
+        feed = getattr(snapshot, "feed", ())  # a hung sample's late answer is whatever it returned
+        if feed:
+            self._feed.append((name, feed))
+
+    def take_feed(self) -> list[tuple[str, tuple]]:
+        """Each sample's feed since the last call, in the order sampled, with its source's name: once each."""
+        feed, self._feed = self._feed, []
+        return feed
+
+    def count_errors(self, name: str, errors: Counter) -> None:
+        """Problems met with what source ``name`` read, found after its sample (applying its feed)."""
+        self.states[name].errors.update(errors)
 
     def _fail(self, state: SourceState, reason: str, detail: str) -> None:
         if state.up or state.reason != reason:

@@ -19,6 +19,7 @@ from mfu_exporter.config import Config, model_facts, typed_config
 from mfu_exporter.model.attribution import Attributor, NodeSignals
 from mfu_exporter.model.checkpoints import CheckpointTracker, parse_checkpoint_event
 from mfu_exporter.model.errors import IngestError, NotFound, ValidationError
+from mfu_exporter.model.feed import apply_feed
 from mfu_exporter.model.history import MfuHistory
 from mfu_exporter.model.job_view import JobView
 from mfu_exporter.model.jobs import JobTracker
@@ -34,14 +35,13 @@ from mfu_exporter.render.exposition import Exposition
 from mfu_exporter.render.process import DaemonProcessCollector
 from mfu_exporter.render.restore import restore_families
 from mfu_exporter.scheduler import Scheduler
-from mfu_exporter.sources.base import Paths, Source
-from mfu_exporter.sources.checkpoint import CheckpointSource
+from mfu_exporter.sources.base import ModelReads, Paths, Source
 from mfu_exporter.sources.discovery import DiscoverySample
 from mfu_exporter.sources.ethtool import EthtoolSample
 from mfu_exporter.sources.gpu import GpuSample
 from mfu_exporter.sources.inspector import InspectorReading
-from mfu_exporter.sources.logs import LogCollectives, LogsSample, LogsSource, discovered_pods_from
-from mfu_exporter.sources.nccl import NcclSample, NcclSource
+from mfu_exporter.sources.logs import LogCollectives, LogsSample
+from mfu_exporter.sources.nccl import NcclSample
 from mfu_exporter.sources.rdma import RdmaSample
 from mfu_exporter.sources.storage import StorageReading
 from mfu_exporter.statefile import read_json, write_json
@@ -249,6 +249,14 @@ class Service:
         if discovery is not None:
             self.jobs.set_discovered(discovery.jobs)
 
+    def apply_feed(self) -> None:
+        """Apply what the sources read since the last tick (a log's progress lines, its checkpoint saves), in the
+        order read; what could not be applied counts against its source."""
+        for name, feed in self.scheduler.take_feed():
+            errors = apply_feed(feed, self.jobs, self.checkpoints)
+            if errors:
+                self.scheduler.count_errors(name, errors)
+
     def status(self) -> dict[str, Any]:
         now = self.clock()
         views = self.jobs.views()
@@ -329,6 +337,7 @@ class Service:
     def evaluate_once(self) -> None:
         """One tick of ``evaluate_jobs``."""
         self.apply_discovery()
+        self.apply_feed()
         now, views = self.clock(), self.jobs.tick()
         try:
             self.attribution.evaluate(now, views, self.node_signals())
@@ -464,14 +473,22 @@ def build_service(
     exposition = Exposition(lambda: collector.page)
     scheduler.on_sample(collector.sampled)  # publishes the new snapshot, which the exposition then encodes ahead
     scheduler.on_sample(exposition.sampled)
-    checkpoints = next((s.tracker for s in sources if isinstance(s, CheckpointSource)), None)
+    # The checkpoint source's tracker: the ingest API and the logs' feed change it too.
+    checkpoints = next((tracker for s in sources if (tracker := getattr(s, "tracker", None)) is not None), None)
     if checkpoints is not None:
         checkpoints.listeners.append(jobs.checkpoint_event)  # every feed's saves reach the jobs' time ledgers
+    model = ModelReads(
+        jobs_by_gpu=functools.partial(jobs_by_gpu, jobs),
+        gpu_index_by_uuid=gpu_index_by_uuid(scheduler),
+        gpu_count=jobs.gpu_count,
+        is_discovered=jobs.is_discovered,
+        job_names=jobs.names,
+        discovered_pods=discovered_pods_from(scheduler),
+    )
     for source in sources:
-        if isinstance(source, LogsSource):  # log lines feed the same job model and checkpoint tracker as the APIs
-            source.attach(jobs, checkpoints, discovered_pods_from(lambda: scheduler.states))
-        elif isinstance(source, NcclSource):  # Inspector's files go to the job holding the GPU that wrote them
-            source.attach(functools.partial(jobs_by_gpu, jobs), gpu_index_by_uuid(scheduler))
+        bind = getattr(source, "bind", None)  # a source that reads the job model: the logs, NCCL Inspector's files
+        if bind is not None:
+            bind(model)
     restores = RestoreMeter()
     service = Service(
         config,
@@ -496,6 +513,22 @@ def build_service(
 def jobs_by_gpu(jobs: JobTracker) -> dict[int, str]:
     """Each GPU index of this node with the job holding it (discovery's GPUs, or ``jobs.<job>.gpus``)."""
     return {index: view.name for view in jobs.views() for index in view.gpu_indices or ()}
+
+
+def discovered_pods_from(scheduler: Scheduler, source_name: str = "discovery") -> Callable[[], dict[str, list]]:
+    """``{job: [(namespace, pod)]}``: the Kubernetes pods of each job in discovery's latest snapshot; empty while
+    there is no discovery source or it has not sampled."""
+
+    def pods() -> dict[str, list[tuple[str, str]]]:
+        sample = latest_readings(scheduler, source_name, DiscoverySample)
+        found: dict[str, list[tuple[str, str]]] = {}
+        for job in sample.jobs.values() if sample is not None else ():
+            refs = [(p.namespace, p.pod) for p in job.pods if p.scheduler == "kubernetes" and p.namespace and p.pod]
+            if refs:
+                found.setdefault(job.name, []).extend(refs)
+        return found
+
+    return pods
 
 
 def gpu_index_by_uuid(scheduler: Scheduler, source_name: str = "gpu") -> Callable[[], dict[str, int]]:

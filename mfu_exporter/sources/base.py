@@ -41,7 +41,10 @@ class Snapshot:
     ``mfu_exporter.render`` turns into metric families and the service hands the job model and the attribution; None
     for a source that exports nothing of its own. ``errors`` counts problems met during this cycle by reason (a
     missing counter file, one lost GPU) that did not fail the whole source; ``status`` is a JSON-able summary for
-    the status page and APIs, for people, never read by code.
+    the status page and APIs, for people, never read by code. ``feed`` is what the sample read that changes the
+    job model (``mfu_exporter.model.feed``: a log's progress lines, its checkpoint saves), in the order read: the
+    scheduler hands each snapshot's feed to the service once, which applies it on its tick, so a source's
+    threads never write into the model.
 
     ``status`` may be given as a call that builds it from this sample's readings: it is then built when first read,
     at most once. A source samples every second and the status page asks every 2 s at most, usually never, so a
@@ -50,17 +53,19 @@ class Snapshot:
     later sample.
     """
 
-    __slots__ = ("readings", "errors", "_status", "__weakref__")
+    __slots__ = ("readings", "errors", "_status", "feed", "__weakref__")
 
     def __init__(
         self,
         readings: Any = None,
         errors: Counter | None = None,
         status: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+        feed: tuple = (),
     ):
         self.readings = readings
         self.errors = Counter() if errors is None else errors
         self._status = {} if status is None else status
+        self.feed = feed
 
     @property
     def status(self) -> dict[str, Any]:
@@ -83,6 +88,26 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release handles; called once at shutdown from the source's worker thread."""
+
+
+@dataclass(frozen=True)
+class ModelReads:
+    """What a source may read of the service's job model, given to every source with a ``bind(reads)`` method once
+    the service has built the model (``mfu_exporter.service.build_service``). A source reads through these calls
+    from its own threads and changes the model only through its snapshot's ``feed``.
+
+    ``jobs_by_gpu``: each GPU index of this node with the job holding it. ``gpu_index_by_uuid``: each GPU's index by
+    UUID (the GPU source's inventory). ``gpu_count(job)``: the GPUs the job's MFU counts on this node.
+    ``is_discovered(job)``: whether the model holds the job as discovery found it. ``job_names``: the jobs known.
+    ``discovered_pods``: ``{job: [(namespace, pod)]}`` of the Kubernetes pods discovery found holding GPUs.
+    """
+
+    jobs_by_gpu: Callable[[], dict[int, str]] = dict
+    gpu_index_by_uuid: Callable[[], dict[str, int]] = dict
+    gpu_count: Callable[[str], int | None] = lambda job: None
+    is_discovered: Callable[[str], bool] = lambda job: False
+    job_names: Callable[[], list[str]] = list
+    discovered_pods: Callable[[], dict[str, list[tuple[str, str]]]] = dict
 
 
 _LEVEL_RANK = {level: rank for rank, level in enumerate(SERIES_LEVELS)}

@@ -3,8 +3,9 @@
 It follows the files of ``sources.logs.files`` (globs, each with its job and format) and, on Kubernetes, the
 container logs of the pods discovery found holding GPUs (``<pods_root>/<namespace>_<pod>_<uid>/<container>/*.log``,
 CRI format), with ``mfu_exporter.node.tail``. Each line goes through ``mfu_exporter.logs`` (transport, parser, derivation)
-in the follower's thread as it is read, and lands in the same job model as a progress report (same series, MFU by
-our formula, ETA, attribution) and in the checkpoint tracker of the checkpoint source (origin ``log``).
+in the follower's thread as it is read, and becomes an item of the job model's feed (``mfu_exporter.model.feed``) that the next snapshot
+carries: the service applies it on its tick to the same job model as a progress report (same series, MFU by our
+formula, ETA, attribution) and to the checkpoint tracker of the checkpoint source (origin ``log``).
 
 What a log cannot say comes from ``jobs.<job>``, which wins over what the log printed: a job's GPUs on this node,
 its world size, sequence length, global batch, and the model (torchtitan prints all parameters, embeddings and
@@ -48,20 +49,21 @@ from mfu_exporter.logs import (
 )
 from mfu_exporter.logs.straggler import KEYWORDS as STRAGGLER_WORDS
 from mfu_exporter.logs.straggler import StragglerFinding, StragglerScanner
-from mfu_exporter.model.checkpoints import CheckpointTracker
-from mfu_exporter.model.errors import TooManyJobs, ValidationError
-from mfu_exporter.model.jobs import JobTracker
-from mfu_exporter.model.progress import MAX_CLOCK_SKEW_SECONDS, REPORT_RESOLUTION_SECONDS, ProgressReport
+from mfu_exporter.model.feed import DataWait, FeedItem, Progress, RunEvent, Save, Seen
+from mfu_exporter.model.progress import MAX_CLOCK_SKEW_SECONDS, REPORT_RESOLUTION_SECONDS
 from mfu_exporter.nccl.debug import TransportFinding, TransportScanner
 from mfu_exporter.node.tail import HEAD, Follower, Lines
-from mfu_exporter.sources.base import Snapshot, SourceContext
-from mfu_exporter.sources.discovery import DiscoverySample
+from mfu_exporter.sources.base import ModelReads, Snapshot, SourceContext
 
 log = logging.getLogger(__name__)
 
 ORIGIN = "log"
 MAX_FILES = 256  # files followed at once: a glob matching a directory of rotated shards must not open them all
 MAX_STATUS_FILES = 32
+# Feed items read and not yet taken by a sample (about 300 bytes each): a sample takes them every interval, and a
+# framework prints a few progress lines a second. Only a flood of them, or samples that stop, meets the bound; the
+# oldest items then go, counted as feed_dropped.
+MAX_PENDING_FEED = 20_000
 NO_PROGRESS = (
     "no progress line in this node's log of the job yet (frameworks print progress on one rank: Megatron on "
     "the last, torchtitan, HF and NeMo on rank 0), so its MFU is on the node that prints them"
@@ -69,8 +71,6 @@ NO_PROGRESS = (
 STARTUP_FACTS = {"params": "params", "seq_len": "seq_len", "layers": "layers", "heads": "heads", "head_dim": "head_dim"}
 
 STRAGGLER_KEYWORDS = re.compile("|".join(map(re.escape, STRAGGLER_WORDS)))
-
-DiscoveredPods = Callable[[], dict[str, list[tuple[str, str]]]]  # {job: [(namespace, pod)]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +85,8 @@ class LogCollectives:
 
 @dataclass(frozen=True)
 class LogsSample:
-    """The logs source's readings: what each job's log says of its collectives (the rest of what it reads goes
-    to the job model and the checkpoint tracker, not into the snapshot)."""
+    """The logs source's readings: what each job's log says of its collectives (the rest of what it reads is the
+    snapshot's feed, for the job model and the checkpoint tracker)."""
 
     collectives: Mapping[str, LogCollectives] = field(default_factory=dict)
 
@@ -152,10 +152,10 @@ class LogsSource:
         self.takeover_after = section.takeover_after
         self.jobs_config = jobs_config or {}
         self.clock = clock
-        self._jobs: JobTracker | None = None
-        self._checkpoints: CheckpointTracker | None = None
-        self._discovered: DiscoveredPods | None = None
+        self._model: ModelReads | None = None
         self._lock = threading.Lock()
+        self._feed: list[FeedItem] = []  # read since the last sample, in order
+        self.max_feed = MAX_PENDING_FEED
         self._wanted: dict[str, tuple[str, str, str | None, str]] = {}  # path -> (job, format, pattern, container)
         self._followed: dict[str, _Followed] = {}
         self._joblogs: dict[str, JobLog] = {}
@@ -176,15 +176,13 @@ class LogsSource:
             clock=clock,
         )
 
-    def attach(
-        self, jobs: JobTracker, checkpoints: CheckpointTracker | None = None, discovered: DiscoveredPods | None = None
-    ) -> None:
-        """The job model and checkpoint tracker it feeds, and discovery's pods (the seam for Kubernetes)."""
-        self._jobs, self._checkpoints, self._discovered = jobs, checkpoints, discovered
+    def bind(self, model: ModelReads) -> None:
+        """What it reads of the job model: a job's GPUs on this node, the jobs known, discovery's pods."""
+        self._model = model
 
     # -- sampling (the scheduler's thread) ----------------------------------------------------------------
     def sample(self) -> Snapshot:
-        if self._jobs is None:  # not attached yet (the required-source probe): nothing to feed, nothing read
+        if self._model is None:  # not bound yet (the required-source probe): nothing to feed, nothing read
             return Snapshot(status={"files": [], "followed": 0, "wanted": 0})
         wanted = self._expand()
         with self._lock:
@@ -199,22 +197,28 @@ class LogsSource:
             self.follower.poll()  # the first pass here: bounded resume of what exists, then the thread follows
             self.follower.start()
         jobs_seen = {job for job, *_ in wanted.values()}
-        if self._jobs is not None:
-            known = set(self._jobs.names())
-            for job in sorted(jobs_seen - self._fed - known):
-                try:  # a node whose log has no progress lines still shows the job's GPUs (cluster attribution)
-                    self._jobs.observe(job, reason=NO_PROGRESS)
-                except TooManyJobs:
-                    self._counts["too_many_jobs"] += 1
+        known = set(self._model.job_names())
         follower_errors = self.follower.error_counts()  # the follower's lock first, as its thread takes them
         with self._lock:
+            # A node whose log has no progress lines still shows the job's GPUs (cluster attribution). A job this
+            # sample's feed creates already has its reason.
+            created = {r.job for r in self._feed if isinstance(r, (Seen, Progress, RunEvent))}
+            self._feed.extend(Seen(job, NO_PROGRESS) for job in sorted(jobs_seen - self._fed - known - created))
+            feed, self._feed = tuple(self._feed), []
             self._scanners = {job: s for job, s in self._scanners.items() if job in jobs_seen}
             collectives = {job: scanners.reading() for job, scanners in sorted(self._scanners.items())}
         return Snapshot(
             readings=LogsSample({job: found for job, found in collectives.items() if found != LogCollectives()}),
             errors=self._new_errors(follower_errors),
             status=self._status(wanted, follower_errors),
+            feed=feed,
         )
+
+    def take_feed(self) -> tuple[FeedItem, ...]:
+        """What the lines read since the last call say, in the order read: once each."""
+        with self._lock:
+            feed, self._feed = tuple(self._feed), []
+        return feed
 
     def close(self) -> None:
         self.follower.stop()
@@ -225,14 +229,14 @@ class LogsSource:
             for path in sorted(glob.glob(entry.path)):
                 if os.path.isfile(path):
                     wanted.setdefault(path, (entry.job, entry.format, entry.pattern, "auto"))
-        if self.discovered_pods and self._discovered is not None:
+        if self.discovered_pods and self._model is not None:
             try:
-                pods = self._discovered()
+                pods = self._model.discovered_pods()
             except Exception:  # noqa: BLE001 - discovery's data is another source's; a bad one must not stop logs
                 self._counts["discovery_failed"] += 1
                 pods = {}
             for job, refs in sorted(pods.items()):
-                if self._jobs is not None and not self._jobs.is_discovered(job):
+                if not self._model.is_discovered(job):
                     # The job model takes discovery's answer on its 1 s tick: until then it does not know the
                     # job's GPUs, and a per-GPU log (torchtitan's tps) read now would count every GPU of the node.
                     continue
@@ -355,16 +359,18 @@ class LogsSource:
         """A detected format whose progress lines read nothing: the job's reason and the log say so at once, rather
         than the job showing no MFU with no word why (the stream counts it as ``no_progress_read``)."""
         log.warning("sources.logs: %s (job %s): %s", path, job, reason)
-        if self._jobs is None:
-            return
-        try:
-            self._jobs.observe(job, reason=f"{os.path.basename(path)}: {reason}")
-        except TooManyJobs:
-            self._counts["too_many_jobs"] += 1
+        self._add(Seen(job, f"{os.path.basename(path)}: {reason}"))
+
+    def _add(self, item: FeedItem) -> None:
+        """Under the source's lock: ``item`` for the next sample to hand the service."""
+        if len(self._feed) >= self.max_feed:
+            del self._feed[0]
+            self._counts["feed_dropped"] += 1
+        self._feed.append(item)
 
     def _facts(self, job: str) -> Facts:
         configured = self.jobs_config.get(job, {})
-        gpus = self._jobs.gpu_count(job) if self._jobs is not None else None
+        gpus = self._model.gpu_count(job) if self._model is not None else None
         return Facts(
             node_gpus=gpus,
             world_size=configured.get("world_size"),
@@ -383,107 +389,53 @@ class LogsSource:
         return facts
 
     def _apply(self, job: str, update: Update, joblog: JobLog, read_time: float) -> None:
-        if self._jobs is None:
-            return
         at = update.time
         if not math.isfinite(at) or at <= 0 or at > read_time + MAX_CLOCK_SKEW_SECONDS:
             at = read_time  # a log clock far off (a time zone the line does not name): when we read it
-        facts = self._model_facts(job, joblog)
         mfu = update.framework_mfu
         tflops = update.framework_tflops_per_gpu
-        try:
-            self._jobs.observe(
+        tokens = update.tokens_total
+        if tokens is not None and not (math.isfinite(tokens) and 0 <= tokens <= MAX_TOKENS):
+            self._counts["tokens_out_of_range"] += 1
+            tokens = None
+        else:
+            self._fed.add(job)
+        self._add(
+            Progress(
                 job,
+                at,
                 step=update.step,
+                tokens=float(tokens) if tokens is not None else None,
+                # A rate integrated since this reader began is no running total of the job's own: after a restart
+                # of the exporter it starts again from the lines read then.
+                continues=update.how != INTEGRATED,
                 framework_mfu=mfu if mfu is not None and math.isfinite(mfu) else None,
                 framework_tflops_per_gpu=tflops if tflops is not None and math.isfinite(tflops) else None,
                 reason=update.reason,
-                facts=facts,
-                at=at,
+                facts=self._model_facts(job, joblog),
             )
-            tokens = update.tokens_total
-            if tokens is not None and math.isfinite(tokens) and 0 <= tokens <= MAX_TOKENS:
-                # A rate integrated since this reader began is no running total of the job's own: after a restart
-                # of the exporter it starts again from the lines read then.
-                continues = update.how != INTEGRATED
-                report = ProgressReport(job, float(tokens), update.step, at, facts, continues=continues)
-                self._jobs.report(report, view=False)
-                self._fed.add(job)
-            elif tokens is not None:
-                self._counts["tokens_out_of_range"] += 1
-            else:
-                self._fed.add(job)
-        except TooManyJobs:
-            self._counts["too_many_jobs"] += 1
+        )
 
     def _run(self, job: str, action: RunAction, read_time: float) -> None:
-        """A run of the job starts, loads a checkpoint or says where it resumes: the job's time ledger."""
-        if self._jobs is None:
-            return
+        """A run of the job starts, loads a checkpoint or says where it resumes: the job's time ledger. A job not
+        fed progress yet is known from now on, with the reason a log without progress lines gives."""
         at = action.time
         if not math.isfinite(at) or at <= 0 or at > read_time + MAX_CLOCK_SKEW_SECONDS:
             at = read_time
-        try:
-            if job in self._fed:
-                self._jobs.touch(job)
-            else:  # known from now on, with the reason a log without progress lines gives
-                self._jobs.observe(job, reason=NO_PROGRESS)
-        except TooManyJobs:
-            self._counts["too_many_jobs"] += 1
-            return
-        self._jobs.run_event(job, action.event, at, step=action.step, duration=action.duration)
+        reason = None if job in self._fed else NO_PROGRESS
+        self._add(RunEvent(job, action.event, at, step=action.step, duration=action.duration, reason=reason))
 
     def _wait(self, job: str, action: WaitAction, read_time: float) -> None:
         """The job's running data-wait total (one rank's seconds), for its data-wait figures and the cause input."""
-        if self._jobs is None or not math.isfinite(action.seconds) or action.seconds < 0:
+        if not math.isfinite(action.seconds) or action.seconds < 0:
             return
         at = action.time
         if not math.isfinite(at) or at <= 0 or at > read_time + MAX_CLOCK_SKEW_SECONDS:
             at = read_time
-        self._jobs.data_wait(job, action.seconds, at, f"log:{action.framework}")
+        self._add(DataWait(job, action.seconds, at, f"log:{action.framework}"))
 
     def _save(self, job: str, action: SaveAction) -> None:
-        if self._checkpoints is None:
-            self._counts["checkpoint_without_tracker"] += 1
-            return
-        try:
-            if action.phase == "start":
-                self._checkpoints.start(job, action.name, action.time, origin=ORIGIN)
-            elif action.phase == "finish":
-                self._checkpoints.finish(job, action.name, action.time, origin=ORIGIN, duration=action.duration)
-            else:
-                self._checkpoints.fail(
-                    job, action.name, action.time, origin=ORIGIN, reason="log", duration=action.duration
-                )
-        except ValidationError:
-            self._counts["checkpoint_rejected"] += 1
-
-
-def discovered_pods_from(states: Callable[[], dict], source_name: str = "discovery") -> DiscoveredPods:
-    """``{job: [(namespace, pod)]}`` from the discovery source's latest snapshot (``DiscoverySample.jobs``: its
-    DiscoveredJob values, each with ``pods`` carrying ``scheduler``, ``namespace`` and ``pod``); empty while there
-    is no discovery source or it has not sampled."""
-
-    def pods() -> dict[str, list[tuple[str, str]]]:
-        state = states().get(source_name)
-        snapshot = getattr(state, "snapshot", None)
-        readings = getattr(snapshot, "readings", None)
-        found = readings.jobs if isinstance(readings, DiscoverySample) else None
-        if not found:
-            return {}
-        values: Iterable = found.values() if isinstance(found, dict) else found
-        result: dict[str, list[tuple[str, str]]] = {}
-        for job in values:
-            refs = [
-                (p.namespace, p.pod)
-                for p in getattr(job, "pods", ())
-                if getattr(p, "scheduler", "") == "kubernetes" and p.namespace and p.pod
-            ]
-            if refs:
-                result.setdefault(job.name, []).extend(refs)
-        return result
-
-    return pods
+        self._add(Save(job, action.phase, action.name, action.time, ORIGIN, duration=action.duration))
 
 
 def logs_source(section: LogsConfig, ctx: SourceContext) -> LogsSource:

@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 from mfu_exporter.config import NcclConfig
 from mfu_exporter.node.nvml import NvmlSession
 from mfu_exporter.node.rdma import RdmaPort
-from mfu_exporter.sources.base import Snapshot, SourceContext
+from mfu_exporter.sources.base import ModelReads, Snapshot, SourceContext
 from mfu_exporter.sources.inspector import GpuIndexByUuid, InspectorFiles, InspectorReading, JobsByGpu
 from mfu_exporter.sources.nccl_tests import NcclTestReading, NcclTests, fabric_ports
 
@@ -48,6 +48,10 @@ class NcclSource:
         """The ``mfu_exporter.sources.SOURCES`` factory: ``sources.nccl``, with ``ctx``'s NVML session for the GPUs of
         the processes that wrote Inspector's files, and its sysfs's RDMA ports for the verification's expected figure."""
         return cls(section, nvml_session=ctx.nvml_session, clock=ctx.monotonic, ports=fabric_ports(ctx))
+
+    def bind(self, model: ModelReads) -> None:
+        """Inspector's files go to the job holding the GPU that wrote them."""
+        self.attach(model.jobs_by_gpu, model.gpu_index_by_uuid)
 
     def attach(self, jobs_by_gpu: JobsByGpu, gpu_by_uuid: GpuIndexByUuid) -> None:
         """Where a GPU's job (the job model) and a UUID's GPU index (the GPU source) come from."""

@@ -16,6 +16,7 @@ from mfu_exporter.service import job_collectives
 from mfu_exporter.sources.logs import LogsSample, LogsSource
 from mfu_exporter.sources.rdma import PortReading
 from tests.unit.logs import framework_lines as fl
+from tests.unit.logs.fed import Fed
 
 T0 = 1_787_300_000.0
 # NCCL 2.21's INIT lines in the layout of src/transport/net_socket.cc, net_ib/init.cc and the channel setup
@@ -55,8 +56,7 @@ def sample_log(tmp_path, lines):
     config = validate({"sources": {"logs": {"files": [{"path": str(path), "job": "llm"}]}}, "jobs": {"llm": {}}})
     inventory = [GpuInfo(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3") for i in range(8)]
     tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=lambda: inventory, clock=clock)
-    source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False, clock=clock)
-    source.attach(tracker, None)
+    source = Fed(LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False, clock=clock), tracker)
     try:
         return source.sample()
     finally:

@@ -19,9 +19,9 @@ from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
 from mfu_exporter.model.readings import GpuInfo
 from mfu_exporter.render.jobs import job_families
-from mfu_exporter.sources.discovery import DiscoverySample
-from mfu_exporter.sources.logs import NO_PROGRESS, LogsSource, discovered_pods_from
+from mfu_exporter.sources.logs import NO_PROGRESS, LogsSource
 from tests.unit.logs import framework_lines as fl
+from tests.unit.logs.fed import Fed
 
 H100 = "NVIDIA H100 80GB HBM3"
 PEAK = 989.4e12
@@ -57,8 +57,7 @@ def build(files, jobs, clock, **logs):
     tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory, clock=clock)
     checkpoints = CheckpointTracker(clock=clock)
     source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False, clock=clock)
-    source.attach(tracker, checkpoints)
-    return source, tracker, checkpoints
+    return Fed(source, tracker, checkpoints), tracker, checkpoints
 
 
 def api_mfu(jobs: dict, tokens_at: dict[float, float], clock) -> float:
@@ -154,12 +153,12 @@ def test_a_discovered_pods_per_gpu_log_counts_its_own_gpus_from_the_first_line(t
     stamps = [T0] * 4 + [t(step) for step in STEPS for _ in ([0, 1, 2] if step == 30 else [0])]
     write(pod / "0.log", [fl.cri(at, line) for at, line in zip(stamps, torchtitan_log(), strict=True)])
     source, tracker, _ = build([], {"llm": {"params": PARAMS}}, clock, pods_root=str(tmp_path / "pods"))
-    source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    source.pods = lambda: {"llm": [("train", "llm-0")]}
     try:
         assert source.sample().status["wanted"] == 0  # discovery's answer is not the model's yet
         tracker.set_discovered({"llm": pod_job([4, 5])})
         assert source.sample().status["wanted"] == 1
-        source.follower.poll()
+        source.poll()
     finally:
         source.close()
     view = {v.name: v for v in tracker.views()}["llm"]
@@ -242,7 +241,7 @@ def test_hf_pod_cri_log_gives_the_api_mfu_with_the_bar_step(tmp_path):
     source, tracker, _ = build(
         [], {"llm": {"params": PARAMS, "world_size": WORLD}}, clock, pods_root=str(tmp_path / "pods")
     )
-    source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    source.pods = lambda: {"llm": [("train", "llm-0")]}
     tracker.set_discovered({"llm": pod_job(range(NODE_GPUS))})  # what the service's 1 s tick hands the model
     view, snapshot = run_source(source, tracker)
     reference = api_mfu({"llm": {"params": PARAMS}}, {t(s): s * NODE_TOKENS_PER_STEP for s in STEPS}, clock)
@@ -369,8 +368,7 @@ def test_a_writer_thread_with_buffering_feeds_the_job_live(tmp_path):
         {"sources": {"logs": {"files": [{"path": str(path), "job": "llm"}]}}, "jobs": {"llm": {"params": PARAMS}}}
     )
     tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory)
-    source = LogsSource(typed_config(config).sources.logs, config["jobs"])
-    source.attach(tracker, None)
+    source = Fed(LogsSource(typed_config(config).sources.logs, config["jobs"]), tracker)
     source.sample()
     start = time.time()
 
@@ -395,6 +393,7 @@ def test_a_writer_thread_with_buffering_feeds_the_job_live(tmp_path):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and (tracker.views()[0].step != 60):
             time.sleep(0.05)
+            source.sample()  # the service's tick, applying what the follower's thread read
         (view,) = tracker.views()
         assert view.step == 60
         assert view.tokens_total == pytest.approx(TPS_PER_GPU * NODE_GPUS * 0.5, rel=0.01)
@@ -446,25 +445,6 @@ def test_two_nodes_only_one_sees_progress_cluster_mfu_and_attribution_stay_right
     assert view_b.tokens_per_second == pytest.approx(BATCH * SEQ / STEP_SECONDS * NODE_GPUS / WORLD, rel=0.01)
 
 
-def test_discovered_pods_from_reads_the_discovery_snapshot():
-    class Pod:
-        def __init__(self, scheduler, namespace, pod):
-            self.scheduler, self.namespace, self.pod = scheduler, namespace, pod
-
-    class Job:
-        name = "llm"
-        pods = (Pod("kubernetes", "train", "llm-0"), Pod("slurm", "", ""))
-
-    class Snap:
-        readings = DiscoverySample({"llm": Job()})
-
-    class State:
-        snapshot = Snap()
-
-    assert discovered_pods_from(lambda: {"discovery": State()})() == {"llm": [("train", "llm-0")]}
-    assert discovered_pods_from(lambda: {})() == {}
-
-
 def test_config_of_sources_logs():
     config = validate({"sources": {"logs": {"files": [{"path": "/x/*.log", "job": "llm"}]}}})
     assert config["sources"]["logs"]["files"][0]["format"] == "auto"
@@ -490,7 +470,7 @@ def test_rotation_mid_run_loses_and_repeats_nothing(tmp_path):
     source.sample()
     os.rename(path, tmp_path / "train.log.1")
     write(path, lines[8:])
-    source.follower.poll()
+    source.poll()
     source.close()
     (view,) = tracker.views()
     assert view.step == 60 and view.restarts == 0 and view.mfu == pytest.approx(EXPECTED_MFU, rel=0.01)
@@ -531,13 +511,13 @@ def test_a_restarted_container_writes_1_log_and_its_progress_takes_over(tmp_path
     write(pod / "0.log", first)
     jobs = {"llm": {"params": PARAMS, "world_size": WORLD, "seq_len": SEQ}}
     source, tracker, _ = build([], jobs, clock, pods_root=str(tmp_path / "pods"))
-    source.attach(tracker, None, discovered=lambda: {"llm": [("train", "llm-0")]})
+    source.pods = lambda: {"llm": [("train", "llm-0")]}
     tracker.set_discovered({"llm": pod_job(range(NODE_GPUS))})  # what the service's 1 s tick hands the model
     try:
         source.sample()
         write(pod / "1.log", resumed)
         source.sample()  # the next pass finds 1.log
-        source.follower.poll()
+        source.poll()
     finally:
         source.close()
     (view,) = tracker.views()
@@ -555,8 +535,7 @@ def test_a_detected_format_that_reads_nothing_is_visible_within_a_minute_with_th
     write(path, [])
     config = validate({"sources": {"logs": {"files": [{"path": str(path), "job": "llm"}], "interval": 1.0}}})
     tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory)
-    source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False)
-    source.attach(tracker, CheckpointTracker())
+    source = Fed(LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False), tracker)
     try:
         source.sample()  # starts following the empty file
         started = time.monotonic()
@@ -564,6 +543,7 @@ def test_a_detected_format_that_reads_nothing_is_visible_within_a_minute_with_th
             f.write("".join(line + "\n" for line in lines))
         reason = None
         while time.monotonic() - started < 60:
+            source.sample()  # the service's tick, applying what the follower's thread read
             views = {v.name: v for v in tracker.views()}
             reason = views["llm"].reason if "llm" in views else None
             if reason and "no progress read" in reason:
@@ -579,7 +559,7 @@ def test_a_detected_format_that_reads_nothing_is_visible_within_a_minute_with_th
     assert visible_after < 60
     (status,) = snapshot.status["files"]
     assert status["no_progress"] and status["formats"] == ["hf"] and status["progress_lines"] == 0
-    assert snapshot.errors["no_progress_read"] == 1
+    assert source.errors["no_progress_read"] == 1
     assert views["llm"].mfu is None
 
 
@@ -626,7 +606,7 @@ def test_a_line_dated_ahead_of_the_clock_is_read_as_of_when_it_was_read(tmp_path
         with open(path, "a") as out:
             out.write("".join(line + "\n" for line in lines[ahead + 1 :]))
         clock.now = END + 1
-        source.follower.poll()
+        source.poll()
         second = source.sample()
     finally:
         source.close()
