@@ -67,11 +67,13 @@ class _Worker:
             if call is None:
                 return
             try:
-                result = call()
+                result, error = call(), None
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                loop.call_soon_threadsafe(_settle, future, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:
+                return  # the loop closed while the call ran (shutdown): nothing awaits its answer
 
     def submit(self, call: Callable[[], Any]) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -179,15 +181,21 @@ class Scheduler:
             log.exception("source %s failed", source.name)
             self._fail(state, "exception", f"{type(exc).__name__}: {exc}")
         else:
-            state.snapshot = snapshot
-            state.up = True
-            state.reason = None
-            state.detail = ""
-            state.last_success = self._clock()
-            state.errors.update(snapshot.errors)
-            self._keep_feed(source.name, snapshot)
+            self.keep(source.name, snapshot)
         self._finish(state, started)
         return delay
+
+    def keep(self, name: str, snapshot: Snapshot) -> None:
+        """A successful sample of source ``name``: its snapshot is the latest, its errors count, its feed waits for
+        the service's next tick."""
+        state = self.states[name]
+        state.snapshot = snapshot
+        state.up = True
+        state.reason = None
+        state.detail = ""
+        state.last_success = self._clock()
+        state.errors.update(snapshot.errors)
+        self._keep_feed(name, snapshot)
 
     def _keep_feed(self, name: str, snapshot: Snapshot) -> None:
         feed = getattr(snapshot, "feed", ())  # a hung sample's late answer is whatever it returned

@@ -11,8 +11,9 @@ from typing import Any
 
 from mfu_exporter.model.datawait import DataWaitMeter
 from mfu_exporter.model.discovery_jobs import DiscoveredJob
-from mfu_exporter.model.ledger import Ledger, RecentValues
+from mfu_exporter.model.ledger import Ledger
 from mfu_exporter.model.progress import CADENCE_INTERVALS, RUNNING
+from mfu_exporter.model.recent import RecentValues
 
 
 @dataclass

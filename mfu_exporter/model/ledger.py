@@ -33,6 +33,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from mfu_exporter.model.recent import RecentValues
+
 KINDS = ("productive", "wasted", "startup", "checkpoint_save", "checkpoint_load", "down", "stalled")
 # Why a run ended: another run started (``restarted``), its client stopped sending heartbeats (``lost``), its pod or
 # Slurm step went away (``gone``), or the job said how it ended.
@@ -51,35 +53,6 @@ HEARTBEAT_MISSES = 3  # a run whose client sends heartbeats is lost after this m
 # Evaluations further apart than this mean the exporter itself did not run (stopped, starved, suspended): what the
 # jobs did meanwhile was not observed, and what they sent meanwhile waits to be read.
 TICK_GAP_SECONDS = 5.0
-
-
-class RecentValues:
-    """The last ``size`` values and their upper median. The values are also kept sorted as they come and go (a
-    bisection each), so a median is a lookup: each report and each view of a job reads the medians several times,
-    and sorting 256 values for them was the ledger's largest cost per report."""
-
-    def __init__(self, size: int):
-        self._size = size
-        self._recent: deque[float] = deque()
-        self._sorted: list[float] = []
-
-    def append(self, value: float) -> None:
-        if len(self._recent) == self._size:
-            del self._sorted[bisect.bisect_left(self._sorted, self._recent.popleft())]
-        self._recent.append(value)
-        bisect.insort(self._sorted, value)
-
-    def median(self) -> float:
-        return self._sorted[len(self._sorted) // 2]
-
-    def __len__(self) -> int:
-        return len(self._recent)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RecentValues) and self._recent == other._recent
-
-    def __repr__(self) -> str:
-        return f"RecentValues({list(self._recent)!r})"
 
 
 @dataclass

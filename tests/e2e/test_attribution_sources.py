@@ -93,7 +93,7 @@ class Node:
             self.nvml.advance(step)
             self.fabric.tick(step)
             for source in self.sources:
-                self.service.scheduler.states[source.name].snapshot = source.sample()  # what a successful cycle keeps
+                self.service.scheduler.keep(source.name, source.sample())  # what a successful cycle keeps
             for name, gpus in self.jobs.items():
                 if self.reporting:
                     self.tokens[name] += speed * demo.healthy_tokens_per_second(len(gpus)) * step
@@ -102,6 +102,7 @@ class Node:
                         self.data_wait += self.data_wait_share * step
                         body["data_wait_seconds"] = self.data_wait
                     self.service.jobs.report(parse_progress(body, self.now))
+            self.service.apply_feed()  # what the tick applies: the logs' lines
             self.service.attribution.evaluate(self.now, self.service.jobs.views(), self.service.node_signals())
 
     def verdict(self, job: str = "llama"):

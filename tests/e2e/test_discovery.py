@@ -77,12 +77,12 @@ class Node:
             self.nvml.advance(1.0)
             self.fabric.tick(1.0)
             for source in self.sources:
-                state = self.service.scheduler.states[source.name]
-                state.snapshot, state.up = source.sample(), True  # what a successful cycle keeps
+                self.service.scheduler.keep(source.name, source.sample())  # what a successful cycle keeps
                 self.service.collector.sampled(source.name)  # and publishes, as the scheduler's listener does
             self.tokens += self.llama_speed * demo.healthy_tokens_per_second()
             self.service.jobs.report(parse_progress({"job": "llama", "tokens_total": self.tokens}, self.now))
             self.service.apply_discovery()
+            self.service.apply_feed()
             views = self.service.jobs.views()
             self.service.attribution.evaluate(self.now, views, self.service.node_signals())
             self.service.collector.tick(views)  # /metrics shows the jobs as the tick publishes them

@@ -176,9 +176,9 @@ class Node:
         for source in self.sources:
             if only is not None and source.name != only:
                 continue
-            state = self.service.scheduler.states[source.name]
-            state.snapshot, state.up = source.sample(), True
+            self.service.scheduler.keep(source.name, source.sample())
         self.service.apply_discovery()
+        self.service.apply_feed()  # what the tick applies: the log's lines
         self.names_seen |= set(self.jobs())
 
     def jobs(self) -> dict[str, dict]:

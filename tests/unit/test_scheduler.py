@@ -1,7 +1,10 @@
 import asyncio
+import threading
 
+from mfu_exporter.model.feed import Progress
 from mfu_exporter.scheduler import Scheduler
 from mfu_exporter.sources.base import Snapshot
+from tests.support.wait import wait_for
 
 
 class InstantSource:
@@ -55,5 +58,47 @@ async def test_listeners_hear_when_the_next_snapshot_is_expected():
         source.takes = 3.0
         await scheduler.sample_once(source)
         assert heard == [("slow", 1800.0), ("slow", 0.5), ("slow", 3.0)]
+    finally:
+        await scheduler.stop()
+
+
+class FeedingSource:
+    """Each sample's feed: one progress item of job ``llm``, its token total one higher than the last; a sample may be
+    made to hang until released, past the scheduler's timeout."""
+
+    name, interval, timeout = "feeding", 3600.0, 0.05
+
+    def __init__(self):
+        self.tokens = 0.0
+        self.release = None
+
+    def sample(self):
+        if self.release is not None:
+            self.release.wait()
+        self.tokens += 1.0
+        return Snapshot(feed=(Progress("llm", 1_000.0 + self.tokens, tokens=self.tokens),))
+
+    def close(self):
+        pass
+
+
+async def test_each_sample_s_feed_is_taken_once_in_order_and_a_hung_sample_s_when_it_ends():
+    source = FeedingSource()
+    scheduler = Scheduler([source])
+    await scheduler.start()
+    try:
+        await scheduler.first_cycle_done.wait()
+        await scheduler.sample_once(source)
+        assert [(name, [item.tokens for item in feed]) for name, feed in scheduler.take_feed()] == [
+            ("feeding", [1.0]),
+            ("feeding", [2.0]),
+        ]
+        assert scheduler.take_feed() == []
+        source.release = threading.Event()
+        hung = asyncio.create_task(scheduler.sample_once(source))
+        await wait_for(lambda: scheduler.states["feeding"].reason == "timeout", 10, "the sample's timeout")
+        source.release.set()  # what it read is kept however late it returns
+        await hung
+        assert [[item.tokens for item in feed] for _, feed in scheduler.take_feed()] == [[3.0]]
     finally:
         await scheduler.stop()

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from mfu_exporter.model.discovery_jobs import DiscoveredJob, DiscoveredPod
 from mfu_exporter.model.jobs import JobTracker
-from mfu_exporter.model.ledger import KINDS, Ledger, RecentValues
+from mfu_exporter.model.ledger import KINDS, Ledger
 from mfu_exporter.model.progress import parse_progress
 from mfu_exporter.model.readings import GpuInfo
+from mfu_exporter.model.recent import RecentValues
 from tests.support.known_truth import END, TRUTH, play, script
 
 OFFSET = 1_800_000_000.0
