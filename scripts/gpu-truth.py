@@ -713,6 +713,27 @@ class CpuGemm:
         return time.perf_counter() - started
 
 
+class DeliveredSession:
+    """The reporter's HTTP session, keeping the totals the daemon took. The reporter sends the newest total when its
+    thread runs, so on a loaded machine some totals are never sent: the daemon's rate is over the ones it took, and
+    the truth is measured over the same ones."""
+
+    def __init__(self) -> None:
+        from mfu_exporter.client_http import HttpSession
+
+        self._session = HttpSession()
+        self.times: dict[float, float] = {}  # each total the daemon took: the report's own time
+
+    def post(self, url: str, json: dict, headers: dict, timeout: float) -> Any:
+        response = self._session.post(url, json=json, headers=headers, timeout=timeout)
+        if response.status_code < 300 and "tokens_total" in json and "event" not in json:
+            self.times[json["tokens_total"]] = json["time"]
+        return response
+
+    def close(self) -> None:
+        self._session.close()
+
+
 def run_gemm(
     report: Report,
     daemon: Daemon,
@@ -739,7 +760,8 @@ def run_gemm(
     facts = {"model": {"params": params}, "dtype": "bf16", "gpus": [0]}
     if peak_tflops is not None:
         facts["peak_tflops"] = peak_tflops
-    reporter = ProgressReporter(daemon.url, GEMM_JOB, **facts)
+    delivered = DeliveredSession()
+    reporter = ProgressReporter(daemon.url, GEMM_JOB, session=delivered, **facts)
     products, busy = 0, 0.0
     reporter.update(tokens_total=0, step=0)
     first_report = time.time()
@@ -786,9 +808,12 @@ def run_gemm(
             reported.add(products)
     finally:
         reporter.close()
+        delivered.close()
     # The daemon's MFU is over its window (mfu.window) back from the newest report: measure the same reports.
     end = view["last_report_time"] if view and view["last_report_time"] else last_report
-    inside = [p for p in points if p[0] >= end - window and p[0] <= end + 1e-3] or points
+    window = (view or {}).get("window_seconds") or window  # the daemon's, longer for a job of slow reports
+    taken = [(delivered.times[n], n, b) for _, n, b in points if n in delivered.times] or points
+    inside = [p for p in taken if end - window <= p[0] <= end] or taken
     (t0, n0, b0), (t1, n1, b1) = inside[0], inside[-1]
     if n1 == n0 or b1 == b0:
         (t0, n0, b0), (t1, n1, b1) = points[0], points[-1]

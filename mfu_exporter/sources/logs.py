@@ -3,9 +3,9 @@
 It follows the files of ``sources.logs.files`` (globs, each with its job and format) and, on Kubernetes, the
 container logs of the pods discovery found holding GPUs (``<pods_root>/<namespace>_<pod>_<uid>/<container>/*.log``,
 CRI format), with ``mfu_exporter.node.tail``. Each line goes through ``mfu_exporter.logs`` (transport, parser, derivation)
-in the follower's thread as it is read, and becomes an item of the job model's feed (``mfu_exporter.model.feed``) that the next snapshot
-carries: the service applies it on its tick to the same job model as a progress report (same series, MFU by our
-formula, ETA, attribution) and to the checkpoint tracker of the checkpoint source (origin ``log``).
+in the follower's thread as it is read, and becomes an item of the source's feed (``mfu_exporter.model.feed``) that
+the next snapshot carries: the service applies it on its tick to the same job model as a progress report (same
+series, MFU by our formula, ETA, attribution) and to the checkpoint tracker of the checkpoint source (origin ``log``).
 
 What a log cannot say comes from ``jobs.<job>``, which wins over what the log printed: a job's GPUs on this node,
 its world size, sequence length, global batch, and the model (torchtitan prints all parameters, embeddings and
