@@ -10,6 +10,7 @@ so ``--speed N`` compresses time for all of it alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import random
@@ -17,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 from mfu_exporter.client import ProgressReporter
 from mfu_exporter.config import read_yaml, typed_config, validate
@@ -326,9 +327,22 @@ class SimClock:
         self._monotonic = monotonic
         self._wall0 = wall()
         self._mono0 = monotonic()
+        self._pinned = threading.local()
 
     def elapsed(self) -> float:
-        return (self._monotonic() - self._mono0) * self.speed
+        pinned = getattr(self._pinned, "at", None)
+        return pinned if pinned is not None else (self._monotonic() - self._mono0) * self.speed
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Simulated time stands still in this thread meanwhile: a source reads its clock at the instant the
+        simulated counters were brought to. At speed, a few wall milliseconds between the two are a fair part of a
+        simulated second, and a rate over a sample would be off by as much."""
+        self._pinned.at = self.elapsed()
+        try:
+            yield
+        finally:
+            self._pinned.at = None
 
     def time(self) -> float:
         return self.wall_at(self.elapsed())
@@ -973,8 +987,9 @@ class ReadsNow:
         self.name, self.interval, self.timeout = source.name, source.interval, source.timeout
 
     def sample(self) -> Snapshot:
-        self.node.sync_counters()
-        return self.source.sample()
+        with self.node.clock.pinned():
+            self.node.sync_counters()
+            return self.source.sample()
 
     def close(self) -> None:
         self.source.close()

@@ -3,6 +3,7 @@ incident touches only those jobs; the truth (``DemoNode.truth``, served at ``GET
 began and ended on the demo clock."""
 
 import math
+import threading
 
 import pytest
 from pynvml import NVML_GPM_METRIC_ANY_TENSOR_UTIL
@@ -216,3 +217,19 @@ def test_the_gpu_health_incidents_show_their_state_and_action_and_clear_after_th
     assert "reboot" in actions["gpu-lost"] and "nvidia-smi -r" in actions["uncorrectable-ecc"]
     # 265 s: the ECC incident ended at 260 with the operator's reset; the lost GPU came back by NVML's re-init.
     assert node.incident is None and set(states.values()) == {"healthy"}
+
+
+def test_a_pinned_clock_stands_still_in_its_thread_only():
+    """A source reading the simulated counters reads its clock at the instant they were brought to, however long
+    its sample takes in wall time; the simulation's other threads see time go on."""
+    wall = [100.0]
+    clock = demo.SimClock(20.0, wall=lambda: 1_700_000_000.0, monotonic=lambda: wall[0])
+    seen = []
+    with clock.pinned():
+        at, stamp = clock.monotonic(), clock.time()
+        wall[0] += 0.05  # a loaded machine's 50 ms between the counters' sync and the source's clock
+        worker = threading.Thread(target=lambda: seen.append(clock.monotonic()))
+        worker.start()
+        worker.join()
+        assert (clock.monotonic(), clock.time()) == (at, stamp)
+    assert seen == [pytest.approx(at + 1.0)] and clock.monotonic() == pytest.approx(at + 1.0)
