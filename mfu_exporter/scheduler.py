@@ -90,6 +90,9 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         return
     if error is not None:
         future.set_exception(error)
+        # Marked as read here: an awaiter still gets the error, and a call whose awaiter left (the scheduler
+        # stopped while it ran) is not logged with its traceback when the future is collected.
+        future.exception()
     else:
         future.set_result(result)
 

@@ -56,7 +56,7 @@ def read_dict(text: str) -> dict | None:
     """A printed dict: Python's repr (the Trainer's ``str(logs)``), else JSON (transformers 3.x); never eval."""
     try:
         value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+    except Exception:  # noqa: BLE001 - CPython 3.11's AST state can raise SystemError when a collector nests a parse
         try:
             value = json.loads(text)
         except ValueError:

@@ -1,9 +1,10 @@
 import asyncio
+import gc
 import threading
 
 from mfu_exporter.model.feed import Progress
-from mfu_exporter.scheduler import Scheduler
-from mfu_exporter.sources.base import Snapshot
+from mfu_exporter.scheduler import Scheduler, _Worker
+from mfu_exporter.sources.base import Snapshot, SourceUnavailable
 from tests.support.wait import wait_for
 
 
@@ -24,6 +25,41 @@ async def test_stop_ends_even_when_a_cancel_lands_as_a_sample_completes():
         await scheduler.start()
         await asyncio.sleep(0.001 * (cycle % 4))
         await asyncio.wait_for(scheduler.stop(), 5)
+
+
+async def test_a_call_that_fails_after_its_awaiter_left_is_not_logged_as_never_retrieved():
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    worker = _Worker("leaving")
+
+    def fails():
+        raise SourceUnavailable("nothing_to_discover", "no pods here")
+
+    future = worker.submit(fails)
+    while not future.done():
+        await asyncio.sleep(0.01)
+    worker.stop()
+    del future
+    gc.collect()
+    await asyncio.sleep(0)
+    assert reported == []
+
+
+async def test_an_awaiter_still_gets_the_call_s_error():
+    worker = _Worker("failing")
+
+    def fails():
+        raise SourceUnavailable("nothing_to_discover", "no pods here")
+
+    try:
+        await worker.submit(fails)
+    except SourceUnavailable as exc:
+        assert exc.reason == "nothing_to_discover"
+    else:
+        raise AssertionError("the call's error was lost")
+    finally:
+        worker.stop()
 
 
 class SlowSource:
