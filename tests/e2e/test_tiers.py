@@ -102,9 +102,22 @@ def test_the_global_store_holds_no_series_of_a_node(stack, path):
         return found if {s["metric"].get("shard") for s in found} == shards else None
 
     wait(stack, from_every_shard, f"{path}: partials from both shards")
-    # The sums of the shards' partial sums are the jobs' GPUs: 8 per node.
-    gpus = {s["metric"]["training_job"]: s["value"] for s in recent(store, "training_job:mfu_gpus:sum")}
-    assert sum(gpus.values()) == 8 * NODES, gpus
+    # The sums of the shards' partial sums are the jobs' GPUs: 8 per node. A scrape that fails on a loaded machine
+    # marks its node's series stale until the next one, so an evaluation may lack a node: the highest sum of the
+    # last minute is compared, and more than 8 per node would still be caught.
+    seen: dict = {}
+
+    def every_gpu() -> bool:
+        found = store.query("max_over_time(training_job:mfu_gpus:sum[1m])")
+        seen.clear()
+        seen.update({s["metric"]["training_job"]: s["value"] for s in found})
+        return sum(seen.values()) == 8 * NODES
+
+    try:
+        wait(stack, every_gpu, f"{path}: 8 GPUs per node", deadline=time.time() - stack.started + 60)
+    except AssertionError:
+        pass  # what was last seen is compared below, and named
+    assert sum(seen.values()) == 8 * NODES, seen
 
 
 @pytest.mark.parametrize("path", PATHS)
