@@ -59,7 +59,6 @@ T = TypeVar("T")
 
 @dataclass
 class Service:
-    config: dict
     scheduler: Scheduler
     jobs: JobTracker
     registry: CollectorRegistry
@@ -70,7 +69,7 @@ class Service:
     checkpoints: CheckpointTracker | None = None  # the checkpoint source's, fed by POST /api/v1/checkpoints
     attribution: Attributor = field(default_factory=Attributor)
     paths: Paths = field(default_factory=Paths)  # where attribution finds the PCIe topology of GPUs and NICs
-    settings: Config = field(default_factory=Config)  # ``config`` typed (mfu_exporter.config.typed_config)
+    settings: Config = field(default_factory=Config)  # the config file, typed (mfu_exporter.config.typed_config)
     restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
     speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
     ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it
@@ -491,7 +490,6 @@ def build_service(
             bind(model)
     restores = RestoreMeter()
     service = Service(
-        config,
         scheduler,
         jobs,
         registry,

@@ -12,7 +12,7 @@ from typing import Any
 
 from mfu_exporter.cli.flags import UsageError, add_daemon_flags, apply_web_flags, positive
 from mfu_exporter.client import ProgressReporter
-from mfu_exporter.config import ConfigError, Invalid, duration, typed_config
+from mfu_exporter.config import Config, ConfigError, Invalid, duration
 from mfu_exporter.sim.fleet import FLEET_INCIDENTS, build_fleet, serve_fleet
 from mfu_exporter.sim.node import (
     DISCOVERED_GPUS,
@@ -173,7 +173,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     target_tokens=NODE_TARGET_TOKENS,
                     clock=lambda: node.stamp,  # the time of the tick's token count, not of the send
                     monotonic=node.clock.monotonic,  # heartbeats and the load's duration on the simulated clock
-                    **reporter_access(service.config, url),
+                    **reporter_access(service.settings, url),
                 )
                 node.reporter = node.new_reporter()
             simulation.start()
@@ -216,13 +216,13 @@ def demo_flags(config: dict, args: argparse.Namespace) -> dict:
     return config
 
 
-def reporter_access(config: dict, url: str) -> dict[str, Any]:
+def reporter_access(settings: Config, url: str) -> dict[str, Any]:
     """How the demo's own job reaches the demo's server when ``--web.config.file`` or ``ingest.token_file`` secure
     it: the token from the token file, and over TLS a context that does not verify the certificate. The job and
     the server are one process on loopback, and the certificate names whatever host the operator's file was made
     for; the scrapers and browsers the demo serves verify it as usual. Basic auth governs reads, not reports."""
     access: dict[str, Any] = {}
-    token_file = typed_config(config).ingest.token_file
+    token_file = settings.ingest.token_file
     if token_file:
         try:
             with open(token_file, encoding="utf-8") as handle:

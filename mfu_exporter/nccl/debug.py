@@ -27,7 +27,7 @@ from typing import Iterable, Literal
 Transport = Literal["ib", "roce", "socket", "ofi", "mixed"]
 
 #: What the message of an INFO line starts after (anything before it is the host/pid/device prefix or a launcher's).
-_INFO = re.compile(r"NCCL INFO\s?")
+_INFO = "NCCL INFO"
 _HOST = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):\d+:\d+\s+\[\d+\]\s+NCCL INFO")
 _NET_CHANNEL = re.compile(r"\bvia NET/(?P<net>[^/\n]+?)/(?P<dev>\d+)(?:\(\d+\))?(?P<tail>\S*)")
 _LOCAL_CHANNEL = re.compile(r"\bvia (?:P2P|SHM|NVLS|CollNet)\b")
@@ -101,24 +101,29 @@ class TransportScanner:
             self.skipped += 1
 
     def _feed(self, line: str) -> None:
-        info = _INFO.search(line)
-        if info is None:
+        at = line.find(_INFO)
+        if at < 0:
             return
-        message = line[info.end() :].strip()
-        host = _HOST.search(line)
-        if host is not None and len(self._hosts) < _MAX_HOSTS:
-            self._hosts.add(host.group("host"))
-        channel = _NET_CHANNEL.search(message)
-        if channel is not None:
-            kind = _kind(channel.group("net"))
-            self._net_channels[kind] = self._net_channels.get(kind, 0) + 1
-            self._net_channel_example.setdefault(kind, message)
-            if "/GDRDMA" in channel.group("tail"):
-                self._gdr_channels += 1
-            return
-        if _LOCAL_CHANNEL.search(message):
-            self._local_channels += 1
-            return
+        end = at + len(_INFO)
+        message = line[end:].strip()
+        if len(self._hosts) < _MAX_HOSTS:  # two hosts tell "several": more would not change the finding
+            host = _HOST.search(line, 0, end)
+            if host is not None:
+                self._hosts.add(host.group("host"))
+        # Most of a busy log's NCCL lines are channel lines: a substring test spares them every regex that cannot
+        # match.
+        if "via " in message:
+            channel = _NET_CHANNEL.search(message) if "via NET/" in message else None
+            if channel is not None:
+                kind = _kind(channel.group("net"))
+                self._net_channels[kind] = self._net_channels.get(kind, 0) + 1
+                self._net_channel_example.setdefault(kind, message)
+                if "/GDRDMA" in channel.group("tail"):
+                    self._gdr_channels += 1
+                return
+            if _LOCAL_CHANNEL.search(message):
+                self._local_channels += 1
+                return
         using = _USING_NETWORK.match(message)
         if using is not None:
             self._using_network.setdefault(_kind(using.group("net")), message)
@@ -138,7 +143,7 @@ class TransportScanner:
             if self._ofi is None:
                 self._ofi = message
             return
-        nodes = _NODES.search(message)
+        nodes = _NODES.search(message) if "nNodes" in message else None
         if nodes is not None:
             count = int(nodes.group("n"))
             if count <= _MAX_NODES:

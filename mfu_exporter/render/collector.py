@@ -58,6 +58,7 @@ class ExporterCollector(Collector):
         self._scheduler = scheduler
         self._own = _own_fragment(scheduler)
         self._sources: dict[str, Fragment] = {}  # source name -> its latest snapshot's fragment
+        self._shown: dict[str, Any] = {}  # source name -> the readings its fragment shows
         self._renderers = renderers()  # this service's: what they keep between samples is its own
         self._job_fragment = _job_fragment(jobs.views())
         self._parts: list[_Part] = []
@@ -92,9 +93,13 @@ class ExporterCollector(Collector):
         snapshot = state.snapshot if state is not None else None
         if snapshot is None:
             self._sources.pop(source, None)
-        else:
+            self._shown.pop(source, None)
+        elif source not in self._sources or not _same(snapshot.readings, self._shown[source]):
+            # A sample that read what the last one did (a quiet log, no checkpoint write) keeps the fragment it
+            # would rebuild: its encodings are then already made.
             build = functools.partial(snapshot_families, snapshot, self._renderers)
             self._sources[source] = Fragment(build, ahead=True, sampled=True)
+            self._shown[source] = snapshot.readings
         self._own = _own_fragment(self._scheduler)
         self.page = self._page()
 
@@ -117,6 +122,16 @@ class ExporterCollector(Collector):
                 *(part.refresh() if part.fragment is None else part.fragment for part in self._parts),
             ]
         )
+
+
+def _same(readings: Any, shown: Any) -> bool:
+    """Whether two samples' readings render the same families: equal values of one type."""
+    if readings is None or shown is None:
+        return readings is shown
+    try:
+        return type(readings) is type(shown) and bool(readings == shown)
+    except Exception:  # noqa: BLE001 - readings whose comparison fails are shown anew
+        return False
 
 
 def _own_fragment(scheduler: Scheduler) -> Fragment:

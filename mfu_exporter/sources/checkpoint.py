@@ -524,8 +524,8 @@ class CheckpointSource:
             },
         }
         previous = self._previous
-        # Checkpoints come minutes apart: most samples find what the last one did. The same snapshot again keeps its
-        # encoding (render/encode caches it per snapshot), instead of encoding the job's histogram every second.
+        # Checkpoints come minutes apart: most samples find what the last one did. The same readings again keep their
+        # published fragment (render/collector), instead of encoding the job's histogram every second.
         # A write in progress ages with each sample: its snapshot is new.
         writing = any(t.in_progress_since is not None for t in totals.values())
         if (

@@ -185,7 +185,7 @@ def create_app(
     routes (path -> what to answer) that whoever hosts the service adds, behind the same security, such as the
     demo's truth at ``/api/v1/demo``; the web layer knows nothing of what they say."""
     # From the config unless a test injects one; a bad web config raises ConfigError here, so exit 2 at start.
-    security = security or WebSecurity.from_config(service.config)
+    security = security or WebSecurity.from_config(service.settings)
     app = web.Application(
         middlewares=[security.middleware, api_errors], client_max_size=service.settings.ingest.max_body_bytes
     )

@@ -30,10 +30,7 @@ import bcrypt
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from mfu_exporter.config import (
-    ConfigError,
-    typed_config,
-)
+from mfu_exporter.config import Config, ConfigError
 from mfu_exporter.web.webconfig import (
     NO_WEB_CONFIG,
     RETRY_SECONDS,
@@ -205,8 +202,7 @@ class WebSecurity:
         self._ingest_active = 0
 
     @classmethod
-    def from_config(cls, config: dict) -> "WebSecurity":
-        typed = typed_config(config)
+    def from_config(cls, typed: Config) -> "WebSecurity":
         return cls(
             typed.web.config_file,
             typed.ingest.token_file,

@@ -98,13 +98,13 @@ def test_the_demo_builds_the_sources_its_config_enables_and_the_flags_win(tmp_pa
             "storage",
             "discovery",
         ]
-        assert service.config["mfu"]["window"] == 20.0
-        assert service.config["web"] == {"listen_address": "127.0.0.1:19999", "config_file": str(web)}
+        assert service.settings.mfu.window == 20.0
+        assert (service.settings.web.listen_address, service.settings.web.config_file) == ("127.0.0.1:19999", str(web))
     finally:
         node.kubelet.stop()
     service, node, _ = build_demo(demo_args(config=str(file)), tmp_path / "again")
     node.kubelet.stop()
-    assert service.config["mfu"]["window"] == 30.0  # without the flag, the file's
+    assert service.settings.mfu.window == 30.0  # without the flag, the file's
 
 
 def test_a_bad_listen_address_is_the_flag_s_error(node):

@@ -2,6 +2,10 @@
 views, all at once; a report changes nothing published until the next tick; a sample publishes its source's
 snapshot and the exporter's own series, in the scheduler's order."""
 
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily
+
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
 from mfu_exporter.render.collector import ExporterCollector
@@ -9,6 +13,7 @@ from mfu_exporter.render.jobs import job_families
 from mfu_exporter.render.ledger import ledger_families
 from mfu_exporter.render.snapshots import snapshot_families
 from mfu_exporter.scheduler import Scheduler
+from mfu_exporter.sources.base import Snapshot
 from tests.support.sources import ScriptedSource
 from tests.support.wait import wait_for
 
@@ -73,3 +78,34 @@ async def test_a_sample_publishes_its_snapshot_in_the_schedulers_order():
         assert [sample.labels["source"] for sample in own[1][4]] == ["first", "second"]  # mfu_exporter_source_up
     finally:
         await scheduler.stop()
+
+
+@dataclass(frozen=True)
+class Level:
+    """Readings of a type without a renderer of the table: they render themselves."""
+
+    value: float
+
+    def families(self):
+        family = GaugeMetricFamily("mfu_test_level", "A level.")
+        family.add_metric([], self.value)
+        return [family]
+
+
+def test_a_sample_that_read_what_the_last_one_did_keeps_its_fragment():
+    scheduler = Scheduler([ScriptedSource("level", interval=3600)])
+    collector = ExporterCollector(scheduler, JobTracker())
+
+    def publish(value):
+        scheduler.keep("level", Snapshot(Level(value)))
+        collector.sampled("level")
+        return collector.page.fragments[1]
+
+    first = publish(1.0)
+    assert publish(1.0) is first  # equal readings of a new sample: the encodings already made stand
+    changed = publish(2.0)
+    assert changed is not first and as_data(changed.families())[0][4][0].value == 2.0
+    scheduler.states["level"].snapshot = None
+    collector.sampled("level")
+    assert len(collector.page.fragments) == 2  # the exporter's own series and the jobs: the source has nothing
+    assert publish(2.0) is not changed

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from mfu_exporter import VERSION_HEADER, __version__
-from mfu_exporter.config import ConfigError, validate
+from mfu_exporter.config import ConfigError, typed_config, validate
 from mfu_exporter.service import build_service
 from mfu_exporter.web import security as websecurity
 from mfu_exporter.web.app import create_app, serve
@@ -484,7 +484,7 @@ async def test_concurrent_ingest_beyond_the_limit_gets_503_and_the_slot_comes_ba
 
 def test_the_ingest_concurrency_limit_leaves_room_for_every_job_the_config_allows():
     for max_jobs in (1, 32, 200):
-        security = WebSecurity.from_config(validate({"ingest": {"max_jobs": max_jobs}}))
+        security = WebSecurity.from_config(typed_config(validate({"ingest": {"max_jobs": max_jobs}})))
         assert security.max_concurrent_ingest == max_jobs * websecurity.INGEST_REQUESTS_PER_JOB
 
 
