@@ -363,7 +363,8 @@ class Service:
                     counters[mount.mount_point] = float(mount.read_bytes)
                     for job in jobs:
                         mounts.setdefault(job, []).append(mount.mount_point)
-            self.restores.observe_mounts(state.last_success, counters)
+            at = storage.at if storage.at is not None else state.last_success
+            self.restores.observe_mounts(at, counters)
         for view in views:
             if view.ledger is not None:
                 self.restores.observe_job(view.name, view.ledger.loads, tuple(mounts.get(view.name, ())), now)

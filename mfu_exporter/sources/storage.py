@@ -75,6 +75,9 @@ class StorageReading:
     gds: NvfsStats | None
     gds_status: str  # "loaded", "not loaded", "disabled" (sources.storage.gds: false), or a read problem
     series: str  # the source's series level, for the renderer
+    # Unix time just before the counters were read: a restore's bytes are the growth between two samples around
+    # it, so each sample is placed by when it read, not by when the daemon took its snapshot (later, under load).
+    at: float | None = None
 
     def job_mounts(self, job: str, role: str | None = None) -> tuple[MountReading, ...]:
         """The mounts holding the job's paths (of ``role`` only, when given: ``data`` or ``checkpoint``)."""
@@ -93,6 +96,7 @@ class StorageSource:
         sysfs: str = "/sys",
         paths: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ):
         """``paths``: (job, role) -> the paths whose mounts to follow (``""`` for the job of ``mounts``)."""
         self.interval = section.interval
@@ -104,10 +108,12 @@ class StorageSource:
         self._llite_roots = llite_roots(procfs, sysfs)
         self._paths = dict(paths or {})
         self._monotonic = monotonic
+        self._wall = wall
         self._previous: dict[str, tuple[float, int]] = {}  # mount point -> (when, read bytes) of the last sample
 
     def sample(self) -> Snapshot:
         errors: Counter = Counter()
+        at = self._wall()
         mounts = self._mounts(errors) if self._paths else []
         followed: dict[str, tuple[Mount, list[tuple[str, str]]]] = {}
         unplaced = []
@@ -123,7 +129,7 @@ class StorageSource:
                     entry[1].append((job, role))
         readings = self._readings(followed, errors)
         gds, gds_status = self._gds_stats(errors)
-        reading = StorageReading(readings, gds, gds_status, self.series)
+        reading = StorageReading(readings, gds, gds_status, self.series, at=at)
         status = {
             "mounts": [
                 {
@@ -279,4 +285,4 @@ def storage_source(section: StorageConfig, ctx: SourceContext) -> StorageSource:
         paths[key] = paths.get(key, ()) + (watch.path,)
     if section.mounts:
         paths["", "configured"] = tuple(section.mounts)
-    return StorageSource(section, ctx.paths.procfs, ctx.paths.sysfs, paths, monotonic=ctx.monotonic)
+    return StorageSource(section, ctx.paths.procfs, ctx.paths.sysfs, paths, monotonic=ctx.monotonic, wall=ctx.wall)

@@ -249,3 +249,21 @@ def test_reads_of_a_real_file_show_in_its_mounts_counters(tmp_path):
     assert after.read_bytes - before.read_bytes >= size, how
     assert after.reads > before.reads
     print(f"\n{mount.mount_point} on {mount.device} ({mount.fstype}): {size} bytes read with {how}")
+
+
+def test_a_reading_is_placed_at_the_wall_time_read_just_before_its_counters(tmp_path):
+    procfs, sysfs = node(tmp_path)
+    stats = Path(procfs) / "self" / "mountstats"
+    section = typed_config(validate({})).sources.storage
+    stamps: list[float] = []
+
+    def wall() -> float:
+        # Bytes that arrive after the stamp are read with it: a sample is never placed after what it read.
+        stats.write_text(stats.read_text().replace("398458880000", str(398458880000 + 50 * MIB)))
+        stamps.append(1_787_000_000.0 + len(stamps))
+        return stamps[-1]
+
+    storage = StorageSource(section, procfs, sysfs, {("llama", "checkpoint"): ("/mnt/datasets",)}, wall=wall)
+    reading = storage.sample().readings
+    assert reading.at == stamps[-1] == 1_787_000_000.0
+    assert reading.mounts[0].read_bytes == 398458880000 + 50 * MIB
