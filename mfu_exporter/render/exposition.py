@@ -72,7 +72,7 @@ class Exposition:
         pending = page.pending.get(key)
         if pending is not None:
             return await asyncio.shield(pending), headers
-        if page.encoded(content_type):
+        if page.encoded(content_type, use_gzip):
             # Every snapshot's encoding is made: what is left (the jobs' part, the exporter's own series, gzip of what
             # changed) takes a fraction of a millisecond, less than handing it to a thread and back.
             return page.body(library, content_type, use_gzip, self.encoder), headers
@@ -88,7 +88,8 @@ class Exposition:
 
     def sampled(self, source: str | None = None, next_in: float | None = None) -> None:
         """Encode a source's new snapshot, and the exporter's own series its sample moved, ahead of the next scrape,
-        in the formats scraped periodically.
+        in the formats scraped periodically. A sample that kept its snapshot's fragment (it read what the last one
+        did) leaves every snapshot encoded: the scrape makes the rest on the loop, as cheaply as a thread would.
 
         ``next_in`` is the seconds until the source samples again. A snapshot the source will replace before a
         format's next scrape is due (with ``WARM_MARGIN`` to spare) is not encoded ahead for it: the one that
@@ -106,11 +107,13 @@ class Exposition:
         """Schedule encoding the page's fragments published by a sample (``sampled``) or else by the tick, in each
         format scraped periodically whose next scrape they will still be the latest for."""
         now = self._monotonic()
+        page = self._page()
         for content_type, (library, scraped_at, interval, use_gzip) in list(self._scraped.items()):
             if now - scraped_at > self.WARM_FOR:
                 del self._scraped[content_type]
             elif (
                 interval is not None
+                and not (sampled and page.encoded(content_type, use_gzip))
                 and now - scraped_at <= 2 * interval + self.WARM_MARGIN
                 and (next_in is None or now + next_in + self.WARM_MARGIN >= scraped_at + interval)
                 and plain_openmetrics(content_type) is not None

@@ -63,9 +63,10 @@ class Fragment:
             self._build = None  # what it read is no longer held
         return self._families
 
-    def encoded(self, content_type: str) -> bool:
-        """Whether the encoding in ``content_type`` is made (a render then only joins it)."""
-        return content_type in self._encoded
+    def encoded(self, content_type: str, use_gzip: bool = False) -> bool:
+        """Whether the encoding in ``content_type`` is made (a render then only joins it), with its deflate segment
+        when ``use_gzip``."""
+        return content_type in self._encoded and (not use_gzip or content_type in self._segments)
 
     def data(self, content_type: str, library: Library, encoder: Encoder) -> bytes:
         """The families in ``content_type`` (a format ``plain_openmetrics`` accepts), without OpenMetrics' ``# EOF``."""
@@ -121,11 +122,11 @@ class Page:
         """The body already made for the format and encoding, if any."""
         return self._bodies.get((content_type, use_gzip))
 
-    def encoded(self, content_type: str) -> bool:
-        """Whether every fragment worth encoding ahead is encoded in ``content_type``: what is left of a body is
-        small enough to make on the event loop."""
+    def encoded(self, content_type: str, use_gzip: bool = False) -> bool:
+        """Whether every fragment worth encoding ahead is encoded in ``content_type`` (with its deflate segment when
+        ``use_gzip``): what is left of a body is small enough to make on the event loop."""
         return plain_openmetrics(content_type) is not None and all(
-            fragment.encoded(content_type) for fragment in self.fragments if fragment.ahead
+            fragment.encoded(content_type, use_gzip) for fragment in self.fragments if fragment.ahead
         )
 
     def body(self, library: Library, content_type: str, use_gzip: bool, encoder: Encoder) -> bytes:

@@ -316,6 +316,38 @@ async def test_a_round_of_samples_is_encoded_ahead_in_one_pass(monkeypatch):
         await node.scheduler.stop()
 
 
+class SteadySource(CountingSource):
+    """A counting source that reads the same count at every sample (a quiet log, no checkpoint write)."""
+
+    def sample(self):
+        return Snapshot(readings=Events(1, self))
+
+
+async def test_a_sample_that_kept_its_snapshot_encodes_nothing_ahead(monkeypatch):
+    """The exporter's own series still move with such a sample: the scrape makes them on the loop, in the library's
+    bytes, without a pass in a thread."""
+    source, clock = SteadySource(), Clock()
+    passes = []
+    encode_fragments = Exposition._encode_fragments
+    monkeypatch.setattr(Exposition, "_encode_fragments", lambda *args: passes.append(encode_fragments(*args)))
+    node = await published_node([source], clock)
+    try:
+        for accept_encoding in (None, "gzip"):
+            for _ in range(2):
+                await node.exposition.render(OPENMETRICS_ACCEPT, accept_encoding)
+                clock.now += 15
+            clock.now -= 1  # the next scrape is due in a second
+            before = node.collector.page
+            await sample_and_settle(node, source)
+            assert node.collector.page is not before and passes == [] and source.renders == 1
+            body, _ = await node.exposition.render(OPENMETRICS_ACCEPT, accept_encoding)
+            expected = choose_encoder(OPENMETRICS_ACCEPT)[0](node.registry)
+            assert (gzip.decompress(body) if accept_encoding else body) == expected
+            assert passes == [] and source.renders == 1
+    finally:
+        await node.scheduler.stop()
+
+
 async def test_encodings_of_replaced_snapshots_are_let_go():
     source, clock = CountingSource(), Clock()
     node = await published_node([source], clock)
