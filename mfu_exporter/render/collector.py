@@ -4,7 +4,8 @@ Each part of /metrics is published as an immutable ``Fragment`` (``render/fragme
 and the fragments make a new ``Page`` in /metrics' order: the exporter's own series, the sources' latest snapshots
 in the scheduler's order, the jobs, then the parts added by the service. ``sampled`` (a ``Scheduler.on_sample``
 listener) publishes the sampled source's snapshot and the exporter's own series; ``tick`` (the service's 1 s tick)
-publishes the jobs' views it computed and the added parts whose key moved. A progress report changes the job model
+publishes the jobs' views it computed, the exporter's own series when a sample that changed nothing else moved them,
+and the added parts whose key moved. A progress report changes the job model
 only: /metrics shows it from the next tick.
 """
 
@@ -56,7 +57,9 @@ class _Part:
 class ExporterCollector(Collector):
     def __init__(self, scheduler: Scheduler, jobs: JobTracker):
         self._scheduler = scheduler
-        self._own = _own_fragment(scheduler)
+        self._own_stale = False  # a sample moved the exporter's own series since ``_own`` was made
+        self._shown_up: dict[str, bool] = {}  # source name -> whether ``_own`` shows it up
+        self._make_own()
         self._sources: dict[str, Fragment] = {}  # source name -> its latest snapshot's fragment
         self._shown: dict[str, Any] = {}  # source name -> the readings its fragment shows
         self._renderers = renderers()  # this service's: what they keep between samples is its own
@@ -88,24 +91,37 @@ class ExporterCollector(Collector):
 
     def sampled(self, source: str, next_in: float | None = None) -> None:
         """Publish ``source``'s latest snapshot (none while it has none) and the exporter's own series, which its
-        sample just changed. The snapshot's families are built when first encoded, from its readings alone."""
+        sample just changed. The snapshot's families are built when first encoded, from its readings alone. A good
+        sample whose readings equal the shown ones publishes nothing: the tick publishes its own series."""
         state = self._scheduler.states.get(source)
         snapshot = state.snapshot if state is not None else None
         if snapshot is None:
             self._sources.pop(source, None)
             self._shown.pop(source, None)
         elif source not in self._sources or not _same(snapshot.readings, self._shown[source]):
-            # A sample that read what the last one did (a quiet log, no checkpoint write) keeps the fragment it
-            # would rebuild: its encodings are then already made.
             build = functools.partial(snapshot_families, snapshot, self._renderers)
             self._sources[source] = Fragment(build, ahead=True, sampled=True)
             self._shown[source] = snapshot.readings
-        self._own = _own_fragment(self._scheduler)
+        elif state is not None and state.up and self._shown_up.get(source):
+            # A good sample that read what the last one did (a quiet log, no checkpoint write) keeps its fragment,
+            # and the page with it: only its duration, time of success and error counts moved, which the next
+            # tick publishes.
+            self._own_stale = True
+            return
+        self._make_own()
         self.page = self._page()
 
+    def _make_own(self) -> None:
+        self._own = _own_fragment(self._scheduler)
+        self._shown_up = {name: state.up for name, state in self._scheduler.states.items()}
+        self._own_stale = False
+
     def tick(self, views: list[JobView]) -> None:
-        """Publish the jobs' ``views`` (the tick's) and the added parts whose key moved."""
+        """Publish the jobs' ``views`` (the tick's), the exporter's own series when a sample moved them, and the
+        added parts whose key moved."""
         self._job_fragment = _job_fragment(views)
+        if self._own_stale:
+            self._make_own()
         try:
             for part in self._parts:
                 part.refresh()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from mfu_exporter.model.jobs import JobTracker
 from mfu_exporter.model.progress import parse_progress
@@ -23,7 +24,7 @@ from mfu_exporter.render.encode import Encoder
 from mfu_exporter.render.exposition import Exposition
 from mfu_exporter.render.fragment import Fragment, Page
 from mfu_exporter.scheduler import Scheduler
-from mfu_exporter.sources.base import Snapshot
+from mfu_exporter.sources.base import Snapshot, SourceUnavailable
 from tests.support.wait import wait_for
 from tests.unit.render.test_encode import ACCEPT_HEADERS
 
@@ -317,15 +318,30 @@ async def test_a_round_of_samples_is_encoded_ahead_in_one_pass(monkeypatch):
 
 
 class SteadySource(CountingSource):
-    """A counting source that reads the same count at every sample (a quiet log, no checkpoint write)."""
+    """A counting source that reads the same count at every sample (a quiet log, no checkpoint write), or fails
+    once told to."""
+
+    fail = False
 
     def sample(self):
+        if self.fail:
+            raise SourceUnavailable("gone")
         return Snapshot(readings=Events(1, self))
 
 
-async def test_a_sample_that_kept_its_snapshot_encodes_nothing_ahead(monkeypatch):
-    """The exporter's own series still move with such a sample: the scrape makes them on the loop, in the library's
-    bytes, without a pass in a thread."""
+async def scraped_every_15_s_then_due(node, clock, accept_encoding):
+    for _ in range(2):
+        await node.exposition.render(OPENMETRICS_ACCEPT, accept_encoding)
+        clock.now += 15
+    clock.now -= 1  # the next scrape is due in a second
+
+
+def served(body, accept_encoding):
+    return gzip.decompress(body) if accept_encoding else body
+
+
+async def test_a_good_sample_that_read_what_the_last_one_did_publishes_nothing_until_the_tick(monkeypatch):
+    """Its page, and the body made of it, stay; the tick publishes the exporter's own series it moved."""
     source, clock = SteadySource(), Clock()
     passes = []
     encode_fragments = Exposition._encode_fragments
@@ -333,17 +349,44 @@ async def test_a_sample_that_kept_its_snapshot_encodes_nothing_ahead(monkeypatch
     node = await published_node([source], clock)
     try:
         for accept_encoding in (None, "gzip"):
-            for _ in range(2):
-                await node.exposition.render(OPENMETRICS_ACCEPT, accept_encoding)
-                clock.now += 15
-            clock.now -= 1  # the next scrape is due in a second
-            before = node.collector.page
-            await sample_and_settle(node, source)
-            assert node.collector.page is not before and passes == [] and source.renders == 1
+            await scraped_every_15_s_then_due(node, clock, accept_encoding)
+            page = node.collector.page
             body, _ = await node.exposition.render(OPENMETRICS_ACCEPT, accept_encoding)
-            expected = choose_encoder(OPENMETRICS_ACCEPT)[0](node.registry)
-            assert (gzip.decompress(body) if accept_encoding else body) == expected
-            assert passes == [] and source.renders == 1
+            await sample_and_settle(node, source)
+            assert node.collector.page is page and passes == [] and source.renders == 1
+            assert (await node.exposition.render(OPENMETRICS_ACCEPT, accept_encoding))[0] is body
+            node.tick()
+            body, _ = await node.exposition.render(OPENMETRICS_ACCEPT, accept_encoding)
+            shown = [
+                sample.value
+                for family in text_string_to_metric_families(served(body, accept_encoding).decode())
+                for sample in family.samples
+                if sample.name == "mfu_exporter_source_last_success_timestamp_seconds"
+            ]
+            assert shown == [node.scheduler.states[source.name].last_success]
+            assert served(body, accept_encoding) == choose_encoder(OPENMETRICS_ACCEPT)[0](node.registry)
+            assert source.renders == 1
+    finally:
+        await node.scheduler.stop()
+
+
+async def test_a_sample_that_leaves_every_snapshot_encoded_encodes_nothing_ahead(monkeypatch):
+    """A source gone down takes its snapshot off the page: only the exporter's own series are left to encode, which
+    the scrape does on the loop, in the library's bytes."""
+    source, clock = SteadySource(), Clock()
+    passes = []
+    encode_fragments = Exposition._encode_fragments
+    monkeypatch.setattr(Exposition, "_encode_fragments", lambda *args: passes.append(encode_fragments(*args)))
+    node = await published_node([source], clock)
+    try:
+        await scraped_every_15_s_then_due(node, clock, "gzip")
+        page = node.collector.page
+        source.fail = True
+        await sample_and_settle(node, source)
+        assert node.collector.page is not page and passes == []
+        body, _ = await node.exposition.render(OPENMETRICS_ACCEPT, "gzip")
+        assert b'mfu_exporter_source_up{source="counting"} 0.0' in gzip.decompress(body)
+        assert gzip.decompress(body) == choose_encoder(OPENMETRICS_ACCEPT)[0](node.registry)
     finally:
         await node.scheduler.stop()
 
