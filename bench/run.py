@@ -526,8 +526,11 @@ async def measure_scrapes(
         await post.timed(next_report())
         await asyncio.sleep(TICK_WAIT)
 
-    async def nothing() -> None:
-        pass  # node_exporter collects on every scrape anyway
+    async def idle() -> None:
+        # node_exporter collects on every scrape: nothing to change, but the same idle second before its scrape. A
+        # process (and its scraper) woken after a second asleep pays the machine's wake-up, which on a VM can be
+        # milliseconds; back to back, node_exporter's scrapes would not.
+        await asyncio.sleep(TICK_WAIT)
 
     scrapes = 0
     try:
@@ -535,7 +538,7 @@ async def measure_scrapes(
             for mode, headers in loadgen.SCRAPE_MODES.items():
                 for process in (exporter, node_exporter):
                     request = loadgen.get_request(process.address, "/metrics", headers)
-                    before = change_state if process is exporter else nothing
+                    before = change_state if process is exporter else idle
                     runs = {
                         "single": await loadgen.back_to_back(process.address, request, 1, plan.single_scrapes),
                         "concurrent": await loadgen.back_to_back(
