@@ -289,12 +289,18 @@ async def test_a_burst_of_scrapes_does_not_keep_encoding_ahead():
         await node.scheduler.stop()
 
 
-async def test_a_round_of_samples_is_encoded_ahead_in_one_pass(monkeypatch):
-    sources, clock = [CountingSource(), CountingSource()], Clock()
-    sources[1].name = "counting-too"
+def counted_passes(monkeypatch):
+    """The passes of encoding ahead, one entry each, as they run."""
     passes = []
     encode_fragments = Exposition._encode_fragments
     monkeypatch.setattr(Exposition, "_encode_fragments", lambda *args: passes.append(encode_fragments(*args)))
+    return passes
+
+
+async def test_a_round_of_samples_is_encoded_ahead_in_one_pass(monkeypatch):
+    sources, clock = [CountingSource(), CountingSource()], Clock()
+    sources[1].name = "counting-too"
+    passes = counted_passes(monkeypatch)
     node = await published_node(sources, clock)
     try:
         for _ in range(2):
@@ -343,9 +349,7 @@ def served(body, accept_encoding):
 async def test_a_good_sample_that_read_what_the_last_one_did_publishes_nothing_until_the_tick(monkeypatch):
     """Its page, and the body made of it, stay; the tick publishes the exporter's own series it moved."""
     source, clock = SteadySource(), Clock()
-    passes = []
-    encode_fragments = Exposition._encode_fragments
-    monkeypatch.setattr(Exposition, "_encode_fragments", lambda *args: passes.append(encode_fragments(*args)))
+    passes = counted_passes(monkeypatch)
     node = await published_node([source], clock)
     try:
         for accept_encoding in (None, "gzip"):
@@ -374,9 +378,7 @@ async def test_a_sample_that_leaves_every_snapshot_encoded_encodes_nothing_ahead
     """A source gone down takes its snapshot off the page: only the exporter's own series are left to encode, which
     the scrape does on the loop, in the library's bytes."""
     source, clock = SteadySource(), Clock()
-    passes = []
-    encode_fragments = Exposition._encode_fragments
-    monkeypatch.setattr(Exposition, "_encode_fragments", lambda *args: passes.append(encode_fragments(*args)))
+    passes = counted_passes(monkeypatch)
     node = await published_node([source], clock)
     try:
         await scraped_every_15_s_then_due(node, clock, "gzip")
