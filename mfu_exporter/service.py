@@ -82,8 +82,8 @@ class Service:
     _JOINED = (("logs", LogsSample), ("nccl", NcclSample), ("rdma", RdmaSample))
 
     async def start(self) -> None:
-        """Start sampling every source and the 1 s tick of the job model (``evaluate_jobs``), on the running loop.
-        The counters an earlier exporter saved come back first, before a source feeds a job a count."""
+        """Start sampling every source and the job model's tick (``evaluate_jobs``, every ``mfu.interval``), on the
+        running loop. The counters an earlier exporter saved come back first, before a source feeds a job a count."""
         self.load_counters()
         await self.scheduler.start()
         self._ticking = asyncio.create_task(self.evaluate_jobs(), name="evaluate-jobs")
@@ -178,7 +178,7 @@ class Service:
         CPU seconds, resident and virtual memory, open and maximum file descriptors and start time, under their
         standard ``process_`` names. The daemon calls this (``web.app.serve``); build_service does not, so the golden
         rendering of the fixture node stays the same from run to run. It reads this process's own /proc/self, never
-        ``--path.procfs`` (the host's), at the tick, once a second of ``monotonic`` at most (docs/benchmarks.md)."""
+        ``--path.procfs`` (the host's), at the tick, once a second of ``monotonic`` at most."""
         if not self._process_metrics:
             self.collector.add(DaemonProcessCollector().collect, key=lambda: int(monotonic()))
             self._process_metrics = True
@@ -269,16 +269,16 @@ class Service:
         }
 
     async def evaluate_jobs(self) -> None:
-        """Once a second, the job model's tick (expiry, its log lines), then each job's MFU gap attributed, the
-        status page history kept and the jobs published to /metrics (cancelled at shutdown). The only writer besides
-        ingest: reads change nothing."""
+        """Every ``mfu.interval`` of the clock, the job model's tick (expiry, its log lines), then each job's MFU gap
+        attributed, the status page history kept and the jobs published to /metrics (cancelled at shutdown). The only
+        writer besides ingest: reads change nothing."""
         while True:
-            period = max(1.0 / self.speed, 0.05)
+            period = max(self.settings.mfu.interval / self.speed, 0.05)
             try:
                 self.evaluate_once()
             except Exception:
                 # Jobs expire here only: one bad pass (a bug in a figure) must not end expiry for good.
-                log.exception("the 1 s job evaluation failed; trying again in a second")
+                log.exception("the job evaluation failed; trying again at the next tick")
             self.exposition.ticked(next_in=period)
             await asyncio.sleep(period)
 
@@ -308,7 +308,7 @@ class Service:
 
     def save_counters(self, due: bool = True, final: bool = False) -> None:
         """The job counters to ``state.dir``, atomically (mfu_exporter.statefile); a failure keeps the last file. When
-        not ``due``, only if a job counted since the last save (the 1 s tick calls it): a killed exporter's next one
+        not ``due``, only if a job counted since the last save (each tick calls it): a killed exporter's next one
         resumes the counters from the job's total at its last tick. An older total could resume them below the
         value exported since: the job may have restarted meanwhile, its new total between the saved one and the
         last one counted. ``final``: the exporter stops, nothing is counted after this save, so a job whose total
@@ -445,7 +445,7 @@ def build_service(
     speed: float = 1.0,
 ) -> Service:
     """The service over ``sources``. ``clock`` and ``monotonic`` are the node's clocks; ``speed`` says how many of
-    their seconds pass per wall second (the demo's ``--speed``), so sampling and the 1 s tick keep to them."""
+    their seconds pass per wall second (the demo's ``--speed``), so sampling and the tick keep to them."""
     typed = typed_config(config)
     scheduler = Scheduler(sources, clock=clock, speed=speed)
     jobs = JobTracker(

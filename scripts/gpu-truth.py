@@ -1191,8 +1191,9 @@ def daemon_config(work: Path, fake: bool, window: float, trainer_log: Path, trai
     jobs: dict[str, Any] = {}
     if trainer_params is not None:
         jobs[TRAINER_JOB] = {"params": trainer_params, "dtype": "bf16", "gpus": [0], "world_size": 1}
+    # Sampled and evaluated every second: the run lasts a few MFU windows, and each second gives a comparison.
     return {
-        "mfu": {"window": f"{window:g}s"},
+        "mfu": {"window": f"{window:g}s", "interval": "1s"},
         "sources": {
             "gpu": {"enabled": True, "interval": "1s", "series": "full"},
             "logs": {

@@ -269,6 +269,10 @@ class SourcesConfig:
 @dataclass(frozen=True)
 class MfuConfig:
     window: float = setting(duration, 60.0)
+    # How often the job model is evaluated: each job's MFU and its attribution, the status page's history and the
+    # jobs' series on /metrics. The attribution reads the hardware sources' samples (5 s by default) and books each
+    # interval's gap whatever its length, so a shorter tick evaluates the same signals again at a cost in CPU.
+    interval: float = setting(duration, HARDWARE_INTERVAL)
 
 
 @dataclass(frozen=True)

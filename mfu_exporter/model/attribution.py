@@ -1,4 +1,5 @@
-"""Where did the MFU go: each second, the gap between a job's healthy baseline and its current MFU gets one cause.
+"""Where did the MFU go: at each tick (``mfu.interval``), the gap between a job's healthy baseline and its current
+MFU gets one cause.
 
 Causes, in order of precedence (the first whose signal is present wins, so overlapping faults resolve the same way
 on every node and in the cluster rules):
@@ -45,7 +46,7 @@ the HW slowdown bit, GPU utilization, a reason on a driver without its throttle-
 - a cause appears as soon as its signal shows and the job's *recent* progress (its last report interval, or no
   report when one was due) is below the baseline by the tolerance, without waiting for the window's MFU;
 - after its signal clears, a cause *holds* for one MFU window plus twice the longer of the job's report interval
-  and the sources' sampling interval: the window still holds the slow seconds, and its gap, booked each second,
+  and the sources' sampling interval: the window still holds the slow seconds, and its gap, booked each tick,
   goes to the cause that made it, not to ``unknown``;
 - of the causes seen now or held, the first by precedence wins; ``stalled``, ``idle`` and ``unknown``, which have no
   signal of their own, are given only when no cause was seen within the window.
@@ -302,7 +303,7 @@ def _signal(view: JobView) -> tuple[str, float | None]:
 
 
 class Attributor:
-    """Keeps each job's baseline and lost GPU-seconds by cause; ``evaluate`` runs once a second on the event loop."""
+    """Keeps each job's baseline and lost GPU-seconds by cause; ``evaluate`` runs at each tick on the event loop."""
 
     def __init__(self, limits: Thresholds = Thresholds(), window: float = 60.0):
         self.limits = limits
@@ -381,7 +382,7 @@ class Attributor:
                 state, now, Verdict("none", f"learning the healthy baseline from recent {shown}", None, 0.0, signal)
             )
             return
-        lost = max(baseline - value, 0.0) / baseline  # the window's gap: what the MFU shows and each second books
+        lost = max(baseline - value, 0.0) / baseline  # the window's gap: what the MFU shows and each tick books
         recent_lost = max(baseline - recent, 0.0) / baseline if recent is not None else 0.0
         # A hardware figure is the last sample's, no window behind it: its cause holds a couple of samples. The
         # signals are read over the sources' interval, so a cause is seen up to an interval after the seconds it

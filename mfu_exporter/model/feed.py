@@ -1,7 +1,7 @@
 """A source's feed: what it read that changes the job model, as items the service applies on its tick.
 
 A source reads in its own threads (a log follower's, the scheduler's worker); the job model changes on one thread
-only, the service's 1 s tick, in the order the source read. The source returns its feed with its snapshot
+only, the service's tick, in the order the source read. The source returns its feed with its snapshot
 (``Snapshot.feed``); ``apply_feed`` applies it to the job model and the checkpoint tracker, and returns what it
 could not apply, by reason, for the source's error counter.
 

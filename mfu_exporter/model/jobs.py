@@ -40,7 +40,7 @@ from mfu_exporter.model.resume import SavedCounters, counters_start
 
 log = logging.getLogger(__name__)
 
-# A job's view is computed again when the job changes, at each 1 s tick, and on a read when the view it has is older
+# A job's view is computed again when the job changes, at each tick (mfu.interval), and on a read when the view it has is older
 # than this (the tick's period): reports, scrapes and status requests between two ticks share one computation.
 VIEW_MAX_AGE = 1.0
 
@@ -96,7 +96,7 @@ class JobTracker:
 
     def report(self, report: ProgressReport, view: bool = True) -> JobView | None:
         """The report merged into its job; the job's view after it (``view``), else None. A log source feeds many
-        lines at once and needs no view of each (a view looks the peak up); the 1 s tick logs its reason then."""
+        lines at once and needs no view of each (a view looks the peak up); the tick logs its reason then."""
         now = self._clock()
         with self._lock:
             job = self._merge(report, now)
@@ -104,7 +104,7 @@ class JobTracker:
 
     def accept(self, report: ProgressReport) -> Accepted:
         """The report merged into its job, answered without the job's view (the ingest API's answer): the view is
-        computed by the 1 s tick, or by the first read after the change (``views``)."""
+        computed by the tick, or by the first read after the change (``views``)."""
         now = self._clock()
         with self._lock:
             job = self._merge(report, now)

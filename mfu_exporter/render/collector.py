@@ -3,7 +3,7 @@
 Each part of /metrics is published as an immutable ``Fragment`` (``render/fragment.py``) when what it shows changes,
 and the fragments make a new ``Page`` in /metrics' order: the exporter's own series, the sources' latest snapshots
 in the scheduler's order, the jobs, then the parts added by the service. ``sampled`` (a ``Scheduler.on_sample``
-listener) publishes the sampled source's snapshot and the exporter's own series; ``tick`` (the service's 1 s tick)
+listener) publishes the sampled source's snapshot and the exporter's own series; ``tick`` (the service's tick, every ``mfu.interval``)
 publishes the jobs' views it computed, the exporter's own series when a sample that changed nothing else moved them,
 and the added parts whose key moved. A progress report changes the job model
 only: /metrics shows it from the next tick.

@@ -28,7 +28,7 @@ class Exposition:
 
     ``sampled`` (a ``Scheduler.on_sample`` listener) encodes each new snapshot that a scraper's next scrape will find
     the latest right away, off the loop, in every format a scraper comes back for; ``ticked`` does the same for what
-    the 1 s tick published, and the page's body is joined then too. That scrape then finds its body made. A format
+    the tick published, and the page's body is joined then too. That scrape then finds its body made. A format
     counts as scraped periodically until twice its last interval between scrapes has passed (at most
     ``WARM_FOR``): a Prometheus keeps its format warm, a one-off curl or a burst of scrapes does not."""
 

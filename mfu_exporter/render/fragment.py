@@ -1,7 +1,7 @@
 """One published part of /metrics, and the page of them a scrape is served from.
 
 Every part of the exposition is published as a ``Fragment`` when what it shows changes: a source's fragment when
-its sample ends, the exporter's own series then too, the jobs' and the service's other parts at the 1 s tick
+its sample ends, the exporter's own series then too, the jobs' and the service's other parts at the service's tick
 (``ExporterCollector``). A fragment never changes once published: its families are built once (from readings that
 do not change either), and its encoding in a format, made on the first scrape in that format (or ahead of it,
 ``Exposition.sampled``), is kept on it with its deflate segment, so a later body joins bytes. A new fragment

@@ -911,7 +911,8 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
         files.append({"path": str(node.training_log.path), "job": JOB, "format": "torchtitan"})
     logs = {"files": files, "discovered_pods": False}
     defaults: dict = {
-        "mfu": {"window": "15s"},
+        # Evaluated every second, as the hardware is sampled: each incident's cause shows within a second of it.
+        "mfu": {"window": "15s", "interval": "1s"},
         "sources": {
             # Every second, not the 5 s default: the demo's incidents are a few seconds long, and its viewer sees
             # each one's cause within a second of it.

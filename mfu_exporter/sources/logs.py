@@ -161,6 +161,9 @@ class LogsSource:
         self._joblogs: dict[str, JobLog] = {}
         self._scanners: dict[str, _JobScanners] = {}
         self._fed: set[str] = set()
+        # Jobs this source created (a Seen handed over) that the model did not list yet: the service applies a feed
+        # at its tick, several samples later, and a second Seen would replace the reason a later line gave.
+        self._announced: set[str] = set()
         self._warned: set[str] = set()
         self._counts: Counter = Counter()
         self._reported: Counter = Counter()
@@ -203,7 +206,10 @@ class LogsSource:
             # A node whose log has no progress lines still shows the job's GPUs (cluster attribution). A job this
             # sample's feed creates already has its reason.
             created = {r.job for r in self._feed if isinstance(r, (Seen, Progress, RunEvent))}
-            self._feed.extend(Seen(job, NO_PROGRESS) for job in sorted(jobs_seen - self._fed - known - created))
+            self._announced = (self._announced | created) & (jobs_seen - known)
+            new = sorted(jobs_seen - self._fed - known - self._announced)
+            self._feed.extend(Seen(job, NO_PROGRESS) for job in new)
+            self._announced.update(new)
             feed, self._feed = tuple(self._feed), []
             self._scanners = {job: s for job, s in self._scanners.items() if job in jobs_seen}
             collectives = {job: scanners.reading() for job, scanners in sorted(self._scanners.items())}
@@ -237,7 +243,7 @@ class LogsSource:
                 pods = {}
             for job, refs in sorted(pods.items()):
                 if not self._model.is_discovered(job):
-                    # The job model takes discovery's answer on its 1 s tick: until then it does not know the
+                    # The job model takes discovery's answer on its tick: until then it does not know the
                     # job's GPUs, and a per-GPU log (torchtitan's tps) read now would count every GPU of the node.
                     continue
                 for namespace, pod in refs:

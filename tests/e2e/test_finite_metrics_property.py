@@ -185,7 +185,7 @@ def scrape(url: str) -> tuple[str, dict[tuple[str, tuple], tuple[str, float]]]:
 
 @pytest.fixture(scope="module")
 def exporter(tmp_path_factory):
-    config = no_sources_config(ingest={"max_jobs": 1000}, mfu={"window": "1m"})
+    config = no_sources_config(ingest={"max_jobs": 1000}, mfu={"window": "1m", "interval": "1s"})
     config["sources"]["checkpoint"] = {"enabled": True}  # the API's events; no directory is watched
     server = Exporter(tmp_path_factory.mktemp("property"), config).start()
     yield server

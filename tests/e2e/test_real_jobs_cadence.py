@@ -12,10 +12,12 @@ import json
 
 import pytest
 
+from mfu_exporter.config import DEFAULTS
 from tests.support.realjobs_harness import JOB_DEADLINE, Daemon, Watcher, figures, hf_trainer, model_facts, settled
 
 pytestmark = pytest.mark.slow
 
+TICK = DEFAULTS.mfu.interval  # seconds between the job model's evaluations, at the default
 WINDOW = 3.0  # seconds: the node's MFU window, under the Trainer's line interval here (5 s unloaded, more when busy)
 AFTER_END = 3  # the job's line intervals after the job's last line by which its MFU is no longer served as live
 
@@ -55,7 +57,7 @@ def sparse(tmp_path_factory) -> dict:
             # Watch on for the end's grace: the stall rule the daemon learned from the job's own intervals (3 of
             # them: the median, which a loaded machine moves away from the mean measured here).
             grace = max(last["stall_after_seconds"] or 0.0, AFTER_END * interval)
-            watcher.until(ended + grace + 4.0)
+            watcher.until(ended + grace + TICK + 4.0)
             ledger = daemon.ledger("hf-sparse")
     finally:
         job.stop()
@@ -100,8 +102,8 @@ def test_a_finished_job_s_mfu_is_no_longer_served_as_live(sparse):
     exited), the daemon serves no live MFU for it: absent, or 0 with a cause, or a state other than running; not
     its last figure, nor a 0 that no cause explains."""
     seen, ended, interval = sparse["seen"], sparse["ended"], sparse["interval"]
-    # Past the grace, with two seconds for the tick and the watcher's poll.
-    late = [s for s in seen if s["time"] > ended + sparse["grace"] + 2.0 and s["job"]]
+    # Past the grace, with the tick's interval and a second for the watcher's poll.
+    late = [s for s in seen if s["time"] > ended + sparse["grace"] + TICK + 1.0 and s["job"]]
     live = [
         (
             round(s["time"] - ended, 1),

@@ -563,6 +563,38 @@ def test_a_detected_format_that_reads_nothing_is_visible_within_a_minute_with_th
     assert views["llm"].mfu is None
 
 
+def test_samples_before_the_tick_create_the_job_once_and_keep_the_reason_a_later_line_gave(tmp_path):
+    """The logs source samples every second and the service applies its feeds at the tick, several samples later:
+    the job is created once (one Seen), so the reason the unread lines gave is the job's when the tick applies them."""
+    from mfu_exporter.model.feed import Seen, apply_feed
+    from mfu_exporter.sources.base import ModelReads
+    from tests.unit.logs.real_pastes import load
+
+    lines = next(p for p in load() if p.name == "hf/trl-3452-grpo-nothing-useful").lines
+    path = tmp_path / "train.log"
+    write(path, [])
+    config = validate({"sources": {"logs": {"files": [{"path": str(path), "job": "llm"}]}}})
+    tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory)
+    source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False)
+    source.bind(ModelReads(gpu_count=tracker.gpu_count, is_discovered=tracker.is_discovered, job_names=tracker.names))
+    feeds = []
+    try:
+        feeds.append(source.sample())  # starts following the empty file
+        with path.open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
+        source.follower.poll()
+        feeds.extend(source.sample() for _ in range(4))  # the samples between two ticks
+    finally:
+        source.close()
+    seen = [item for snapshot in feeds for item in snapshot.feed if isinstance(item, Seen)]
+    assert [item.reason for item in seen][0] == NO_PROGRESS
+    assert len([item for item in seen if item.reason == NO_PROGRESS]) == 1, seen
+    for snapshot in feeds:  # the tick: every sample's feed, in the order sampled
+        apply_feed(snapshot.feed, tracker, None)
+    (view,) = tracker.views()
+    assert view.reason is not None and "no progress read" in view.reason, view.reason
+
+
 def test_megatron_timers_give_the_jobs_data_wait_in_gpu_seconds_and_its_share(tmp_path):
     """--timing-log-level 2: batch-generator's per-iteration max after each iteration line (1.25 s of each 5 s
     step): the job's data wait is one rank's wait x its 8 GPUs here, a quarter of wall time."""
