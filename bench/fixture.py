@@ -64,10 +64,13 @@ def build_gpus() -> fake_nvml.FakeNvml:
 HARDWARE_SOURCES = ("gpu", "rdma", "ethtool")
 
 
-def node_config(listen_address: str = "127.0.0.1:9495", interval: float | None = None) -> dict:
+def node_config(
+    listen_address: str = "127.0.0.1:9495", interval: float | None = None, mfu_interval: float | None = None
+) -> dict:
     """Every default, as a node runs with an empty config file, on a loopback address, except job discovery: the
     fixture has no kubelet and no Slurm, and discovery would read this machine's (its socket, its processes).
-    ``interval`` (seconds) replaces the 5 s default of the GPU, RDMA and ethtool sources (``HARDWARE_SOURCES``)."""
+    ``interval`` (seconds) replaces the 5 s default of the GPU, RDMA and ethtool sources (``HARDWARE_SOURCES``);
+    ``mfu_interval`` that of the job model's tick (``mfu.interval``)."""
     off = {"enabled": False}
     document: dict[str, Any] = {
         "web": {"listen_address": listen_address},
@@ -75,6 +78,8 @@ def node_config(listen_address: str = "127.0.0.1:9495", interval: float | None =
     }
     if interval is not None:
         document["sources"] = {name: {"interval": f"{interval:g}s"} for name in HARDWARE_SOURCES}
+    if mfu_interval is not None:
+        document["mfu"] = {"interval": f"{mfu_interval:g}s"}
     return validate(document)
 
 

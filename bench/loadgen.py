@@ -110,12 +110,16 @@ class Connection:
 
     async def timed(self, request: bytes, expect: int = 200) -> float:
         """Seconds from sending ``request`` to the end of its response body."""
+        return (await self.timed_response(request, expect))[0]
+
+    async def timed_response(self, request: bytes, expect: int = 200) -> tuple[float, Response]:
+        """``timed``'s seconds, with the response."""
         started = time.perf_counter()
         response = await self.exchange(request)
         elapsed = time.perf_counter() - started
         if response.status != expect:
             raise HttpError(f"{self.address} answered {response.status}: {response.body[:200]!r}")
-        return elapsed
+        return elapsed, response
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -141,16 +145,31 @@ async def back_to_back(address: str, request: bytes, clients: int, requests_each
             await connection.close()
 
 
-async def in_rounds(
-    address: str, request: bytes, clients: int, rounds: int, before_round: Callable[[], Awaitable[None]]
+async def in_fresh_rounds(
+    address: str,
+    request: bytes,
+    clients: int,
+    rounds: int,
+    before_round: Callable[[], Awaitable[None]],
+    changed_only: bool,
 ) -> list[float]:
-    """``rounds`` times: ``before_round()`` (untimed), then ``clients`` requests at once; every latency."""
+    """``rounds`` times: ``before_round()`` (untimed), then ``clients`` requests at once; every latency. With
+    ``changed_only``, a round counts (its latencies kept, towards ``rounds``) only when its body
+    differs from the one before it: a scrape of a page published since the last (a server that serves what its
+    sources and tick published), not one it answered already."""
     connections = [await Connection(address).open() for _ in range(clients)]
     latencies: list[float] = []
+    last = (await connections[0].exchange(request)).body if changed_only else None
+    counted = 0
     try:
-        for _ in range(rounds):
+        while counted < rounds:
             await before_round()
-            latencies += await asyncio.gather(*(connection.timed(request) for connection in connections))
+            answers = await asyncio.gather(*(connection.timed_response(request) for connection in connections))
+            body = answers[0][1].body
+            if not changed_only or body != last:
+                latencies += [elapsed for elapsed, _ in answers]
+                counted += 1
+            last = body
         return latencies
     finally:
         for connection in connections:

@@ -50,7 +50,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import fixture, loadgen
-from mfu_exporter.config import HARDWARE_INTERVAL
+from mfu_exporter.config import DEFAULT_INTERVAL
 from mfu_exporter.model.checkpoints import parse_checkpoint_event
 from mfu_exporter.model.progress import parse_progress
 from mfu_exporter.node.ethtool import EthtoolTextReader
@@ -61,12 +61,12 @@ from mfu_exporter.sim.mlx5 import SimulatedNode
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SCRAPERS = 16
-# Seconds after a report before a fresh scrape: the service publishes the jobs to /metrics at its 1 s tick.
-TICK_WAIT = 1.05
+# Seconds asleep before each fresh scrape (after a report, for the exporter): the scraper and the process wake cold.
+IDLE_WAIT = 1.05
 REPORTERS = 32
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT = 30.0
-SAMPLE_INTERVAL = HARDWARE_INTERVAL  # the longest default interval of the sources the window measures but preflight
+SAMPLE_INTERVAL = DEFAULT_INTERVAL  # the longest default interval of the sources the window measures but preflight
 NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
 HUNG_SOURCE = "gpu"  # NVML is the call that hangs on a sick GPU
 STATUS_REFRESH = 2.0  # seconds between the status page's polls of /api/v1/status (REFRESH_MS in status.js)
@@ -85,8 +85,8 @@ class Plan:
     render_times: int
     single_scrapes: int  # back to back, one scraper
     concurrent_scrapes: int  # back to back, per scraper
-    fresh_scrapes: int  # one scraper, a state change and a tick before each
-    fresh_rounds: int  # 16 scrapers at once, a state change before each round
+    fresh_scrapes: int  # one scraper, of a body published since the last (node_exporter's: every scrape)
+    fresh_rounds: int  # 16 scrapers at once, the same
     cpu_seconds: int
     cpu_window: int  # seconds per CPU sub-window
     hung_repetitions: int
@@ -94,6 +94,8 @@ class Plan:
     ingest_reports: int  # per reporter per repetition
     demo_warmup: float  # seconds after the demo is ready
     demo_seconds: float
+    # The daemon's mfu.interval (None: its 5 s default): a fresh scrape waits for a tick, so a quick run ticks often.
+    mfu_interval: float | None = None
 
 
 FULL = Plan(
@@ -102,8 +104,8 @@ FULL = Plan(
     render_times=20,
     single_scrapes=500,
     concurrent_scrapes=50,
-    fresh_scrapes=20,
-    fresh_rounds=5,
+    fresh_scrapes=5,
+    fresh_rounds=1,
     cpu_seconds=60,
     cpu_window=10,
     hung_repetitions=3,
@@ -127,6 +129,7 @@ QUICK = Plan(
     ingest_reports=5,
     demo_warmup=0.0,
     demo_seconds=2.0,
+    mfu_interval=1.0,
 )
 
 # (figure, comparison, limit): a full run judges the median of each. Where node_exporter runs beside the exporter,
@@ -522,15 +525,16 @@ async def measure_scrapes(
     next_report = reporters.maker(0, fixture.JOBS[0])
 
     async def change_state() -> None:
-        # A job's new total, published to /metrics by the service's next tick: the scrape after it renders afresh.
+        # A job's new total, published to /metrics by the service's next tick (every mfu.interval): the rounds
+        # counted fresh are those whose body changed since the last.
         await post.timed(next_report())
-        await asyncio.sleep(TICK_WAIT)
+        await asyncio.sleep(IDLE_WAIT)
 
     async def idle() -> None:
         # node_exporter collects on every scrape: nothing to change, but the same idle second before its scrape. A
         # process (and its scraper) woken after a second asleep pays the machine's wake-up, which on a VM can be
         # milliseconds; back to back, node_exporter's scrapes would not.
-        await asyncio.sleep(TICK_WAIT)
+        await asyncio.sleep(IDLE_WAIT)
 
     scrapes = 0
     try:
@@ -544,11 +548,11 @@ async def measure_scrapes(
                         "concurrent": await loadgen.back_to_back(
                             process.address, request, SCRAPERS, plan.concurrent_scrapes
                         ),
-                        "fresh_single": await loadgen.in_rounds(
-                            process.address, request, 1, plan.fresh_scrapes, before
+                        "fresh_single": await loadgen.in_fresh_rounds(
+                            process.address, request, 1, plan.fresh_scrapes, before, process is exporter
                         ),
-                        "fresh_concurrent": await loadgen.in_rounds(
-                            process.address, request, SCRAPERS, plan.fresh_rounds, before
+                        "fresh_concurrent": await loadgen.in_fresh_rounds(
+                            process.address, request, SCRAPERS, plan.fresh_rounds, before, process is exporter
                         ),
                     }
                     prefix = "scrape" if process is exporter else "node_exporter.scrape"
@@ -786,7 +790,8 @@ async def run(plan: Plan) -> dict[str, Any]:
         phases.done("rendering")
 
         hang_switch = root / f"hang-{HUNG_SOURCE}"
-        exporter = start_exporter(root, extra=["--hang-switch", str(hang_switch)])
+        tick = [] if plan.mfu_interval is None else ["--mfu-interval", f"{plan.mfu_interval:g}"]
+        exporter = start_exporter(root, extra=["--hang-switch", str(hang_switch), *tick])
         processes.append(exporter)
         node_exporter = start_node_exporter(binary, root)
         processes.append(node_exporter)

@@ -125,11 +125,12 @@ class WebServerConfig:
     config_file: str | None = setting(optional(string))
 
 
-# The default interval of the sources the loss attribution reads (gpu, rdma, ethtool): their NVML calls and sysfs
-# and ethtool reads are most of the daemon's CPU, and the attribution reads time shares from their counters over each
-# interval (pause, throttle time, errors), so nothing between two samples is lost at 5 s. interval: 1s stays
-# available, at about twice the daemon's CPU on a full node.
-HARDWARE_INTERVAL = 5.0
+# The default interval of every source but logs and of the job model's tick (mfu.interval). The NVML calls and the sysfs and
+# ethtool reads are most of the daemon's CPU, and the attribution reads time shares from their counters over each
+# interval (pause, throttle time, errors), so nothing between two samples is lost at 5 s. The checkpoints' inotify
+# events are read as they come, in a thread of its own, and the tick applies them: sampling oftener only wakes the
+# daemon oftener. interval: 1s stays available, at about twice the CPU; the logs source keeps it (LogsConfig).
+DEFAULT_INTERVAL = 5.0
 # How many series a source exports (docs/metrics.md "Series levels"): every metric family is tagged with the lowest
 # level at which it is on. minimal: what the central rules read (the node summaries, up and identity); standard (the
 # default): what a rule, dashboard panel or runbook step reads; full: every raw counter, for drill-down.
@@ -146,21 +147,19 @@ class SourceConfig:
     series it exports."""
 
     enabled: Enabled = setting(tristate, Enabled.AUTO)
-    interval: float = setting(duration, 1.0)
+    interval: float = setting(duration, DEFAULT_INTERVAL)
     timeout: float = setting(duration, 5.0)
     series: str = setting(choice(*SERIES_LEVELS), "standard")
 
 
 @dataclass(frozen=True)
 class GpuConfig(SourceConfig):
-    interval: float = setting(duration, HARDWARE_INTERVAL)
     retry_interval: float = setting(duration, 60.0)
     gpm: bool = setting(boolean, True)
 
 
 @dataclass(frozen=True)
 class RdmaConfig(SourceConfig):
-    interval: float = setting(duration, HARDWARE_INTERVAL)
     devices_include: tuple[str, ...] = setting(regex_list, [".*"])
     devices_exclude: tuple[str, ...] = setting(regex_list, [r".*vf.*", r".*rep.*"])
     virtual_functions: bool = setting(boolean, False)
@@ -169,7 +168,6 @@ class RdmaConfig(SourceConfig):
 
 @dataclass(frozen=True)
 class EthtoolConfig(SourceConfig):
-    interval: float = setting(duration, HARDWARE_INTERVAL)
     interfaces_include: tuple[str, ...] = setting(regex_list, [])
     interfaces_exclude: tuple[str, ...] = setting(
         regex_list, [r"^lo$", r"^(br|docker|virbr|veth|cni|flannel|cali|vxlan)"]
@@ -203,6 +201,9 @@ class LogFileConfig:
 
 @dataclass(frozen=True)
 class LogsConfig(SourceConfig):
+    # Every second: each sample finds the files its globs and the discovered pods name, and a new file's lines that
+    # print no time are stamped when read, so a run's start line found late would take its startup from the ledger.
+    interval: float = setting(duration, 1.0)
     files: tuple[LogFileConfig, ...] = items(ListOfConfig(LogFileConfig))
     discovered_pods: bool = setting(boolean, True)
     pods_root: str = setting(string, "/var/log/pods")
@@ -235,7 +236,6 @@ class NcclConfig(SourceConfig):
     Slurm prolog or a Kubernetes init container wrote), judged like ``mfu-exporter nccl``; ``expect_busbw`` (GB/s)
     overrides the figure read from the ACTIVE RDMA ports."""
 
-    interval: float = setting(duration, 5.0)
     inspector_paths: tuple[str, ...] = setting(string_list, [])
     tests_paths: tuple[str, ...] = setting(absolute_globs, [])
     expect_busbw: float | None = setting(optional(positive_quantity), None)
@@ -246,7 +246,6 @@ class StorageConfig(SourceConfig):
     """``sources.storage``: reads per mount of the jobs' data (``jobs.<name>.data_paths``), of their checkpoint
     watches and of ``mounts``, and the nvidia-fs driver's GPUDirect Storage counters (``gds``)."""
 
-    interval: float = setting(duration, 5.0)
     mounts: tuple[str, ...] = setting(string_list, [])
     gds: Enabled = setting(tristate, Enabled.AUTO)
     # Whose mounts, under --path.procfs: the exporter's own (self), or, in a container with the host's PID
@@ -272,7 +271,7 @@ class MfuConfig:
     # How often the job model is evaluated: each job's MFU and its attribution, the status page's history and the
     # jobs' series on /metrics. The attribution reads the hardware sources' samples (5 s by default) and books each
     # interval's gap whatever its length, so a shorter tick evaluates the same signals again at a cost in CPU.
-    interval: float = setting(duration, HARDWARE_INTERVAL)
+    interval: float = setting(duration, DEFAULT_INTERVAL)
 
 
 @dataclass(frozen=True)
@@ -358,7 +357,7 @@ class SlurmConfig:
 
 @dataclass(frozen=True)
 class DiscoveryConfig:
-    interval: float = setting(duration, 5.0)
+    interval: float = setting(duration, DEFAULT_INTERVAL)
     timeout: float = setting(duration, 10.0)
     max_jobs: int = setting(positive_int, 64)
     kubernetes: KubernetesConfig = subsection(KubernetesConfig)

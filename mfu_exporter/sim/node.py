@@ -914,12 +914,12 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
         # Evaluated every second, as the hardware is sampled: each incident's cause shows within a second of it.
         "mfu": {"window": "15s", "interval": "1s"},
         "sources": {
-            # Every second, not the 5 s default: the demo's incidents are a few seconds long, and its viewer sees
-            # each one's cause within a second of it.
+            # Every second, not the 5 s default, here and for the checkpoints: the demo's incidents are a few
+            # seconds long, and its viewer sees each one's cause within a second of it.
             "gpu": {"interval": "1s", "retry_interval": "30s"},
             "rdma": {"interval": "1s"},
             "ethtool": {"interval": "1s"},
-            "checkpoint": {"watch": [watch]},
+            "checkpoint": {"watch": [watch], "interval": "1s"},
             "logs": logs,
             "nccl": {
                 "inspector_paths": [str(node.inspector.directory)],

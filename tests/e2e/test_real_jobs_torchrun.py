@@ -101,8 +101,15 @@ def test_torchrun_kill_9_of_a_rank_restart_and_dcp_checkpoints_in_the_ledger(tmp
             SERVED,
             "the ledger to reach the last step line",
         )
-        saves = daemon.metric("mfu_checkpoint_write_duration_seconds_sum", training_job="ddp-gpt2")
+        # The checkpoint source publishes the saves the tick applied at its next sample.
+        saved = sum(x["event"] == "save" for x in records)
+        wait_until(
+            lambda: daemon.metric("mfu_checkpoint_writes_total", training_job="ddp-gpt2") == saved,
+            SERVED,
+            "every save the job printed on /metrics",
+        )
         writes = daemon.metric("mfu_checkpoint_writes_total", training_job="ddp-gpt2")
+        saves = daemon.metric("mfu_checkpoint_write_duration_seconds_sum", training_job="ddp-gpt2")
         load = daemon.metric("mfu_checkpoint_last_load_duration_seconds", training_job="ddp-gpt2")
     finally:
         job.stop()

@@ -50,12 +50,12 @@ def test_defaults_fill_every_key():
     assert config["ingest"] == {"token_file": None, "max_jobs": 32, "max_body_bytes": 65536, "job_ttl": 86400.0}
     for source in ("gpu", "rdma", "ethtool", "checkpoint"):
         assert config["sources"][source]["enabled"] == "auto"
-    # The sources the attribution reads as counters over each interval sample every 5 s; the checkpoint and log
-    # watchers, whose events have no counter behind them, every second.
-    for source in ("gpu", "rdma", "ethtool"):
+    # Every source but logs samples every 5 s, and the job model is evaluated as often; the logs source finds new
+    # files at each sample, every second.
+    for source in ("gpu", "rdma", "ethtool", "checkpoint", "nccl", "storage"):
         assert config["sources"][source]["interval"] == 5.0
-    for source in ("checkpoint", "logs"):
-        assert config["sources"][source]["interval"] == 1.0
+    assert config["sources"]["logs"]["interval"] == 1.0
+    assert config["mfu"]["interval"] == 5.0
 
 
 def test_human_forms_in_jobs():
