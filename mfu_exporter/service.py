@@ -458,8 +458,9 @@ def build_service(
         clock=clock,
         gpu_readings=gpu_readings_from(scheduler),
         monotonic=monotonic,
+        interval=typed.mfu.interval,
     )
-    attribution = Attributor(typed.attribution, window=typed.mfu.window)
+    attribution = Attributor(typed.attribution, window=typed.mfu.window, interval=typed.mfu.interval)
     registry = CollectorRegistry(auto_describe=False)
     collector = ExporterCollector(scheduler, jobs)
     # The attribution changes only when it evaluates (each tick), the restores only at the tick: collected again only

@@ -77,7 +77,7 @@ from mfu_exporter.model.evidence import (
     throttled,
 )
 from mfu_exporter.model.job_view import NOT_TRAINING, JobView
-from mfu_exporter.model.ledger import TICK_GAP_SECONDS
+from mfu_exporter.model.ledger import tick_gap
 from mfu_exporter.model.loss_window import LossWindow
 from mfu_exporter.model.progress import REPORT_RESOLUTION_SECONDS
 from mfu_exporter.model.readings import GpuReading, JobCollectives, MountSignal
@@ -101,8 +101,9 @@ SIGNAL_CAUSES = frozenset({"gpu_lost", "checkpoint", "network", "thermal", "powe
 PRECEDENCE = {cause: rank for rank, cause in enumerate(CAUSES)}
 # An evaluation this much later than its period is a busy process, not the job: no report is overdue for it.
 LATE_EVALUATIONS = 1.5
-# Evaluations further apart than TICK_GAP_SECONDS (mfu_exporter.model.ledger) mean the exporter itself did not run: what
-# the jobs did meanwhile was not observed, so that time is booked to no job's cause but to the exporter's own counter.
+# Evaluations further apart than ``tick_gap`` of the tick's interval (mfu_exporter.model.ledger) mean the exporter itself
+# did not run: what the jobs did meanwhile was not observed, so that time is booked to no job's cause but to the
+# exporter's own counter.
 
 
 # The thresholds are the config's ``attribution`` section, defaults and all (one table: mfu_exporter/config/).
@@ -305,13 +306,15 @@ def _signal(view: JobView) -> tuple[str, float | None]:
 class Attributor:
     """Keeps each job's baseline and lost GPU-seconds by cause; ``evaluate`` runs at each tick on the event loop."""
 
-    def __init__(self, limits: Thresholds = Thresholds(), window: float = 60.0):
+    def __init__(self, limits: Thresholds = Thresholds(), window: float = 60.0, interval: float = 1.0):
         self.limits = limits
+        # Evaluations further apart than this: the exporter did not run. ``interval``: the tick's (mfu.interval).
+        self.gap = tick_gap(interval)
         self.window = window  # the MFU window (mfu.window): how long a cleared cause's gap stays in the MFU
         self._jobs: dict[str, _JobAttribution] = {}
         self._lock = threading.Lock()
         self.evaluations = 0  # passes done: the standings change only with it (their families are kept between)
-        self.unobserved_seconds = 0.0  # the exporter's own gaps between evaluations (``TICK_GAP_SECONDS``)
+        self.unobserved_seconds = 0.0  # the exporter's own gaps between evaluations (``self.gap``)
         self._last_evaluation: float | None = None
 
     def baseline(self, view: JobView, state: _JobAttribution) -> float | None:
@@ -325,7 +328,7 @@ class Attributor:
 
     def evaluate(self, now: float, views: Iterable[JobView], signals: NodeSignals) -> None:
         with self._lock:
-            gap = self._last_evaluation is not None and now - self._last_evaluation > TICK_GAP_SECONDS
+            gap = self._last_evaluation is not None and now - self._last_evaluation > self.gap
             if gap:
                 assert self._last_evaluation is not None
                 self.unobserved_seconds += now - self._last_evaluation

@@ -26,7 +26,7 @@ from mfu_exporter.model.discovery_jobs import DiscoveredJob
 from mfu_exporter.model.errors import TooManyJobs
 from mfu_exporter.model.job import Job, gpu_facts
 from mfu_exporter.model.job_view import JobView, ViewBuilder, flops_per_token
-from mfu_exporter.model.ledger import Ledger, LedgerView
+from mfu_exporter.model.ledger import Ledger, LedgerView, tick_gap
 from mfu_exporter.model.progress import (
     FACT_DEFAULTS,
     MAX_FUTURE_SECONDS,
@@ -76,8 +76,10 @@ class JobTracker:
         clock: Callable[[], float] = time.time,
         gpu_readings: Callable[[], dict[int, GpuReading] | None] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
+        interval: float = 1.0,  # seconds between ticks (the service's mfu.interval): a gap in them is measured on it
     ):
         self._configured = configured or {}
+        self._tick_gap = tick_gap(interval)
         self.window = window
         self.max_jobs = max_jobs
         self.job_ttl = job_ttl
@@ -487,7 +489,7 @@ class JobTracker:
             self._expire(now)
             _, mono, offset = self._clocks(None, now)
             for job in self._jobs.values():
-                self._ledger(job, mono, offset).tick(mono, offset)
+                self._ledger(job, mono, offset).tick(mono, offset, self._tick_gap)
                 job.version += 1  # its ledger moved on: every view is computed again, once, here
             views = self._views(now)
             for view in views:

@@ -50,9 +50,17 @@ MAX_RUNS = 32  # runs kept for the API and the timeline; the counters count ever
 MAX_BANDS = 256  # timeline bands kept per job (consecutive bands of one kind merge)
 MAX_LOADS = 16  # closed checkpoint loads kept for the restore meter, which takes each by its number within a tick
 HEARTBEAT_MISSES = 3  # a run whose client sends heartbeats is lost after this many intervals without one
-# Evaluations further apart than this mean the exporter itself did not run (stopped, starved, suspended): what the
-# jobs did meanwhile was not observed, and what they sent meanwhile waits to be read.
+# Evaluations further apart than this (or than GAP_TICKS of the tick's interval, when longer) mean the exporter
+# itself did not run (stopped, starved, suspended): what the jobs did meanwhile was not observed, and what they sent
+# meanwhile waits to be read.
 TICK_GAP_SECONDS = 5.0
+GAP_TICKS = 2  # a tick late by a whole interval is a busy process, not a stopped one
+
+
+def tick_gap(interval: float) -> float:
+    """Seconds between two evaluations at the tick's ``interval`` (``mfu.interval``) past which the exporter did not
+    run: a 1 s tick's gap is 5 s, a 5 s tick's 10 s."""
+    return max(TICK_GAP_SECONDS, GAP_TICKS * interval)
 
 
 @dataclass
@@ -341,12 +349,13 @@ class Ledger:
                 self._settle(self._at(now), offset)
             self.gpus = gpus
 
-    def tick(self, now: float, offset: float) -> None:
+    def tick(self, now: float, offset: float, gap: float = TICK_GAP_SECONDS) -> None:
         """A lost client (no heartbeat for a few intervals) ends its run; pending time older than the holdback is
         committed as what it looks like. After a gap in the exporter's own ticks (it was stopped, starved), the
         heartbeats sent meanwhile wait in its socket: a run's silence counts from its return at the earliest, and
-        from the ledger's first tick (the job may have been first heard of just before a gap)."""
-        if self.last_tick is None or now - self.last_tick > TICK_GAP_SECONDS:
+        from the ledger's first tick (the job may have been first heard of just before a gap). ``gap``: ``tick_gap``
+        of the tick's interval."""
+        if self.last_tick is None or now - self.last_tick > gap:
             self.watching_since = now
         self.last_tick = now
         if (

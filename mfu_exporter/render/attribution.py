@@ -56,7 +56,7 @@ def attribution_families(standings: Iterable[JobStanding], unobserved_seconds: f
             baseline.add_metric([name], verdict.baseline)
     unobserved = CounterMetricFamily(
         "mfu_exporter_unobserved_seconds",
-        "Seconds the exporter did not run its 1 s evaluation (stopped, starved, suspended), booked to no job's cause.",
+        "Seconds the exporter did not run its evaluation (stopped, starved, suspended), booked to no job's cause.",
         value=unobserved_seconds,
     )
     return (bottleneck, lost, rates, blamed, baseline, unobserved)

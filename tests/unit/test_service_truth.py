@@ -31,7 +31,10 @@ class Clocks:
 
 
 def service_with(clocks: Clocks, jobs: dict | None = None):
-    config = validate({"jobs": jobs or {"llama": {"params": 7e9, "gpus": 8, "peak_tflops": 989}}})
+    # Ticked every second here (evaluate_once after each second of the clocks), as mfu.interval says.
+    config = validate(
+        {"mfu": {"interval": "1s"}, "jobs": jobs or {"llama": {"params": 7e9, "gpus": 8, "peak_tflops": 989}}}
+    )
     return build_service(config, [], clock=clocks.time, monotonic=clocks.monotonic)
 
 

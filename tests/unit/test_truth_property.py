@@ -49,7 +49,7 @@ from prometheus_client.exposition import generate_latest
 
 from mfu_exporter.config import validate
 from mfu_exporter.model.errors import ValidationError
-from mfu_exporter.model.ledger import HEARTBEAT_MISSES, KINDS, TICK_GAP_SECONDS
+from mfu_exporter.model.ledger import HEARTBEAT_MISSES, KINDS, tick_gap
 from mfu_exporter.model.progress import MAX_CLOCK_SKEW_SECONDS, parse_progress
 from mfu_exporter.service import build_service
 from tests.support.reference_model import JobTruth, Run, Series, TokenTruth
@@ -208,9 +208,10 @@ class World:
     def start_exporter(self) -> None:
         job = self.sequence.job
         config: dict = {
+            "mfu": {"interval": f"{self.sequence.tick:g}s"},  # the rhythm this sequence ticks the exporter at
             "jobs": {
                 JOB: {"params": PARAMS, "gpus": job.gpus, "peak_tflops": PEAK_TFLOPS, "expected_mfu": EXPECTED_MFU}
-            }
+            },
         }
         if self.state is not None:
             config["state"] = {"dir": self.state}
@@ -380,7 +381,7 @@ class World:
         exporter = self.exporter
         assert exporter is not None
         now = self.clocks.mono
-        if exporter.last_tick is not None and now - exporter.last_tick > TICK_GAP_SECONDS:
+        if exporter.last_tick is not None and now - exporter.last_tick > tick_gap(self.sequence.tick):
             exporter.watching_since = now
         if exporter.last_run is not None and not exporter.job_ticked:
             exporter.watching_since, exporter.job_ticked = now, True  # the job's ledger's first tick

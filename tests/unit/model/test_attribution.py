@@ -340,6 +340,27 @@ def test_lost_gpu_seconds_integrate_the_gap_by_cause():
     assert families["mfu_job_baseline_mfu_ratio"].samples[0].value == 0.45
 
 
+@pytest.mark.parametrize("interval", [1.0, 5.0])
+def test_a_tick_at_its_interval_books_the_gap_and_a_stopped_exporter_books_none(interval):
+    """Evaluations a tick's interval apart, each a little late as on a busy loop, book the job's gap to its cause;
+    evaluations more than two intervals (and 5 s) apart mean the exporter did not run: that time is unobserved."""
+    attributor = Attributor(interval=interval)
+    signals = NodeSignals(gpus=healthy_gpus(**{"5": {"throttle_reasons": ["hw_thermal_slowdown"]}}))
+    view = job(mfu=0.30)
+    now = 1000.0
+    for _ in range(11):
+        attributor.evaluate(now, [view], signals)
+        now += interval * 1.04
+    booked = 8 * (0.45 - 0.30) / 0.45 * 10 * interval * 1.04
+    assert attributor.unobserved_seconds == 0
+    lost = {m.name: m for m in attribution_families(attributor.standings())}["mfu_job_lost_gpu_seconds"]
+    thermal = next(s.value for s in lost.samples if s.name.endswith("_total") and s.labels["cause"] == "thermal")
+    assert thermal == pytest.approx(booked)
+    stopped = now - interval * 1.04 + max(5.0, 2 * interval) + 1.0
+    attributor.evaluate(stopped, [view], signals)
+    assert attributor.unobserved_seconds == pytest.approx(max(5.0, 2 * interval) + 1.0)
+
+
 def test_baseline_learned_from_recent_windows_without_expected_mfu():
     limits = Thresholds(baseline_min_samples=5, baseline_interval=1.0)
     attributor = Attributor(limits)
