@@ -68,7 +68,7 @@ def install() -> None:
         "publish: a sample's fragments", collector.ExporterCollector.sampled
     )
     Service.ingest_progress = timed("ingest_progress", Service.ingest_progress)  # type: ignore[method-assign]
-    Service.evaluate_once = timed("evaluate_once (the 1 s tick)", Service.evaluate_once)  # type: ignore[method-assign]
+    Service.evaluate_once = timed("evaluate_once (the tick)", Service.evaluate_once)  # type: ignore[method-assign]
     sources = fixture.node_sources
 
     def timed_sources(*args: Any, **kwargs: Any) -> list:

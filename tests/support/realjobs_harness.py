@@ -29,7 +29,7 @@ from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.02  # relative: the bar for MFU against a framework's own count, and for the ledger
-# Seconds a line may take from the job's write to the daemon's view (inotify, the 1 s tick) on a loaded machine.
+# Seconds a line may take from the job's write to the daemon's view (inotify, the tick every mfu.interval) on a loaded machine.
 SERVED = 30.0
 TEARDOWN = 90.0  # seconds torchrun is given to end once every rank recorded its exit
 # A job's own loop on a loaded two-core machine: generous, since the tests wait on the thing itself, not a clock.

@@ -1,4 +1,4 @@
-"""mfu_exporter.service: what the 1 s tick publishes to /metrics (the service's API is driven through the server in
+"""mfu_exporter.service: what the tick publishes to /metrics (the service's API is driven through the server in
 tests/unit/web)."""
 
 import time

@@ -244,7 +244,7 @@ async def test_exposition_passes_promtool_check_metrics(make_client):
 
 
 async def test_the_service_starts_with_the_app_and_stops_with_it(aiohttp_client, scripted_source):
-    """create_app only composes: the sampler and the 1 s tick start with the app (its cleanup_ctx) and end with it."""
+    """create_app only composes: the sampler and the tick start with the app (its cleanup_ctx) and end with it."""
 
     def ticking():
         return [task for task in asyncio.all_tasks() if task.get_name() == "evaluate-jobs" and not task.done()]
