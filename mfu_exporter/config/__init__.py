@@ -125,11 +125,11 @@ class WebServerConfig:
     config_file: str | None = setting(optional(string))
 
 
-# The default interval of every source but logs and of the job model's tick (mfu.interval). The NVML calls and the sysfs and
+# The default interval of every source and of the job model's tick (mfu.interval). The NVML calls and the sysfs and
 # ethtool reads are most of the daemon's CPU, and the attribution reads time shares from their counters over each
 # interval (pause, throttle time, errors), so nothing between two samples is lost at 5 s. The checkpoints' inotify
-# events are read as they come, in a thread of its own, and the tick applies them: sampling oftener only wakes the
-# daemon oftener. interval: 1s stays available, at about twice the CPU; the logs source keeps it (LogsConfig).
+# events and the logs' lines are read as they come, in threads of their own, dated when they happen or are read, and
+# the tick applies them: sampling oftener only wakes the daemon oftener. interval: 1s stays available, at a cost in CPU.
 DEFAULT_INTERVAL = 5.0
 # How many series a source exports (docs/metrics.md "Series levels"): every metric family is tagged with the lowest
 # level at which it is on. minimal: what the central rules read (the node summaries, up and identity); standard (the
@@ -201,9 +201,6 @@ class LogFileConfig:
 
 @dataclass(frozen=True)
 class LogsConfig(SourceConfig):
-    # Every second: each sample finds the files its globs and the discovered pods name, and a new file's lines that
-    # print no time are stamped when read, so a run's start line found late would take its startup from the ledger.
-    interval: float = setting(duration, 1.0)
     files: tuple[LogFileConfig, ...] = items(ListOfConfig(LogFileConfig))
     discovered_pods: bool = setting(boolean, True)
     pods_root: str = setting(string, "/var/log/pods")

@@ -9,7 +9,8 @@ What it survives:
 - a file **rewritten whole in place** (truncated and written again, longer, before the follower looked: Lightning's
   CSVLogger adds a column so): the size never drops, but the bytes just before the offset changed; reading restarts
   at 0 (counted as ``rewritten``).
-- a file that **appears later**, or is deleted and written again: every glob is expanded again each ``interval``.
+- a file that **appears later**, or is deleted and written again: every glob is expanded again each ``interval``
+  (and ``find``, when given, names the globs again first: its caller's files come and go with jobs).
   A file renamed to a name the glob also matches is continued where it was, not read again; a copytruncate copy is
   a new inode with old lines, so a glob should name the live file (``train.log``, not ``train.log*``).
 - a **partial last line** (a writer that flushes mid-line, block-buffered stdout): kept until its newline.
@@ -109,9 +110,11 @@ class Follower:
         read_budget: int = 4 << 20,
         use_inotify: bool = True,
         clock: Callable[[], float] = time.time,
+        find: Callable[[], list[str]] | None = None,
     ):
         self.patterns = list(patterns)
         self.on_lines = on_lines
+        self.find = find
         self.interval = interval
         self.head_bytes = head_bytes
         self.tail_bytes = tail_bytes
@@ -143,6 +146,7 @@ class Follower:
             self.patterns = list(patterns)
 
     def start(self) -> None:
+        """Follow in a thread of its own, after a first ``poll()`` by the caller (the bounded resume)."""
         self._thread = threading.Thread(target=self._run, name="log-follower", daemon=True)
         self._thread.start()
 
@@ -168,7 +172,7 @@ class Follower:
             return sorted(self._files)
 
     def _run(self) -> None:
-        next_scan = 0.0
+        next_scan = time.monotonic() + self.interval  # the caller's first poll() was the pass before this one
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_scan:
@@ -197,6 +201,11 @@ class Follower:
     # -- one pass -----------------------------------------------------------------------------------------
     def poll(self) -> None:
         """Expand the globs, notice new, rotated, truncated and vanished files, and read what is new."""
+        if self.find is not None:
+            # Outside the lock: ``find`` takes its caller's lock, which ``on_lines`` takes inside this one.
+            patterns = self.find()
+            with self._lock:
+                self.patterns = list(patterns)
         with self._lock:
             first = not self._started
             self._started = True

@@ -909,7 +909,7 @@ def demo_defaults(node: DemoNode, kubelet_socket: str | None = None) -> dict:
     files = [{"path": str(node.nccl_log.path), "job": JOB}]
     if node.training_log is not None:
         files.append({"path": str(node.training_log.path), "job": JOB, "format": "torchtitan"})
-    logs = {"files": files, "discovered_pods": False}
+    logs = {"files": files, "discovered_pods": False, "interval": "1s"}
     defaults: dict = {
         # Evaluated every second, as the hardware is sampled: each incident's cause shows within a second of it.
         "mfu": {"window": "15s", "interval": "1s"},

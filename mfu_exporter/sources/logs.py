@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 ORIGIN = "log"
 MAX_FILES = 256  # files followed at once: a glob matching a directory of rotated shards must not open them all
 MAX_STATUS_FILES = 32
+FIND_INTERVAL = 1.0  # the longest between two looks for new files, whatever the source's interval
 # Feed items read and not yet taken by a sample (about 300 bytes each): a sample takes them every interval, and a
 # framework prints a few progress lines a second. Only a flood of them, or samples that stop, meets the bound; the
 # oldest items then go, counted as feed_dropped.
@@ -125,7 +126,7 @@ class _Followed:
 
     def __init__(self, path: str, job: str, stream: LogStream, kind: str, generation: int):
         self.path, self.job, self.stream, self.kind, self.lines = path, job, stream, kind, 0
-        self.generation = generation  # the sample in which the file was first wanted: later files take over
+        self.generation = generation  # the pass in which the file was first wanted: later files take over
         self.announced: str | None = None  # the stream's no-progress reason last given to the job and the log
 
 
@@ -168,15 +169,18 @@ class LogsSource:
         self._counts: Counter = Counter()
         self._reported: Counter = Counter()
         self._started = False
-        self._samples = 0
+        self._passes = 0
         self._first_wanted: dict[str, int] = {}
         self.follower = Follower(
             [],
             self._on_lines,
-            interval=self.interval,
+            # The follower finds new files, apart from the samples: a new file's lines that print no time are
+            # stamped when read, so a run's start line found a sample late would take its startup from the ledger.
+            interval=min(self.interval, FIND_INTERVAL),
             max_line_bytes=section.max_line_bytes,
             use_inotify=use_inotify,
             clock=clock,
+            find=self._find,
         )
 
     def bind(self, model: ModelReads) -> None:
@@ -187,18 +191,12 @@ class LogsSource:
     def sample(self) -> Snapshot:
         if self._model is None:  # not bound yet (the required-source probe): nothing to feed, nothing read
             return Snapshot(status={"files": [], "followed": 0, "wanted": 0})
-        wanted = self._expand()
-        with self._lock:
-            self._samples += 1
-            # Only what is wanted now is remembered (pods come and go): a file that comes back is a newer one.
-            self._first_wanted = {p: self._first_wanted.get(p, self._samples) for p in wanted}
-            self._followed = {p: f for p, f in self._followed.items() if p in wanted}
-            self._wanted = wanted
-        self.follower.set_patterns([glob.escape(p) for p in wanted])
         if not self._started:
             self._started = True
             self.follower.poll()  # the first pass here: bounded resume of what exists, then the thread follows
             self.follower.start()
+        with self._lock:
+            wanted = self._wanted
         jobs_seen = {job for job, *_ in wanted.values()}
         known = set(self._model.job_names())
         follower_errors = self.follower.error_counts()  # the follower's lock first, as its thread takes them
@@ -228,6 +226,18 @@ class LogsSource:
 
     def close(self) -> None:
         self.follower.stop()
+
+    # -- finding files (the follower's thread, before each pass) -------------------------------------------
+    def _find(self) -> list[str]:
+        """The files wanted now (configured globs, discovered pods' logs), as the follower's patterns."""
+        wanted = self._expand()
+        with self._lock:
+            self._passes += 1
+            # Only what is wanted now is remembered (pods come and go): a file that comes back is a newer one.
+            self._first_wanted = {p: self._first_wanted.get(p, self._passes) for p in wanted}
+            self._followed = {p: f for p, f in self._followed.items() if p in wanted}
+            self._wanted = wanted
+        return [glob.escape(p) for p in wanted]
 
     def _expand(self) -> dict[str, tuple[str, str, str | None, str]]:
         wanted: dict[str, tuple[str, str, str | None, str]] = {}

@@ -50,11 +50,9 @@ def test_defaults_fill_every_key():
     assert config["ingest"] == {"token_file": None, "max_jobs": 32, "max_body_bytes": 65536, "job_ttl": 86400.0}
     for source in ("gpu", "rdma", "ethtool", "checkpoint"):
         assert config["sources"][source]["enabled"] == "auto"
-    # Every source but logs samples every 5 s, and the job model is evaluated as often; the logs source finds new
-    # files at each sample, every second.
-    for source in ("gpu", "rdma", "ethtool", "checkpoint", "nccl", "storage"):
+    # Every source samples every 5 s, and the job model is evaluated as often.
+    for source in ("gpu", "rdma", "ethtool", "checkpoint", "nccl", "storage", "logs"):
         assert config["sources"][source]["interval"] == 5.0
-    assert config["sources"]["logs"]["interval"] == 1.0
     assert config["mfu"]["interval"] == 5.0
 
 

@@ -37,6 +37,8 @@ class Fed:
         )
 
     def sample(self) -> Snapshot:
+        """A follower's pass (which finds new files, as its thread does between two samples), then a sample."""
+        self.source.follower.poll()
         snapshot = self.source.sample()
         self.errors.update(snapshot.errors)
         self.errors.update(apply_feed(snapshot.feed, self.tracker, self.checkpoints))

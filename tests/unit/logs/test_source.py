@@ -57,6 +57,8 @@ def build(files, jobs, clock, **logs):
     tracker = JobTracker(configured=config["jobs"], window=60.0, gpu_inventory=inventory, clock=clock)
     checkpoints = CheckpointTracker(clock=clock)
     source = LogsSource(typed_config(config).sources.logs, config["jobs"], use_inotify=False, clock=clock)
+    # On this fake clock every pass is the test's own (Fed.sample, Fed.poll): the follower's thread makes none.
+    source.follower.interval = 3600.0
     return Fed(source, tracker, checkpoints), tracker, checkpoints
 
 
