@@ -203,9 +203,14 @@ class Follower:
         """Expand the globs, notice new, rotated, truncated and vanished files, and read what is new."""
         if self.find is not None:
             # Outside the lock: ``find`` takes its caller's lock, which ``on_lines`` takes inside this one.
-            patterns = self.find()
-            with self._lock:
-                self.patterns = list(patterns)
+            try:
+                patterns = list(self.find())
+            except Exception:  # noqa: BLE001 - the thread must outlive a failed look: the files found last time stay
+                with self._lock:
+                    self.errors["find_failed"] += 1
+            else:
+                with self._lock:
+                    self.patterns = patterns
         with self._lock:
             first = not self._started
             self._started = True

@@ -150,6 +150,29 @@ def test_a_file_that_appears_later_is_read_from_its_start_as_live(tmp_path):
     assert sink.lines(LIVE) == ["first", "second"]
 
 
+def test_find_names_the_globs_before_each_pass_and_a_failed_look_keeps_the_last_ones(tmp_path):
+    (tmp_path / "a.log").write_text("from a\n")
+    (tmp_path / "b.log").write_text("from b\n")
+    answers = [[str(tmp_path / "a.log")], RuntimeError("discovery's answer is unreadable"), [str(tmp_path / "*.log")]]
+
+    def find():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    sink = Sink()
+    follower = Follower([], sink, use_inotify=False, find=find)
+    follower.poll()
+    assert follower.followed() == [str(tmp_path / "a.log")]
+    follower.poll()  # find raised: a.log is still followed, and the failure counted
+    assert follower.followed() == [str(tmp_path / "a.log")]
+    assert follower.error_counts()["find_failed"] == 1
+    follower.poll()
+    assert follower.followed() == [str(tmp_path / "a.log"), str(tmp_path / "b.log")]
+    assert sink.lines(LIVE) == ["from b"]
+
+
 def test_megabyte_lines_are_dropped_and_counted_without_holding_them(tmp_path):
     path = tmp_path / "train.log"
     path.write_text("")
