@@ -44,6 +44,9 @@ class Progress:
     framework_tflops_per_gpu: float | None = None
     reason: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    # Our clock when the line was read: the job's silence counts from then, not from the tick that applied it a
+    # sample and a tick later, so a stall shows as soon after its last line as after a report's.
+    read: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,7 @@ def _apply(item: FeedItem, jobs: JobTracker, checkpoints: CheckpointTracker | No
         )
         if item.tokens is not None:
             report = ProgressReport(item.job, item.tokens, item.step, item.at, item.facts, continues=item.continues)
-            jobs.report(report, view=False)
+            jobs.report(report, view=False, arrived=item.read)
     elif isinstance(item, Seen):
         jobs.observe(item.job, reason=item.reason)
     elif isinstance(item, RunEvent):

@@ -96,12 +96,13 @@ class JobTracker:
         self.generation = 0
         self._expiry_bound = (float("inf"), 0.0)  # (clock of the last pass over the jobs, their oldest arrival then)
 
-    def report(self, report: ProgressReport, view: bool = True) -> JobView | None:
+    def report(self, report: ProgressReport, view: bool = True, arrived: float | None = None) -> JobView | None:
         """The report merged into its job; the job's view after it (``view``), else None. A log source feeds many
-        lines at once and needs no view of each (a view looks the peak up); the tick logs its reason then."""
+        lines at once and needs no view of each (a view looks the peak up); the tick logs its reason then.
+        ``arrived``: our clock when the count reached this node (a log line read before the tick), else now."""
         now = self._clock()
         with self._lock:
-            job = self._merge(report, now)
+            job = self._merge(report, now, arrived)
             return self._answer(job, now) if view else None
 
     def accept(self, report: ProgressReport) -> Accepted:
@@ -112,7 +113,7 @@ class JobTracker:
             job = self._merge(report, now)
             return Accepted(job.name, job.state, job.runs, job.version)
 
-    def _merge(self, report: ProgressReport, now: float) -> Job:
+    def _merge(self, report: ProgressReport, now: float, arrived: float | None = None) -> Job:
         """``report`` merged into its job (the lock held); the job."""
         self._expire(now)
         job = self._jobs.get(report.job)
@@ -169,7 +170,9 @@ class JobTracker:
         if report.step is not None:
             job.step = report.step
         job.last_report_time = at
-        job.last_arrival = job.progress_arrival = now
+        arrival = now if arrived is None else min(arrived, now)
+        job.progress_arrival = max(job.progress_arrival or arrival, arrival)  # counts fed in order never go back
+        job.last_arrival = max(job.last_arrival, arrival)
         job.reported = True
         job.feed_reason = None  # a total arrived: a log's word on why it had none (another feed's) is over
         self._count_flops(job)

@@ -429,6 +429,7 @@ class LogsSource:
                 framework_tflops_per_gpu=tflops if tflops is not None and math.isfinite(tflops) else None,
                 reason=update.reason,
                 facts=self._model_facts(job, joblog),
+                read=read_time,
             )
         )
 

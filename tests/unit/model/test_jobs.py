@@ -301,3 +301,26 @@ def test_a_restart_from_a_checkpoint_never_lowers_the_counter_by_a_rounding():
         (view,) = tracker.views()
         seen.append((view.tokens_processed, view.model_flops))
     assert seen == sorted(seen) and seen[2] == seen[1]
+
+
+def test_a_fed_count_arrives_when_its_line_was_read_so_a_stall_shows_as_soon_after_the_last_line():
+    """A log's counts reach the model at the tick after the sample that carried them, seconds after the line was
+    read: the job's silence counts from the read, as a report's from its arrival."""
+    from mfu_exporter.model.feed import Progress, apply_feed
+
+    clock = Clock()
+    jobs = tracker(clock)
+    for i in range(4):  # a line every 10 s, each applied 8 s after it was read
+        read = NOW + 10 * i
+        clock.now = read + 8
+        apply_feed([Progress("llama3-70b", read, step=i, tokens=100_000.0 * i, read=read)], jobs, None)
+    last_read = NOW + 30
+    (view,) = jobs.views()
+    assert view.progress_arrival == last_read
+    overdue = view.stall_after_seconds
+    clock.now = last_read + overdue + 1  # past the stall by the read; 7 s short of it by the tick that applied it
+    (view,) = jobs.views()
+    assert view.tokens_per_second == 0.0
+    clock.now = last_read + overdue - 1
+    (view,) = jobs.views()
+    assert view.tokens_per_second == pytest.approx(10_000)
