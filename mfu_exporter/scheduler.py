@@ -97,6 +97,19 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_result(result)
 
 
+def next_due(due: float, delay: float, now: float) -> float:
+    """When a periodic cycle is due next: ``delay`` after the last one was due, so the event loop's late wake-ups do
+    not add up and the cycle keeps its phase. A cycle already late by more than that (a slow or hung one) starts anew
+    ``MIN_PAUSE`` from ``now``.
+
+    >>> next_due(10.0, 1.0, now=10.3)
+    11.0
+    >>> next_due(10.0, 1.0, now=12.5)
+    12.55
+    """
+    return max(due + delay, now + MIN_PAUSE)
+
+
 class Scheduler:
     """Runs every source's sampling loop and keeps their latest snapshots."""
 
@@ -241,5 +254,5 @@ class Scheduler:
         while True:
             delay = await self.sample_once(source)
             now = self._monotonic()
-            due = max(due + delay / self.speed, now + MIN_PAUSE)  # a late cycle (a slow or hung sample) starts anew
+            due = next_due(due, delay / self.speed, now)
             await asyncio.sleep(due - now)

@@ -34,7 +34,7 @@ from mfu_exporter.render.collector import ExporterCollector
 from mfu_exporter.render.exposition import Exposition
 from mfu_exporter.render.process import DaemonProcessCollector
 from mfu_exporter.render.restore import restore_families
-from mfu_exporter.scheduler import Scheduler
+from mfu_exporter.scheduler import MIN_PAUSE, Scheduler, next_due
 from mfu_exporter.sources.base import ModelReads, Paths, Source
 from mfu_exporter.sources.discovery import DiscoverySample
 from mfu_exporter.sources.ethtool import EthtoolSample
@@ -72,6 +72,7 @@ class Service:
     settings: Config = field(default_factory=Config)  # the config file, typed (mfu_exporter.config.typed_config)
     restores: RestoreMeter = field(default_factory=RestoreMeter)  # checkpoint loads: ledger times, mount reads
     speed: float = 1.0  # clock seconds per wall second (the demo's --speed): the tick runs once a clock second
+    wall: Callable[[], float] = time.monotonic  # the seconds asyncio.sleep waits, which the tick keeps its phase on
     ticks: int = 0  # ticks done: the restores (checkpoint loads) change only with it
     saved_at: float = float("-inf")  # when the job counters were last written to state.dir
     save_failures: int = 0
@@ -272,15 +273,21 @@ class Service:
         """Every ``mfu.interval`` of the clock, the job model's tick (expiry, its log lines), then each job's MFU gap
         attributed, the status page history kept and the jobs published to /metrics (cancelled at shutdown). The only
         writer besides ingest: reads change nothing."""
+        due = self.wall()
         while True:
-            period = max(self.settings.mfu.interval / self.speed, 0.05)
+            period = max(self.settings.mfu.interval / self.speed, MIN_PAUSE)
             try:
                 self.evaluate_once()
             except Exception:
                 # Jobs expire here only: one bad pass (a bug in a figure) must not end expiry for good.
                 log.exception("the job evaluation failed; trying again at the next tick")
             self.exposition.ticked(next_in=period)
-            await asyncio.sleep(period)
+            # The tick keeps its phase to Prometheus's scrapes, which keep theirs. A tick that slipped a little each
+            # time would now and then publish no new count between two scrapes, and a rate over a few samples would
+            # show a job a tick slower than it is.
+            now = self.wall()
+            due = next_due(due, period, now)
+            await asyncio.sleep(due - now)
 
     def state_path(self) -> str | None:
         directory = self.settings.state.dir

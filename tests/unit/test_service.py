@@ -87,3 +87,33 @@ async def test_the_collectives_are_collected_again_only_after_a_joined_source_sa
     service.evaluate_once()
     service.evaluate_once()
     assert len(calls) == 2  # once after the sample, at the tick that followed it
+
+
+class _Stop(Exception):
+    pass
+
+
+async def test_the_tick_keeps_its_phase_when_each_pass_takes_time(monkeypatch):
+    """Each tick is due one interval after the last was due, not one interval after it ended: a pass's own time and
+    the loop's late wake-ups do not add up, so the tick stays in phase with a scraper's fixed grid."""
+    service = build_service(validate({"mfu": {"interval": "1s"}}), [])
+    wall, starts, costs = [1000.0], [], iter([0.3, 0.2, 1.6, 0.1, 0.1])
+    service.wall = lambda: wall[0]
+
+    def evaluate_once():
+        starts.append(round(wall[0], 6))
+        wall[0] += next(costs)
+
+    async def sleep(seconds):
+        if len(starts) == 5:
+            raise _Stop
+        wall[0] += seconds + 0.01  # each wake-up a little late
+
+    monkeypatch.setattr(service, "evaluate_once", evaluate_once)
+    monkeypatch.setattr(service_module.asyncio, "sleep", sleep)
+    try:
+        await service.evaluate_jobs()
+    except _Stop:
+        pass
+    # The third pass took longer than the interval: the next starts at once (after MIN_PAUSE) and keeps that phase.
+    assert starts == [1000.0, 1001.01, 1002.01, 1003.67, 1004.67]
