@@ -281,12 +281,12 @@ class Service:
             except Exception:
                 # Jobs expire here only: one bad pass (a bug in a figure) must not end expiry for good.
                 log.exception("the job evaluation failed; trying again at the next tick")
-            self.exposition.ticked(next_in=period)
             # The tick keeps its phase to Prometheus's scrapes, which keep theirs. A tick that slipped a little each
             # time would now and then publish no new count between two scrapes, and a rate over a few samples would
             # show a job a tick slower than it is.
             now = self.wall()
             due = next_due(due, period, now)
+            self.exposition.ticked(next_in=due - now)
             await asyncio.sleep(due - now)
 
     def state_path(self) -> str | None:
