@@ -132,6 +132,9 @@ class Scheduler:
         self.first_cycle_done: asyncio.Event | None = None  # created in start(), inside the running loop
         self._listeners: list[Callable[[str, float], None]] = []
         self._feed: list[tuple[str, tuple]] = []  # (source, its snapshot's feed), not yet taken
+        # The sources that hand over what they read between their samples too (``take_feed``: the logs). A log's
+        # line then reaches the job model at the next tick, not at the tick after the source's next sample.
+        self._between = [(s.name, take) for s in sources if (take := getattr(s, "take_feed", None)) is not None]
 
     def on_sample(self, listener: Callable[[str, float], None]) -> None:
         """Call ``listener(source_name, next_in)`` on the event loop after each sample cycle: ``next_in`` is the
@@ -219,8 +222,13 @@ class Scheduler:
             self._feed.append((name, feed))
 
     def take_feed(self) -> list[tuple[str, tuple]]:
-        """Each sample's feed since the last call, in the order sampled, with its source's name: once each."""
+        """Each sample's feed since the last call, in the order sampled, with its source's name, then what the
+        sources that hand it over between samples read since: once each."""
         feed, self._feed = self._feed, []
+        for name, take in self._between:
+            between = take()
+            if between:
+                feed.append((name, between))
         return feed
 
     def count_errors(self, name: str, errors: Counter) -> None:

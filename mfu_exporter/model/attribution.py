@@ -275,10 +275,10 @@ def _recent(view: JobView, state: _JobAttribution, now: float, elapsed: float) -
         return None, 0.0, False
     last = state.reports[-1]
     interval = view.cadence_seconds or 0.0
-    # Since it arrived (our clock), else since an evaluation first saw it (a second later at most).
-    arrived = view.progress_arrival if view.progress_arrival is not None else last[2]
+    # Since it arrived (as the view knows it), else since an evaluation first saw it (a tick later at most).
+    silent = view.silence_seconds if view.silence_seconds is not None else now - last[2]
     overdue = view.stall_after_seconds
-    if overdue is not None and now - arrived > max(overdue, LATE_EVALUATIONS * elapsed):
+    if overdue is not None and silent > max(overdue, LATE_EVALUATIONS * elapsed):
         return 0.0, interval, True
     reference = next((p for p in reversed(state.reports) if last[0] - p[0] >= REPORT_RESOLUTION_SECONDS), None)
     if reference is None:

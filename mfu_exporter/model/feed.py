@@ -84,7 +84,17 @@ class Save:
     duration: float | None = None
 
 
-FeedItem = Union[Seen, Progress, RunEvent, DataWait, Save]
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """The source has read the logs of ``jobs`` whole up to ``until`` (our clock), and delivers what it reads every
+    ``every`` seconds: a job with no line since is silent up to then (``JobTracker.heard``)."""
+
+    jobs: tuple[str, ...]
+    until: float
+    every: float
+
+
+FeedItem = Union[Seen, Progress, RunEvent, DataWait, Save, Heard]
 
 
 def apply_feed(items: Iterable[FeedItem], jobs: JobTracker, checkpoints: CheckpointTracker | None) -> Counter:
@@ -124,6 +134,8 @@ def _apply(item: FeedItem, jobs: JobTracker, checkpoints: CheckpointTracker | No
         jobs.run_event(item.job, item.event, item.at, step=item.step, duration=item.duration)
     elif isinstance(item, DataWait):
         jobs.data_wait(item.job, item.seconds, item.at, item.origin)
+    elif isinstance(item, Heard):
+        jobs.heard(item.jobs, item.until, item.every)
     elif checkpoints is None:
         errors["checkpoint_without_tracker"] += 1
     elif item.phase == "start":

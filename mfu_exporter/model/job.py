@@ -54,10 +54,24 @@ class Job:
     pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
     data_wait: DataWaitMeter | None = None  # its wait for input, once its client or log gives one
     version: int = 0  # counts the changes to the job, so a view kept of it is known to be stale
+    # A log's count reaches the model a sample and a tick after its line was read. A fed job is known silent only up
+    # to when its log was last read whole (``heard_until``), so the wait for the next delivery is no stall; a feed
+    # that stopped coming counts as silence once ``feed_lag`` passed, so it hides no stall either.
+    fed: bool = False  # its newest token count came from a feed (a log), not a report
+    heard_until: float | None = None
+    feed_lag: float = 0.0
 
     @property
     def tokens_processed(self) -> float:
         return max(self.carried_tokens + self.tokens_total + self.replayed_tokens, self.processed_floor)
+
+    def silence(self, now: float) -> float:
+        """Seconds the job is known to have given no token count, as of ``now`` (our clock)."""
+        arrival = self.progress_arrival if self.progress_arrival is not None else self.last_arrival
+        heard = now
+        if self.fed and self.heard_until is not None:
+            heard = min(now, max(self.heard_until, now - self.feed_lag))
+        return max(heard - arrival, 0.0)
 
     @property
     def cadence(self) -> float | None:

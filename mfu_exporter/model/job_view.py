@@ -73,6 +73,7 @@ class JobView:
     cadence_seconds: float | None = None  # the job's own time between token counts, learned (median of recent ones)
     window_seconds: float | None = None  # the MFU window its rate is over: mfu.window, or its cadence when longer
     stall_after_seconds: float | None = None  # silence longer than this is a stall; None until its cadence is known
+    silence_seconds: float | None = None  # how long it is known to have given no count, as of the view; None unreported
     counter_created: float | None = None  # Unix time its token and FLOPs counters began (OpenMetrics _created)
 
     @property
@@ -139,8 +140,7 @@ class ViewBuilder:
             return None
         cadence = job.cadence
         overdue = stall_after(cadence)
-        arrival = job.progress_arrival if job.progress_arrival is not None else job.last_arrival
-        if overdue is not None and now - arrival > overdue:
+        if overdue is not None and job.silence(now) > overdue:
             return 0.0
         window = rate_window(self.window, cadence)
         points = [p for p in job.window if p[0] >= job.last_report_time - window]
@@ -263,6 +263,7 @@ class ViewBuilder:
             cadence_seconds=job.cadence,
             window_seconds=rate_window(self.window, job.cadence),
             stall_after_seconds=stall_after(job.cadence),
+            silence_seconds=job.silence(now) if job.reported else None,
             counter_created=job.counter_created,
             tokens_per_second=rate,
             flops_per_token=fpt,

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from mfu_exporter.config import DEFAULTS
 from mfu_exporter.model.datawait import DataWaitMeter
@@ -80,6 +80,7 @@ class JobTracker:
     ):
         self._configured = configured or {}
         self._tick_gap = tick_gap(interval)
+        self._interval = interval
         self.window = window
         self.max_jobs = max_jobs
         self.job_ttl = job_ttl
@@ -171,6 +172,7 @@ class JobTracker:
             job.step = report.step
         job.last_report_time = at
         arrival = now if arrived is None else min(arrived, now)
+        job.fed = arrived is not None
         job.progress_arrival = max(job.progress_arrival or arrival, arrival)  # counts fed in order never go back
         job.last_arrival = max(job.last_arrival, arrival)
         job.reported = True
@@ -406,6 +408,18 @@ class JobTracker:
         if processed > job.counted_tokens:
             job.flops_total += fpt * (processed - job.counted_tokens)
             job.counted_tokens = processed
+
+    def heard(self, names: Iterable[str], until: float, every: float) -> None:
+        """A feed has read the logs of the jobs ``names`` whole up to ``until`` (our clock), and delivers what it
+        reads every ``every`` seconds: a fed job is silent up to then at least, whatever the tick still waits for."""
+        with self._lock:
+            for name in names:
+                job = self._jobs.get(name)
+                if job is not None and (job.heard_until is None or until > job.heard_until):
+                    job.heard_until = until
+                    # Twice the longest a delivery takes (the feed's, then the tick's): a load may delay either.
+                    job.feed_lag = 2.0 * (every + self._interval)
+                    self._changed(job)  # its silence moved: a view kept of it is stale
 
     def touch(self, name: str) -> None:
         """Create a job known only from another API (checkpoints) so it counts against the cap."""

@@ -127,6 +127,8 @@ class Follower:
         # that path's new file waits until its predecessor is done, so lines stay in order.
         self._draining: dict[str, _File] = {}
         self._started = False
+        # Our clock when the last whole pass began: every line written before it has been read.
+        self.read_until: float | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,6 +203,7 @@ class Follower:
     # -- one pass -----------------------------------------------------------------------------------------
     def poll(self) -> None:
         """Expand the globs, notice new, rotated, truncated and vanished files, and read what is new."""
+        began = self.clock()
         if self.find is not None:
             # Outside the lock: ``find`` takes its caller's lock, which ``on_lines`` takes inside this one.
             try:
@@ -248,6 +251,7 @@ class Follower:
                         continue
                     continue  # _open read what it needed
                 self._read_current(file, st)
+            self.read_until = began
 
     # -- files --------------------------------------------------------------------------------------------
     def _open(self, path: str, resume: bool, within: str = os.sep) -> _File | None:

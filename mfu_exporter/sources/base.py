@@ -79,6 +79,10 @@ class Snapshot:
 
 
 class Source(Protocol):
+    """A source samples in its worker thread, every ``interval`` seconds. Two methods are optional: ``bind(reads)``
+    for a source that reads the job model (``ModelReads``), and ``take_feed()`` for one whose own thread reads
+    between samples (the logs): the service's tick takes that feed, on the event loop, as it is read."""
+
     name: str
     interval: float
     timeout: float

@@ -49,7 +49,7 @@ from mfu_exporter.logs import (
 )
 from mfu_exporter.logs.straggler import KEYWORDS as STRAGGLER_WORDS
 from mfu_exporter.logs.straggler import StragglerFinding, StragglerScanner
-from mfu_exporter.model.feed import DataWait, FeedItem, Progress, RunEvent, Save, Seen
+from mfu_exporter.model.feed import DataWait, FeedItem, Heard, Progress, RunEvent, Save, Seen
 from mfu_exporter.model.progress import MAX_CLOCK_SKEW_SECONDS, REPORT_RESOLUTION_SECONDS
 from mfu_exporter.nccl.debug import TransportFinding, TransportScanner
 from mfu_exporter.node.tail import HEAD, Follower, Lines
@@ -200,6 +200,7 @@ class LogsSource:
         jobs_seen = {job for job, *_ in wanted.values()}
         known = set(self._model.job_names())
         follower_errors = self.follower.error_counts()  # the follower's lock first, as its thread takes them
+        read_until = self.follower.read_until  # before the feed is taken: the lines of that pass are in it
         with self._lock:
             # A node whose log has no progress lines still shows the job's GPUs (cluster attribution). A job this
             # sample's feed creates already has its reason.
@@ -208,6 +209,7 @@ class LogsSource:
             new = sorted(jobs_seen - self._fed - known - self._announced)
             self._feed.extend(Seen(job, NO_PROGRESS) for job in new)
             self._announced.update(new)
+            self._hear(read_until, self.interval + self.follower.interval)
             feed, self._feed = tuple(self._feed), []
             self._scanners = {job: s for job, s in self._scanners.items() if job in jobs_seen}
             collectives = {job: scanners.reading() for job, scanners in sorted(self._scanners.items())}
@@ -219,10 +221,21 @@ class LogsSource:
         )
 
     def take_feed(self) -> tuple[FeedItem, ...]:
-        """What the lines read since the last call say, in the order read: once each."""
+        """What the lines read since the last call say, in the order read, once each, then how far the jobs' logs
+        were read. The service's tick takes it between samples too: a line reaches the job model at the tick after
+        it was read, not at the next sample's tick, and a job's silence shows as soon."""
+        read_until = self.follower.read_until  # before the feed is taken: the lines of that pass are in it
         with self._lock:
+            self._hear(read_until, self.follower.interval)
             feed, self._feed = tuple(self._feed), []
         return feed
+
+    def _hear(self, read_until: float | None, every: float) -> None:
+        """Add to the feed how far the follower read the logs of every job it follows (its last whole pass), with
+        ``every``, the most seconds until the next word of it. Under ``self._lock``."""
+        jobs = sorted({job for job, *_ in self._wanted.values()})
+        if read_until is not None and jobs:
+            self._feed.append(Heard(tuple(jobs), read_until, every))
 
     def close(self) -> None:
         self.follower.stop()

@@ -138,3 +138,31 @@ async def test_each_sample_s_feed_is_taken_once_in_order_and_a_hung_sample_s_whe
         assert [[item.tokens for item in feed] for _, feed in scheduler.take_feed()] == [[3.0]]
     finally:
         await scheduler.stop()
+
+
+class ReadingSource(FeedingSource):
+    """A FeedingSource whose own thread also reads between samples: ``between`` is what it read since."""
+
+    def __init__(self):
+        super().__init__()
+        self.between = []
+
+    def take_feed(self):
+        taken, self.between = tuple(self.between), []
+        return taken
+
+
+async def test_what_a_source_read_between_samples_is_taken_at_each_call_after_its_samples_feeds():
+    source = ReadingSource()
+    scheduler = Scheduler([source])
+    await scheduler.start()
+    try:
+        await scheduler.first_cycle_done.wait()
+        source.between.append(Progress("llm", 1_010.0, tokens=5.0))
+        assert [(name, [item.tokens for item in feed]) for name, feed in scheduler.take_feed()] == [
+            ("feeding", [1.0]),  # the sample's, read first
+            ("feeding", [5.0]),
+        ]
+        assert scheduler.take_feed() == []  # nothing read since: no sample, and nothing between
+    finally:
+        await scheduler.stop()

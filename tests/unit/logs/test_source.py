@@ -647,3 +647,29 @@ def test_a_line_dated_ahead_of_the_clock_is_read_as_of_when_it_was_read(tmp_path
     (view,) = tracker.views()
     assert view.step == 60 and view.mfu == pytest.approx(EXPECTED_MFU, rel=0.02)
     assert (first.errors + second.errors)["line_time_ahead"] == 1
+
+
+def test_each_sample_says_how_far_the_jobs_logs_were_read_so_the_wait_for_the_next_is_no_stall(tmp_path):
+    """A sample's feed ends with how far the follower had read each job's log (its last whole pass): the job model
+    counts the job's silence up to then, not up to a read between two samples; a sample that read further without a
+    new line shows the stall."""
+    from mfu_exporter.model.feed import Heard
+
+    clock = Clock(END + 1)
+    write(tmp_path / "train.log", torchtitan_log())
+    source, tracker, _ = build([{"path": str(tmp_path / "*.log"), "job": "llm"}], {"llm": {"params": PARAMS}}, clock)
+    try:
+        feed = source.sample().feed
+        assert feed[-1] == Heard(("llm",), END + 1, source.interval + source.follower.interval)
+        # The tick takes the feed between samples too: the next word comes within a pass of the follower.
+        assert source.take_feed() == (Heard(("llm",), END + 1, source.follower.interval),)
+        (view,) = tracker.views()
+        overdue = view.stall_after_seconds  # three of its 50 s intervals
+        clock.now = END + 1 + overdue + 10  # no sample since the lines were read: silent for 0 s as far as is known
+        (view,) = tracker.views()
+        assert view.tokens_per_second == pytest.approx(NODE_TOKENS_PER_STEP / STEP_SECONDS, rel=1e-3)
+        source.sample()  # a pass that reads nothing new
+        (view,) = tracker.views()
+        assert view.tokens_per_second == 0.0 and view.silence_seconds == pytest.approx(overdue + 10)
+    finally:
+        source.close()

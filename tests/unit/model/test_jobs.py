@@ -324,3 +324,55 @@ def test_a_fed_count_arrives_when_its_line_was_read_so_a_stall_shows_as_soon_aft
     clock.now = last_read + overdue - 1
     (view,) = jobs.views()
     assert view.tokens_per_second == pytest.approx(10_000)
+
+
+def _deliver(jobs, clock, lines, until, every=6.0):
+    """What a logs sample hands over, applied at a tick: the lines read (at, tokens) and how far the log was read."""
+    from mfu_exporter.model.feed import Heard, Progress, apply_feed
+
+    items = [Progress("llama3-70b", at, tokens=tokens, read=at) for at, tokens in lines]
+    apply_feed([*items, Heard(("llama3-70b",), until, every)], jobs, None)
+
+
+def test_a_fed_job_is_not_stalled_while_its_next_lines_wait_for_the_sample_and_the_tick():
+    """A log read every second, handed over every 5 s and applied at a tick that comes just before the sample: each
+    tick applies lines read up to 5 s earlier. A job logging every 1.5 s (stalled after 4.5 s) is silent up to then
+    only, so neither a tick nor a read between two ticks calls it stalled. Once its log goes quiet, the stall shows
+    at the first delivery that read past it by its stall_after."""
+    clock = Clock()
+    jobs = tracker(clock, interval=5.0)
+    lines = [(NOW + 1.5 * i, 10_000.0 * 1.5 * i) for i in range(40)]  # 10,000 tokens/s until NOW + 58.5
+    rates = []
+    for tick in range(2, 24):  # the first lines are read by NOW + 5, and delivered a tick later
+        at = NOW + 5 * tick - 0.01  # the tick, just before the sample due at NOW + 5 * tick
+        until = at - 5  # what the last sample had read
+        clock.now = at
+        _deliver(jobs, clock, [line for line in lines if until - 5 < line[0] <= until], until)
+        for offset in (0.0, 1.0, 2.5, 4.9):  # the tick's view, then reads until the next tick
+            clock.now = at + offset
+            (view,) = jobs.views()
+            rates.append((round(clock.now - NOW, 2), view.tokens_per_second))
+    last_line = lines[-1][0]
+    live = [(t, r) for t, r in rates if t <= last_line - NOW + 5 + view.stall_after_seconds]
+    assert all(r == pytest.approx(10_000) for t, r in live if t > 10), live
+    stalled_from = min(t for t, r in rates if r == 0.0)
+    # Read past its last line by stall_after (4.5 s): at the delivery of the first sample after NOW + 63.
+    assert stalled_from == pytest.approx(69.99), rates
+
+
+def test_a_fed_job_whose_feed_stopped_coming_is_stalled_once_a_delivery_is_long_overdue():
+    """The logs source hangs: no line, and no word of how far its logs were read. The job's silence counts up to
+    now again once twice the longest delivery (the feed's 6 s, then the 5 s tick) has passed."""
+    clock = Clock()
+    jobs = tracker(clock, interval=5.0)
+    for i in range(5):
+        clock.now = NOW + 1.5 * i + 5
+        _deliver(jobs, clock, [(NOW + 1.5 * i, 10_000.0 * 1.5 * i)], NOW + 1.5 * i)
+    heard = NOW + 6
+    (view,) = jobs.views()
+    clock.now = heard + 2 * (6 + 5) - 0.1
+    (view,) = jobs.views()
+    assert view.tokens_per_second == pytest.approx(10_000)  # known silent 0 s, as far as its log was read
+    clock.now = heard + 2 * (6 + 5) + view.stall_after_seconds + 0.1
+    (view,) = jobs.views()
+    assert view.tokens_per_second == 0.0
