@@ -13,6 +13,7 @@ import json
 import pytest
 
 from mfu_exporter.config import DEFAULTS
+from mfu_exporter.sources.logs import FIND_INTERVAL
 from tests.support.realjobs_harness import JOB_DEADLINE, Daemon, Watcher, figures, hf_trainer, model_facts, settled
 
 pytestmark = pytest.mark.slow
@@ -57,7 +58,7 @@ def sparse(tmp_path_factory) -> dict:
             # Watch on for the end's grace: the stall rule the daemon learned from the job's own intervals (3 of
             # them: the median, which a loaded machine moves away from the mean measured here).
             grace = max(last["stall_after_seconds"] or 0.0, AFTER_END * interval)
-            watcher.until(ended + grace + TICK + 4.0)
+            watcher.until(ended + grace + FIND_INTERVAL + TICK + 4.0)
             ledger = daemon.ledger("hf-sparse")
     finally:
         job.stop()
@@ -102,8 +103,9 @@ def test_a_finished_job_s_mfu_is_no_longer_served_as_live(sparse):
     exited), the daemon serves no live MFU for it: absent, or 0 with a cause, or a state other than running; not
     its last figure, nor a 0 that no cause explains."""
     seen, ended, interval = sparse["seen"], sparse["ended"], sparse["interval"]
-    # Past the grace, with the tick's interval and a second for the watcher's poll.
-    late = [s for s in seen if s["time"] > ended + sparse["grace"] + TICK + 1.0 and s["job"]]
+    # Past the grace, with the follower's pass that finds the log quiet, the tick that applies it, and a second for
+    # the watcher's poll.
+    late = [s for s in seen if s["time"] > ended + sparse["grace"] + FIND_INTERVAL + TICK + 1.0 and s["job"]]
     live = [
         (
             round(s["time"] - ended, 1),
