@@ -243,11 +243,20 @@ async def test_the_known_truth_run_through_a_torchtitan_log(tmp_path: Path):
 
         async def write(lines: list[str], seconds: float, read, what: str) -> None:
             """Move the clock to the last line's time, append the lines, and wait until the daemon has read them (a
-            line is read after it was written, never before its own time)."""
+            line is read after it was written, never before its own time). The test ticks too, a few times a wall
+            second: the daemon's own tick comes every mfu.interval, and on the held clock one more changes nothing."""
             clock.at(seconds)
             with open(log, "a") as out:
                 out.write("".join(lines))
-            await until(read, what)
+            ticked = [0.0]
+
+            def applied():
+                if time.monotonic() - ticked[0] >= 0.2:
+                    ticked[0] = time.monotonic()
+                    daemon.tick()
+                return read()
+
+            await until(applied, what)
 
         def at_step(step):
             return lambda: view() is not None and view().step == step, f"step {step} read"
