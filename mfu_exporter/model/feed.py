@@ -44,8 +44,8 @@ class Progress:
     framework_tflops_per_gpu: float | None = None
     reason: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)
-    # Our clock when the line was read: the job's silence counts from then, not from the tick that applied it a
-    # sample and a tick later, so a stall shows as soon after its last line as after a report's.
+    # Our clock when the line was read: the job's silence counts from then, not from the tick that applied it, so
+    # a stall shows as soon after its last line as after a report's.
     read: float | None = None
 
 

@@ -54,9 +54,9 @@ class Job:
     pods: frozenset | None = None  # the pods (or Slurm steps) discovery found it in: a new one is a new run
     data_wait: DataWaitMeter | None = None  # its wait for input, once its client or log gives one
     version: int = 0  # counts the changes to the job, so a view kept of it is known to be stale
-    # A log's count reaches the model a sample and a tick after its line was read. A fed job is known silent only up
-    # to when its log was last read whole (``heard_until``), so the wait for the next delivery is no stall; a feed
-    # that stopped coming counts as silence once ``feed_lag`` passed, so it hides no stall either.
+    # A log's count reaches the model at the tick after its line was read. A fed job is known silent only up to when
+    # its log was last read whole (``heard_until``), so the wait for the next delivery is no stall; a feed that
+    # stopped coming counts as silence once ``feed_lag`` passed, so it hides no stall either.
     fed: bool = False  # its newest token count came from a feed (a log), not a report
     heard_until: float | None = None
     feed_lag: float = 0.0
