@@ -54,6 +54,11 @@ class ExporterProcess:
         [job] = json.loads(self.get("/api/v1/jobs"))["jobs"]
         return job
 
+    def tokens_total(self):
+        """The job's total as the exporter has it; None before it knows the job."""
+        jobs = json.loads(self.get("/api/v1/jobs"))["jobs"]
+        return jobs[0]["tokens_total"] if jobs else None
+
     def metric(self, name):
         values = matching(samples(self.get("/metrics")), name, training_job="llama")
         return values[0] if values else None
@@ -110,9 +115,10 @@ def test_kill_9_and_restart_loses_no_job(exporter):
     )
 
     def report(tokens):
-        sent = reporter.sent
         reporter.update(tokens_total=tokens, step=int(tokens // 1000))
-        wait_until(lambda: reporter.sent > sent, timeout=20)
+        # The total itself, on the exporter: the reporter's count of posts includes its start event, and a total
+        # still waiting to be posted when the next comes is replaced by it.
+        wait_until(lambda: exporter.tokens_total() == tokens, timeout=20, what=f"the total {tokens:g} reported")
         job_clock[0] += REPORT_INTERVAL
 
     expected_mfu = FLOPS_PER_TOKEN * (1e6 / REPORT_INTERVAL) / (GPUS * PEAK_TFLOPS * 1e12)
@@ -129,9 +135,8 @@ def test_kill_9_and_restart_loses_no_job(exporter):
         wait_until(lambda: reporter.failures > failures, timeout=20)  # it met the dead exporter
         job_clock[0] += REPORT_INTERVAL
 
-        sent = reporter.sent  # its start event and two totals
         exporter.start()  # same port, empty memory: everything below comes from the reporter
-        wait_until(lambda: reporter.sent > sent, timeout=20)  # the pending total reached the new one
+        wait_until(lambda: exporter.tokens_total() == 3e6, timeout=20, what="the pending total on the new exporter")
         job = exporter.job()
         assert job["tokens_total"] == 3e6
         assert job["mfu"] is None  # one report: no rate yet
