@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 import gc
 import threading
 
@@ -118,26 +119,35 @@ class FeedingSource:
         pass
 
 
-async def test_each_sample_s_feed_is_taken_once_in_order_and_a_hung_sample_s_when_it_ends():
-    source = FeedingSource()
+@contextlib.asynccontextmanager
+async def sampled_once(source):
+    """A running scheduler over ``source`` once its first sample is done; stopped on the way out."""
     scheduler = Scheduler([source])
     await scheduler.start()
     try:
         await scheduler.first_cycle_done.wait()
+        yield scheduler
+    finally:
+        await scheduler.stop()
+
+
+def taken_tokens(scheduler):
+    """What ``take_feed`` hands over: each feed's source and its items' token totals."""
+    return [(name, [item.tokens for item in feed]) for name, feed in scheduler.take_feed()]
+
+
+async def test_each_sample_s_feed_is_taken_once_in_order_and_a_hung_sample_s_when_it_ends():
+    source = FeedingSource()
+    async with sampled_once(source) as scheduler:
         await scheduler.sample_once(source)
-        assert [(name, [item.tokens for item in feed]) for name, feed in scheduler.take_feed()] == [
-            ("feeding", [1.0]),
-            ("feeding", [2.0]),
-        ]
+        assert taken_tokens(scheduler) == [("feeding", [1.0]), ("feeding", [2.0])]
         assert scheduler.take_feed() == []
         source.release = threading.Event()
         hung = asyncio.create_task(scheduler.sample_once(source))
         await wait_for(lambda: scheduler.states["feeding"].reason == "timeout", 10, "the sample's timeout")
         source.release.set()  # what it read is kept however late it returns
         await hung
-        assert [[item.tokens for item in feed] for _, feed in scheduler.take_feed()] == [[3.0]]
-    finally:
-        await scheduler.stop()
+        assert taken_tokens(scheduler) == [("feeding", [3.0])]
 
 
 class ReadingSource(FeedingSource):
@@ -154,15 +164,7 @@ class ReadingSource(FeedingSource):
 
 async def test_what_a_source_read_between_samples_is_taken_at_each_call_after_its_samples_feeds():
     source = ReadingSource()
-    scheduler = Scheduler([source])
-    await scheduler.start()
-    try:
-        await scheduler.first_cycle_done.wait()
+    async with sampled_once(source) as scheduler:
         source.between.append(Progress("llm", 1_010.0, tokens=5.0))
-        assert [(name, [item.tokens for item in feed]) for name, feed in scheduler.take_feed()] == [
-            ("feeding", [1.0]),  # the sample's, read first
-            ("feeding", [5.0]),
-        ]
+        assert taken_tokens(scheduler) == [("feeding", [1.0]), ("feeding", [5.0])]  # the sample's, read first
         assert scheduler.take_feed() == []  # nothing read since: no sample, and nothing between
-    finally:
-        await scheduler.stop()
